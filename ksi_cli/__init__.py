@@ -1,0 +1,1 @@
+"""The `ksi` command line client; it never imports the daemon or litellm."""

@@ -1,0 +1,89 @@
+"""Start, stop and query a background daemon from the CLI, without importing it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ksi_cli.locate import Location
+from ksi_common import oneshot
+from ksi_common.errors import KsiError
+
+
+def health(location: Location, timeout: float = 2.0) -> dict | None:
+    try:
+        return oneshot.request(location.socket, "system:health", timeout=timeout)
+    except KsiError:
+        return None
+
+
+def read_pid(location: Location) -> int | None:
+    try:
+        return int(location.layout.pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
+    """Spawn the daemon detached and return (pid, message) once the socket answers."""
+    running = health(location)
+    if running:
+        raise RuntimeError(f"a daemon is already running (pid {running.get('pid')}) on {location.socket}")
+    log_dir = location.layout.daemon_log.parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "ksi_daemon", "--quiet",
+               "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
+    with open(log_dir / "stderr.log", "ab") as stderr:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            tail = (log_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise RuntimeError(f"the daemon exited with code {code}: {' '.join(tail)}")
+        if (info := health(location, timeout=1.0)) is not None:
+            return int(info["pid"]), f"daemon started (pid {info['pid']}) on {location.socket}"
+        time.sleep(0.02)
+    process.terminate()
+    raise RuntimeError(f"the daemon did not answer on {location.socket} within {wait}s")
+
+
+def stop(location: Location, timeout: float = 15.0) -> str:
+    """Ask for a graceful shutdown; SIGTERM after `timeout`, SIGKILL as the last resort."""
+    pid = read_pid(location)
+    info = health(location)
+    if info is None and pid is None:
+        return "daemon is not running"
+    pid = int(info["pid"]) if info else pid
+    if info is not None:
+        try:
+            oneshot.request(location.socket, "system:shutdown", timeout=5.0)
+        except KsiError:
+            pass
+    for sig, grace in ((None, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        if pid is None:
+            break
+        if sig is not None and _alive(pid):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+        if not _alive(pid):
+            return f"daemon stopped (pid {pid})"
+    return f"daemon (pid {pid}) did not stop"

@@ -1,0 +1,62 @@
+"""The one error type of KSI: a stable code, a message and structured details."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNKNOWN_EVENT = "unknown_event"
+    VALIDATION_ERROR = "validation_error"
+    AGENT_NOT_FOUND = "agent_not_found"
+    AGENT_EXISTS = "agent_exists"
+    AGENT_TERMINATED = "agent_terminated"
+    PROFILE_NOT_FOUND = "profile_not_found"
+    CONVERSATION_NOT_FOUND = "conversation_not_found"
+    CONVERSATION_EXPIRED = "conversation_expired"
+    CONVERSATION_FULL = "conversation_full"
+    CONVERSATION_ARCHIVED = "conversation_archived"
+    CONTEXT_WINDOW_EXCEEDED = "context_window_exceeded"
+    PROVIDER_ERROR = "provider_error"
+    PROVIDER_UNAVAILABLE = "provider_unavailable"
+    RATE_LIMITED = "rate_limited"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL_ERROR = "internal_error"
+    REQUEST_NOT_FOUND = "request_not_found"
+    CONSORTIUM_NOT_FOUND = "consortium_not_found"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    FORK_CYCLE = "fork_cycle"
+    OVERLOADED = "overloaded"
+    DAEMON_RESTART = "daemon_restart"
+    # client-side only
+    DAEMON_UNREACHABLE = "daemon_unreachable"
+
+
+class KsiError(Exception):
+    """A failure the user should see: `code` is stable, `details` is structured."""
+
+    def __init__(self, code: ErrorCode | str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = str(code)
+        self.message = message
+        self.details = details
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_wire(cls, error: dict[str, Any]) -> KsiError:
+        return cls(
+            error.get("code", ErrorCode.INTERNAL_ERROR),
+            error.get("message", ""),
+            **(error.get("details") or {}),
+        )
+
+    def __repr__(self) -> str:
+        return f"KsiError({self.code!r}, {self.message!r})"

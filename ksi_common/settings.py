@@ -1,0 +1,98 @@
+"""Every setting of the daemon, resolved once at start and passed down."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ksi_common.layout import VarLayout
+
+
+class ModelSettings(BaseModel):
+    """Per-model overrides, chosen by a glob pattern on the model name."""
+
+    api_base: str | None = None
+    api_key_env: str | None = None
+    context_window: int | None = Field(default=None, gt=0)
+    output_reserve: int | None = Field(default=None, ge=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    var_dir: Path = Path("var")
+    socket_path: Path | None = None
+    default_model: str = "echo/default"
+    line_limit: int = Field(default=1024 * 1024, gt=0)
+    push_queue_size: int = Field(default=1000, gt=0)
+    max_inflight_per_connection: int = Field(default=256, gt=0)
+    allow_uids: list[int] = Field(default_factory=list)
+    shutdown_timeout: float = Field(default=10.0, ge=0)
+
+    # completions
+    max_concurrency: int = Field(default=8, gt=0)
+    max_queued: int = Field(default=10_000, gt=0)
+    request_timeout: float = Field(default=120.0, gt=0)
+    retry_attempts: int = Field(default=3, ge=1)
+    retry_base_delay: float = Field(default=0.5, ge=0)
+    retry_max_delay: float = Field(default=30.0, ge=0)
+    circuit_failures: int = Field(default=5, gt=0)
+    circuit_reset: float = Field(default=30.0, gt=0)
+    default_context_window: int = Field(default=8192, gt=0)
+    default_output_reserve: int = Field(default=1024, ge=0)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    active_conversations: int = Field(default=1000, gt=0)
+    finished_requests_kept: int = Field(default=10_000, gt=0)
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    fsync: Literal["always", "never"] = "always"
+    litellm_preload: bool = True
+    cli_timeout: float = Field(default=300.0, gt=0)
+
+    # conversations
+    default_ttl: float | None = Field(default=None, gt=0)
+    allowed_file_roots: list[Path] = Field(default_factory=list)
+    files_budget_share: float = Field(default=0.5, gt=0, le=1)
+    max_fork_depth: int = Field(default=32, gt=0)
+
+    # agents
+    profiles_dir: Path | None = None
+    max_event_depth: int = Field(default=3, ge=0)
+
+    # logging
+    log_level: str = "INFO"
+    log_max_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    log_backups: int = Field(default=5, ge=0)
+
+    # credentials the daemon itself reads; never echoed back
+    api_key: SecretStr | None = None
+
+    @property
+    def layout(self) -> VarLayout:
+        return VarLayout(self.var_dir)
+
+    @property
+    def socket(self) -> Path:
+        return self.socket_path or self.layout.default_socket
+
+    def model_settings(self, model: str) -> ModelSettings:
+        """The most specific override for `model` (exact name first, then the longest glob)."""
+        if model in self.models:
+            return self.models[model]
+        matches = [p for p in self.models if fnmatch.fnmatchcase(model, p)]
+        if not matches:
+            return ModelSettings()
+        return self.models[max(matches, key=len)]
+
+    def public_view(self) -> dict:
+        """The effective settings with secrets masked, for `ksi config` and health."""
+        view = self.model_dump(mode="json")
+        view["api_key"] = "***" if self.api_key else None
+        view["socket_path"] = str(self.socket)
+        return view

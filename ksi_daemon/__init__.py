@@ -1,0 +1,1 @@
+"""The KSI daemon: transport -> router -> services -> providers -> storage."""

@@ -1,0 +1,45 @@
+"""`ksi-daemon`: run the daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
+from ksi_daemon.logs import configure_logging
+from ksi_common.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ksi-daemon", description="Run the KSI daemon in the foreground.")
+    parser.add_argument("--var-dir", type=Path, help="runtime data directory (default ./var)")
+    parser.add_argument("--socket", type=Path, help="Unix socket path")
+    parser.add_argument("--quiet", action="store_true", help="log to the file only")
+    args = parser.parse_args(argv)
+    overrides = {}
+    if args.var_dir:
+        overrides["var_dir"] = args.var_dir
+    if args.socket:
+        overrides["socket_path"] = args.socket
+    settings = Settings(**overrides)
+    configure_logging(
+        settings.layout.daemon_log,
+        settings.log_level,
+        settings.log_max_bytes,
+        settings.log_backups,
+        console=not args.quiet,
+    )
+    try:
+        asyncio.run(run_daemon(settings))
+    except (DaemonAlreadyRunning, UnsafeVarDir) as exc:
+        print(f"ksi-daemon: {exc}", file=sys.stderr)
+        return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The context every event carries, so a chain of events can be traced to its cause."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+
+def _event_id() -> str:
+    return f"evt-{uuid.uuid4().hex[:16]}"
+
+
+class Origin(Protocol):
+    """Where a request came from: a connection that can take pushes and tell when it closes."""
+
+    def push(self, frame: dict[str, Any]) -> None: ...
+
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+
+class InternalOrigin:
+    """The origin of events the daemon emits itself: pushes go nowhere, it never closes."""
+
+    def push(self, frame: dict[str, Any]) -> None:
+        return None
+
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return lambda: None
+
+
+INTERNAL = InternalOrigin()
+
+
+@dataclass(frozen=True, slots=True)
+class EventContext:
+    event_id: str
+    correlation_id: str | None = None
+    parent_event_id: str | None = None
+    agent_id: str | None = None
+    depth: int = 0  # how many agent-emitted hops led here; bounds feedback loops
+    origin: Origin = field(default=INTERNAL, compare=False, repr=False)
+
+    @classmethod
+    def root(
+        cls,
+        correlation_id: str | None = None,
+        agent_id: str | None = None,
+        origin: Origin = INTERNAL,
+    ) -> EventContext:
+        return cls(_event_id(), correlation_id, None, agent_id, 0, origin)
+
+    def child(self, **changes: Any) -> EventContext:
+        """A context for an event caused by this one."""
+        return replace(self, event_id=_event_id(), parent_event_id=self.event_id, **changes)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "correlation_id": self.correlation_id,
+            "parent_event_id": self.parent_event_id,
+            "agent_id": self.agent_id,
+        }

@@ -1,0 +1,157 @@
+"""The composition root: builds every part from one Settings object and runs its lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+from typing import Any
+
+import filelock
+import structlog
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.context import EventContext
+from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.monitor import MonitorService
+from ksi_daemon.services.system import SystemService
+from ksi_common.settings import Settings
+from ksi_daemon.transport import SocketServer
+
+log = structlog.get_logger("ksi.daemon")
+
+
+class DaemonAlreadyRunning(RuntimeError):
+    pass
+
+
+class UnsafeVarDir(RuntimeError):
+    pass
+
+
+class Daemon:
+    """Start, serve, shut down: the staged lifecycle of one daemon on one var dir."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.router = Router()
+        self.stopping = asyncio.Event()
+        self._unregister: list[Unregister] = []
+        self._lock: filelock.BaseFileLock | None = None
+        self.shutting_down = False
+        self.server = SocketServer(
+            settings.socket,
+            self._handle_request,
+            line_limit=settings.line_limit,
+            push_queue_size=settings.push_queue_size,
+            max_inflight=settings.max_inflight_per_connection,
+            allow_uids=settings.allow_uids,
+        )
+        self.monitor = MonitorService(self.router)
+        self.system = SystemService(
+            self.router,
+            request_shutdown=self.request_shutdown,
+            health_sections={
+                "connections": lambda: len(self.server.connections),
+                "subscriptions": self.monitor.count,
+            },
+        )
+        self._services: list[Any] = [self.system, self.monitor]
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self) -> None:
+        self._prepare_dirs()
+        self._acquire_lock()
+        for service in self._services:
+            self._unregister.extend(service.register())
+        for service in self._services:
+            if hasattr(service, "start"):
+                await service.start()
+        await self.server.start()
+        self.layout.pid_file.write_text(f"{os.getpid()}\n")
+        log.info("daemon_started", socket=str(self.settings.socket), pid=os.getpid())
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_shutdown)
+        try:
+            await self.stopping.wait()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await self.shutdown()
+
+    def request_shutdown(self) -> None:
+        self.shutting_down = True
+        self.stopping.set()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, drain in-flight work within the timeout, flush, remove socket and pid."""
+        self.shutting_down = True
+        self.server.stop_accepting()
+        for service in reversed(self._services):
+            if hasattr(service, "stop"):
+                try:
+                    await service.stop(self.settings.shutdown_timeout)
+                except Exception:
+                    log.exception("service_stop_failed", service=type(service).__name__)
+        await self.server.drain(self.settings.shutdown_timeout)
+        await self.server.close()
+        for unregister in self._unregister:
+            unregister()
+        self._unregister.clear()
+        try:
+            self.layout.pid_file.unlink()
+        except FileNotFoundError:
+            pass
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        log.info("daemon_stopped")
+
+    async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
+        if self.shutting_down and event != "system:health":
+            raise KsiError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+        return await self.router.request(event, data, context)
+
+    # -- var dir ------------------------------------------------------------
+    def _prepare_dirs(self) -> None:
+        run_dir = self.layout.run_dir
+        if run_dir.exists():
+            mode = run_dir.stat().st_mode
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise UnsafeVarDir(f"{run_dir} is writable by other users; refusing to start (chmod 700 it)")
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for directory in (
+            self.layout.responses_dir,
+            self.layout.conversations_dir,
+            self.layout.consortium_dir,
+            self.layout.state_dir,
+            self.layout.daemon_log.parent,
+        ):
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def _acquire_lock(self) -> None:
+        lock = filelock.FileLock(str(self.layout.lock_file))
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            pid = self.layout.pid_file.read_text().strip() if self.layout.pid_file.exists() else "?"
+            raise DaemonAlreadyRunning(
+                f"another daemon (pid {pid}) is already running on {self.layout.root}"
+            ) from None
+        self._lock = lock
+        # The lock is ours, so any pid file or socket left here belongs to a dead daemon.
+        for stale in (self.layout.pid_file, self.settings.socket):
+            if stale.exists() or stale.is_symlink():
+                log.warning("stale_file_removed", path=str(stale))
+                stale.unlink()
+
+
+async def run_daemon(settings: Settings) -> None:
+    daemon = Daemon(settings)
+    await daemon.start()
+    await daemon.serve_forever()

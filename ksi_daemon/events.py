@@ -1,0 +1,70 @@
+"""Base types for event payloads, and their self-description for discover and help."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
+
+from ksi_common.errors import ErrorCode, KsiError
+
+
+def _as_text(value: Any) -> Any:
+    # `ksi send ... --prompt 42` arrives as a number; a string field takes it as text.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_as_text)]
+
+
+class EventData(BaseModel):
+    """Payload of an event; unknown fields are refused so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class NoData(EventData):
+    pass
+
+
+def validate(model: type[EventData], data: Any) -> EventData:
+    """Validate `data`, turning pydantic's error into `validation_error` naming the fields."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = {}
+        for error in exc.errors(include_url=False):
+            location = ".".join(str(part) for part in error["loc"]) or "data"
+            fields[location] = error["msg"]
+        raise KsiError(
+            ErrorCode.VALIDATION_ERROR,
+            "invalid data: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
+            fields=fields,
+        ) from None
+
+
+def _type_name(field: FieldInfo) -> str:
+    annotation = field.annotation
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "").replace("ksi_daemon.", "")
+
+
+def describe_fields(model: type[EventData]) -> dict[str, dict[str, Any]]:
+    """Each field's type, default, whether it is required and its description."""
+    described = {}
+    for name, field in model.model_fields.items():
+        entry: dict[str, Any] = {
+            "type": _type_name(field),
+            "required": field.is_required(),
+            "description": field.description or "",
+        }
+        if not field.is_required():
+            default = field.get_default(call_default_factory=True)
+            entry["default"] = default if isinstance(default, str | int | float | bool | None | list | dict) else str(default)
+        described[name] = entry
+    return described

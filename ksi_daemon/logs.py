@@ -1,0 +1,74 @@
+"""structlog set-up: JSON lines to a size-rotated file, readable lines on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+
+import structlog
+
+_SECRET_KEYS = ("api_key", "authorization", "password", "secret", "token")
+
+
+def _mask_secrets(_logger: object, _name: str, event: dict) -> dict:
+    for key in event:
+        lowered = key.lower()
+        if any(word in lowered for word in _SECRET_KEYS) and not lowered.startswith("tokens"):
+            event[key] = "***"
+    return event
+
+
+def configure_logging(
+    log_file: Path, level: str, max_bytes: int, backups: int, console: bool
+) -> None:
+    """Route structlog through stdlib logging to the rotating JSON file (and the console)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _mask_secrets,
+    ]
+    file_handler = logging.handlers.RotatingFileHandler(
+        log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
+    )
+    file_handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    handlers: list[logging.Handler] = [file_handler]
+    if console:
+        console_handler = logging.StreamHandler(sys.stderr)
+        console_handler.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=shared,
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+                ],
+            )
+        )
+        handlers.append(console_handler)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+    for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "openai", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )

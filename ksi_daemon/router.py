@@ -1,0 +1,117 @@
+"""The event bus: request handlers by exact name, listeners by name or pattern."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.context import EventContext
+from ksi_daemon.events import EventData, describe_fields, validate
+
+log = structlog.get_logger("ksi.router")
+
+Handler = Callable[[Any, EventContext], Awaitable[dict[str, Any]]]
+Listener = Callable[[str, dict[str, Any], EventContext], None]
+Unregister = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    handler: Handler
+    model: type[EventData]
+    description: str
+
+
+def matches(pattern: str, event: str) -> bool:
+    """`*` matches all, `ns:*` every event of namespace `ns`, anything else itself."""
+    if pattern == "*":
+        return True
+    if pattern.endswith(":*"):
+        return event.startswith(pattern[:-1])
+    return pattern == event
+
+
+class Router:
+    """Dispatches requests to their one handler and fans emitted events out to listeners."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, Route] = {}
+        self._exact: dict[str, list[Listener]] = {}
+        self._patterns: list[tuple[str, Listener]] = []
+
+    # -- registration -------------------------------------------------------
+    def register(
+        self, name: str, handler: Handler, model: type[EventData], description: str
+    ) -> Unregister:
+        """Make `handler` answer requests for `name`; returns the function that undoes it."""
+        if name in self._routes:
+            raise ValueError(f"event {name} already has a handler")
+        self._routes[name] = Route(name, handler, model, description)
+
+        def unregister() -> None:
+            self._routes.pop(name, None)
+
+        return unregister
+
+    def listen(self, pattern: str, listener: Listener) -> Unregister:
+        """Call `listener` for every emitted event matching `pattern`; returns its remover."""
+        if pattern == "*" or pattern.endswith(":*"):
+            entry = (pattern, listener)
+            self._patterns.append(entry)
+            return lambda: self._patterns.remove(entry) if entry in self._patterns else None
+        bucket = self._exact.setdefault(pattern, [])
+        bucket.append(listener)
+        return lambda: bucket.remove(listener) if listener in bucket else None
+
+    # -- dispatch -----------------------------------------------------------
+    def route(self, name: str) -> Route:
+        route = self._routes.get(name)
+        if route is None:
+            similar = difflib.get_close_matches(name, list(self._routes), n=5, cutoff=0.5)
+            raise KsiError(ErrorCode.UNKNOWN_EVENT, f"unknown event {name!r}", similar=similar)
+        return route
+
+    async def request(self, name: str, data: Any, context: EventContext) -> dict[str, Any]:
+        """Validate `data` for `name`, tell listeners, run the handler and return its reply data."""
+        route = self.route(name)
+        payload = validate(route.model, data)
+        if self._patterns or name in self._exact:
+            self.emit(name, data, context)
+        return await route.handler(payload, context)
+
+    def emit(self, name: str, data: dict[str, Any], context: EventContext) -> None:
+        """Deliver an event to every matching listener; one failing listener harms no other."""
+        for listener in self._exact.get(name, ()):
+            self._call(listener, name, data, context)
+        for pattern, listener in list(self._patterns):
+            if matches(pattern, name):
+                self._call(listener, name, data, context)
+
+    @staticmethod
+    def _call(listener: Listener, name: str, data: dict[str, Any], context: EventContext) -> None:
+        try:
+            listener(name, data, context)
+        except Exception:
+            log.exception("listener_failed", event_name=name, listener=repr(listener))
+
+    # -- self-description ---------------------------------------------------
+    def events(self, namespace: str | None = None) -> list[Route]:
+        routes = sorted(self._routes.values(), key=lambda r: r.name)
+        if namespace:
+            prefix = namespace.rstrip(":*") + ":"
+            routes = [r for r in routes if r.name.startswith(prefix)]
+        return routes
+
+    def describe(self, name: str) -> dict[str, Any]:
+        route = self.route(name)
+        return {
+            "event": route.name,
+            "description": route.description,
+            "fields": describe_fields(route.model),
+        }

@@ -1,0 +1,79 @@
+"""`monitor:*` events: push matching events to the connection that subscribed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
+from ksi_common.timefmt import utc_now
+from ksi_daemon.context import EventContext
+from ksi_daemon.events import EventData, Text
+from ksi_daemon.router import Router, Unregister
+
+
+class SubscribeData(EventData):
+    patterns: list[Text] = Field(default_factory=lambda: ["*"], description="`*`, `ns:*` or exact names")
+
+    @field_validator("patterns")
+    @classmethod
+    def _known_shapes(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if not pattern or ("*" in pattern and pattern != "*" and not pattern.endswith(":*")):
+                raise ValueError(f"pattern {pattern!r} must be `*`, `ns:*` or an exact event name")
+        return patterns
+
+
+class UnsubscribeData(EventData):
+    subscription_id: Text = Field(description="the id monitor:subscribe returned")
+
+
+class MonitorService:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.subscriptions: dict[str, list[Unregister]] = {}
+
+    def register(self) -> list[Unregister]:
+        r = self.router
+        return [
+            r.register("monitor:subscribe", self.subscribe, SubscribeData, "Push events matching patterns to this connection."),
+            r.register("monitor:unsubscribe", self.unsubscribe, UnsubscribeData, "End a subscription."),
+        ]
+
+    def count(self) -> int:
+        return len(self.subscriptions)
+
+    async def subscribe(self, data: SubscribeData, context: EventContext) -> dict[str, Any]:
+        subscription_id = new_id("sub-")
+        origin = context.origin
+
+        def forward(name: str, payload: dict[str, Any], event_context: EventContext) -> None:
+            if name.startswith("monitor:"):
+                return
+            origin.push({
+                "event": name,
+                "data": payload,
+                "push": True,
+                "subscription_id": subscription_id,
+                "event_id": event_context.event_id,
+                "context": event_context.to_wire(),
+                "timestamp": utc_now(),
+            })
+
+        removers = [self.router.listen(pattern, forward) for pattern in data.patterns]
+        removers.append(origin.on_close(lambda: self._drop(subscription_id)))
+        self.subscriptions[subscription_id] = removers
+        return {"subscription_id": subscription_id, "patterns": data.patterns}
+
+    async def unsubscribe(self, data: UnsubscribeData, _context: EventContext) -> dict[str, Any]:
+        if data.subscription_id not in self.subscriptions:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "no such subscription",
+                           fields={"subscription_id": "unknown"})
+        self._drop(data.subscription_id)
+        return {"subscription_id": data.subscription_id, "status": "unsubscribed"}
+
+    def _drop(self, subscription_id: str) -> None:
+        for remove in self.subscriptions.pop(subscription_id, []):
+            remove()
