@@ -1,0 +1,79 @@
+"""Fixtures: a real daemon on a temporary var dir and a short socket path, clean env."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ksi_common.client import KsiClient
+from ksi_common.settings import Settings
+from ksi_daemon.daemon import Daemon
+
+PROVIDER_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
+
+
+@pytest.fixture(autouse=True)
+def clean_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees a real key or base URL; the openai client still needs some key."""
+    for name in list(os.environ):
+        if name.startswith(PROVIDER_PREFIXES):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-dummy")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
+
+
+@pytest.fixture
+def short_tmp() -> Any:
+    """A short temporary directory: Unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="ksi-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_settings(root: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "var_dir": root / "var",
+        "socket_path": root / "d.sock",
+        "litellm_preload": False,
+        "retry_base_delay": 0.01,
+        "retry_max_delay": 0.05,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
+@asynccontextmanager
+async def running_daemon(root: Path, **overrides: Any) -> AsyncIterator[Daemon]:
+    """A real daemon, in this process, on `root`; shut down gracefully on exit."""
+    daemon = Daemon(make_settings(root, **overrides))
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.shutdown()
+
+
+@asynccontextmanager
+async def connected(daemon: Daemon) -> AsyncIterator[KsiClient]:
+    async with KsiClient(daemon.settings.socket) as client:
+        yield client
+
+
+@pytest.fixture
+async def daemon(short_tmp: Path) -> AsyncIterator[Daemon]:
+    async with running_daemon(short_tmp) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(daemon: Daemon) -> AsyncIterator[KsiClient]:
+    async with connected(daemon) as connection:
+        yield connection
