@@ -34,7 +34,13 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A daemon that exited but is not yet reaped (its parent is an init that reaps
+    # slowly) still answers kill(0): it is a zombie, and it is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def start(location: Location, wait: float = 15.0) -> tuple[int, str]:

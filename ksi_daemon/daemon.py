@@ -13,10 +13,16 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.context import EventContext
+from ksi_common.settings import Settings
+from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion import CompletionService
+from ksi_daemon.services.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
-from ksi_common.settings import Settings
+from ksi_daemon.storage.conversations import ConversationStore
+from ksi_daemon.storage.request_journal import RequestJournal
+from ksi_daemon.storage.responses import ResponseLog
 from ksi_daemon.transport import SocketServer
 
 log = structlog.get_logger("ksi.daemon")
@@ -49,6 +55,15 @@ class Daemon:
             max_inflight=settings.max_inflight_per_connection,
             allow_uids=settings.allow_uids,
         )
+        fsync = settings.fsync == "always"
+        self.store = ConversationStore(self.layout, fsync)
+        self.responses = ResponseLog(self.layout, fsync)
+        self.cache = ConversationCache(self.store, self.responses, settings.active_conversations)
+        self.litellm = LiteLLMProvider(settings)
+        self.completion = CompletionService(
+            settings, self.router, self.cache, self.responses, RequestJournal(self.layout),
+            provider=self.litellm, facts=self.litellm,
+        )
         self.monitor = MonitorService(self.router)
         self.system = SystemService(
             self.router,
@@ -56,9 +71,12 @@ class Daemon:
             health_sections={
                 "connections": lambda: len(self.server.connections),
                 "subscriptions": self.monitor.count,
+                "completions": self.completion.health,
+                "litellm_loaded": lambda: self.litellm.loaded,
             },
         )
-        self._services: list[Any] = [self.system, self.monitor]
+        self._services: list[Any] = [self.system, self.monitor, self.completion]
+        self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
@@ -71,6 +89,9 @@ class Daemon:
                 await service.start()
         await self.server.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
+        if self.settings.litellm_preload:
+            # litellm's multi-second import happens after the socket answers, off the loop
+            self._preload = asyncio.get_running_loop().create_task(self.litellm.ensure_loaded())
         log.info("daemon_started", socket=str(self.settings.socket), pid=os.getpid())
 
     async def serve_forever(self) -> None:

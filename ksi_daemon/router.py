@@ -87,7 +87,7 @@ class Router:
 
     def emit(self, name: str, data: dict[str, Any], context: EventContext) -> None:
         """Deliver an event to every matching listener; one failing listener harms no other."""
-        for listener in self._exact.get(name, ()):
+        for listener in tuple(self._exact.get(name, ())):
             self._call(listener, name, data, context)
         for pattern, listener in list(self._patterns):
             if matches(pattern, name):

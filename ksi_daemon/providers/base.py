@@ -1,0 +1,67 @@
+"""The narrow contract between the completion service and whatever answers a model call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ksi_common.errors import ErrorCode, KsiError
+
+ChunkSink = Callable[[str], None]
+
+
+@dataclass(slots=True)
+class ProviderCall:
+    """One model call: the full message list to send and the caller's options."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    temperature: float | None = None
+    max_tokens: int | None = None
+    timeout: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    on_chunk: ChunkSink | None = None
+    # CLI-session providers: resume this session (None starts a fresh one seeded with `messages`).
+    resume_session: str | None = None
+
+
+@dataclass(slots=True)
+class ProviderReply:
+    content: str
+    model: str
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    cost: float | None = None
+    provider: str | None = None
+    provider_response_id: str | None = None
+    session_id: str | None = None  # CLI-session providers: the session that now holds this exchange
+    session_note: str | None = None  # e.g. "resume failed; started a fresh session"
+
+
+class ProviderFailure(KsiError):
+    """A failed model call; `retryable` and `retry_after` steer the daemon's retry policy."""
+
+    def __init__(self, code: ErrorCode | str, message: str, *, retryable: bool = False,
+                 retry_after: float | None = None, **details: Any) -> None:
+        super().__init__(code, message, **details)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Provider(Protocol):
+    """A single async method: send the call, return the reply or raise ProviderFailure."""
+
+    async def complete(self, call: ProviderCall) -> ProviderReply: ...
+
+
+# CLI-session providers receive the session to resume through litellm's `metadata`.
+SESSION_METADATA_KEY = "ksi_resume_session"
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message, joining the text parts of multi-part content."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content or "")

@@ -1,0 +1,269 @@
+"""The litellm adapter: the only module that imports litellm, lazily and offline-safe."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import time
+from email.utils import parsedate_to_datetime
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+from ksi_common.errors import ErrorCode
+from ksi_common.settings import Settings
+from ksi_daemon.providers.base import SESSION_METADATA_KEY, ProviderCall, ProviderFailure, ProviderReply
+
+log = structlog.get_logger("ksi.providers.litellm")
+
+_OFFLINE_DEFAULTS = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_MODE": "PRODUCTION",
+    "LITELLM_LOG": "ERROR",
+}
+
+
+def provider_of(model: str) -> str:
+    return model.split("/", 1)[0] if "/" in model else "openai"
+
+
+class LiteLLMProvider:
+    """Sends calls through litellm; counts tokens and knows context windows."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._module: ModuleType | None = None
+        self._load_lock = threading.Lock()
+        self._windows: dict[str, int] = {}
+        self._encoder: Any = None
+
+    # -- loading ------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
+    def load(self) -> ModuleType:
+        """Import and configure litellm once (blocking: call it from a thread)."""
+        if self._module is not None:
+            return self._module
+        with self._load_lock:
+            if self._module is None:
+                started = time.perf_counter()
+                for name, value in _OFFLINE_DEFAULTS.items():
+                    os.environ.setdefault(name, value)
+                import litellm
+
+                litellm.suppress_debug_info = True
+                litellm.disable_hf_tokenizer_download = True
+                litellm.telemetry = False
+                litellm.drop_params = True
+                litellm.custom_provider_map = [
+                    *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
+                    *self._custom_providers(),
+                ]
+                litellm.utils.custom_llm_setup()
+                # litellm's bundled copy of cl100k: tiktoken itself would download it
+                from litellm.litellm_core_utils.default_encoding import encoding
+
+                self._encoder = encoding
+                self._module = litellm
+                log.info("litellm_loaded", seconds=round(time.perf_counter() - started, 3))
+        return self._module
+
+    async def ensure_loaded(self) -> ModuleType:
+        if self._module is not None:
+            return self._module
+        return await asyncio.to_thread(self.load)
+
+    @staticmethod
+    def _custom_names() -> set[str]:
+        return {"echo", "claude-cli", "gemini-cli"}
+
+    def _custom_providers(self) -> list[dict[str, Any]]:
+        from ksi_daemon.providers.cli_session import ClaudeCLI, GeminiCLI
+        from ksi_daemon.providers.echo import EchoLLM
+
+        timeout = self.settings.cli_timeout
+        return [
+            {"provider": "echo", "custom_handler": EchoLLM()},
+            {"provider": "claude-cli", "custom_handler": ClaudeCLI(timeout)},
+            {"provider": "gemini-cli", "custom_handler": GeminiCLI(timeout)},
+        ]
+
+    # -- model facts --------------------------------------------------------
+    async def ready(self) -> None:
+        await self.ensure_loaded()
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` by cl100k: one tokenizer for all models keeps counts cacheable."""
+        if self._encoder is None:
+            return max(1, math.ceil(len(text) / 4))
+        return len(self._encoder.encode(text, disallowed_special=()))
+
+    async def context_window(self, model: str) -> int:
+        override = self.settings.model_settings(model).context_window
+        if override:
+            return override
+        if model in self._windows:
+            return self._windows[model]
+        litellm = await self.ensure_loaded()
+        window = self.settings.default_context_window
+        if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+            try:
+                # ollama models make get_model_info call the local server: keep it off the loop
+                info = await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0)
+                window = int(info.get("max_input_tokens") or info.get("max_tokens") or window)
+            except Exception:
+                pass
+        self._windows[model] = window
+        return window
+
+    def output_reserve(self, model: str, max_tokens: int | None) -> int:
+        if max_tokens:
+            return max_tokens
+        override = self.settings.model_settings(model).output_reserve
+        return override if override is not None else self.settings.default_output_reserve
+
+    # -- calls --------------------------------------------------------------
+    def _call_kwargs(self, call: ProviderCall) -> dict[str, Any]:
+        kwargs: dict[str, Any] = dict(call.options)
+        kwargs.update(model=call.model, messages=call.messages, max_retries=0)
+        if call.temperature is not None:
+            kwargs["temperature"] = call.temperature
+        if call.max_tokens is not None:
+            kwargs["max_tokens"] = call.max_tokens
+        if call.timeout is not None:
+            kwargs["timeout"] = call.timeout
+        overrides = self.settings.model_settings(call.model)
+        if overrides.api_base:
+            kwargs.setdefault("api_base", overrides.api_base)
+        if overrides.api_key_env and os.environ.get(overrides.api_key_env):
+            kwargs.setdefault("api_key", os.environ[overrides.api_key_env])
+        if call.model.startswith(("claude-cli/", "gemini-cli/")):
+            kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        return kwargs
+
+    async def complete(self, call: ProviderCall) -> ProviderReply:
+        litellm = await self.ensure_loaded()
+        kwargs = self._call_kwargs(call)
+        try:
+            if call.on_chunk is not None:
+                return await self._stream(litellm, call, kwargs)
+            response = await litellm.acompletion(**kwargs)
+        except ProviderFailure:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise map_error(litellm, exc) from None
+        return self._reply(litellm, call, response)
+
+    async def _stream(self, litellm: ModuleType, call: ProviderCall, kwargs: dict[str, Any]) -> ProviderReply:
+        kwargs["stream"] = True
+        kwargs.setdefault("stream_options", {"include_usage": True})
+        stream = await litellm.acompletion(**kwargs)
+        parts: list[str] = []
+        finish_reason = None
+        usage: dict[str, int] = {}
+        response_id = None
+        assert call.on_chunk is not None
+        async for chunk in stream:
+            response_id = response_id or getattr(chunk, "id", None)
+            choices = getattr(chunk, "choices", None) or []
+            if choices:
+                delta = getattr(choices[0], "delta", None)
+                text = getattr(delta, "content", None) if delta is not None else None
+                if text:
+                    parts.append(text)
+                    call.on_chunk(text)
+                finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
+            chunk_usage = getattr(chunk, "usage", None)
+            if chunk_usage:
+                usage = _usage_dict(chunk_usage)
+        content = "".join(parts)
+        return ProviderReply(
+            content=content, model=call.model, finish_reason=finish_reason or "stop", usage=usage,
+            cost=None, provider=provider_of(call.model), provider_response_id=response_id,
+        )
+
+    def _reply(self, litellm: ModuleType, call: ProviderCall, response: Any) -> ProviderReply:
+        choice = response.choices[0]
+        content = choice.message.content or ""
+        if len(content.encode()) > self.settings.max_response_bytes:
+            raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's answer exceeds the size limit",
+                                  limit=self.settings.max_response_bytes)
+        hidden = getattr(response, "_hidden_params", {}) or {}
+        cost = hidden.get("response_cost")
+        if cost is None:
+            try:
+                cost = litellm.completion_cost(completion_response=response)
+            except Exception:
+                cost = None
+        session_id = None
+        session_note = None
+        if call.model.startswith(("claude-cli/", "gemini-cli/")):
+            session_id = getattr(response, "id", None)
+            session_note = hidden.get("ksi_session_note")
+        return ProviderReply(
+            content=content,
+            model=call.model,
+            finish_reason=choice.finish_reason,
+            usage=_usage_dict(getattr(response, "usage", None)),
+            cost=float(cost) if cost else None,
+            provider=provider_of(call.model),
+            provider_response_id=getattr(response, "id", None),
+            session_id=session_id,
+            session_note=session_note,
+        )
+
+
+def _usage_dict(usage: Any) -> dict[str, int]:
+    if not usage:
+        return {}
+    return {
+        key: int(getattr(usage, key, 0) or 0)
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }
+
+
+def _retry_after(exc: Exception) -> float | None:
+    headers = None
+    response = getattr(exc, "response", None)
+    if response is not None:
+        headers = getattr(response, "headers", None)
+    headers = headers or getattr(exc, "litellm_response_headers", None)
+    if not headers:
+        return None
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def map_error(litellm: ModuleType, exc: Exception) -> ProviderFailure:
+    """A litellm exception as a ProviderFailure with the design's error code."""
+    errors = litellm.exceptions
+    message = str(getattr(exc, "message", None) or exc)[:2000]
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, errors.ContextWindowExceededError):
+        return ProviderFailure(ErrorCode.CONTEXT_WINDOW_EXCEEDED, message, status=status)
+    if isinstance(exc, errors.RateLimitError):
+        return ProviderFailure(ErrorCode.RATE_LIMITED, message, retryable=True,
+                               retry_after=_retry_after(exc), status=429)
+    if isinstance(exc, errors.Timeout):
+        return ProviderFailure(ErrorCode.TIMEOUT, message, retryable=True, status=status)
+    if isinstance(exc, errors.APIConnectionError):
+        return ProviderFailure(ErrorCode.PROVIDER_ERROR, message, retryable=True, status=status,
+                               reason="connection")
+    retryable = isinstance(status, int) and (status >= 500 or status in (408, 409, 429))
+    return ProviderFailure(ErrorCode.PROVIDER_ERROR, message, retryable=retryable,
+                           retry_after=_retry_after(exc) if retryable else None, status=status)

@@ -1,0 +1,504 @@
+"""`completion:*` events: queue requests per conversation, rebuild history, call the model,
+log and index the exchange, and emit the outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id, new_response_id
+from ksi_common.records import IndexEntry
+from ksi_common.settings import Settings
+from ksi_common.timefmt import format_ts, parse_ts, utc_now
+from ksi_daemon.context import EventContext
+from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
+from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion_models import (
+    CompletionAsync,
+    CompletionCancel,
+    CompletionStatus,
+    CompletionWait,
+)
+from ksi_daemon.services.history import MESSAGE_OVERHEAD, NOTE_RESERVE, build_messages, select_history
+from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.requests import FINISHED, RequestRegistry, RequestState
+from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
+from ksi_daemon.services.scheduler import Job, Scheduler
+from ksi_daemon.storage.conversations import CliSession, ConversationMeta, SystemChange
+from ksi_daemon.storage.request_journal import RequestJournal
+from ksi_daemon.storage.responses import ResponseLog
+
+log = structlog.get_logger("ksi.completion")
+
+CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
+
+
+class ModelFacts(Protocol):
+    """What the service needs to know about models to budget tokens."""
+
+    async def ready(self) -> None: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    async def context_window(self, model: str) -> int: ...
+
+    def output_reserve(self, model: str, max_tokens: int | None) -> int: ...
+
+
+@dataclass(slots=True)
+class AgentDefaults:
+    conversation_id: str
+    system: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentDirectory(Protocol):
+    def defaults(self, agent_id: str) -> AgentDefaults: ...
+
+
+class NoAgents:
+    """The agent directory of a daemon without agents: every id is unknown."""
+
+    def defaults(self, agent_id: str) -> AgentDefaults:
+        raise KsiError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id}", agent_id=agent_id)
+
+
+@dataclass(slots=True)
+class Prepared:
+    memory: ConversationMemory
+    call: ProviderCall
+    system: str | None
+    system_changed: bool
+    inputs: list[dict[str, Any]]  # the raw input lines for the response file
+    user_messages: list[dict[str, Any]]  # the new input as the model sees it
+    input_tokens: int
+    history_stats: dict[str, int]
+
+
+class CompletionService:
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        cache: ConversationCache,
+        responses: ResponseLog,
+        journal: RequestJournal,
+        provider: Provider,
+        facts: ModelFacts,
+        answerers: dict[str, Provider] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.cache = cache
+        self.responses = responses
+        self.journal = journal
+        self.provider = provider
+        self.facts = facts
+        self.answerers = answerers or {}  # model prefix -> answerer (e.g. "consortium/")
+        self.agents: AgentDirectory = NoAgents()
+        self.clock = clock
+        self.requests = RequestRegistry(settings.finished_requests_kept)
+        self.scheduler = Scheduler(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
+        self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
+        self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
+
+    def register(self) -> list[Unregister]:
+        r = self.router
+        return [
+            r.register("completion:async", self.handle_async, CompletionAsync,
+                       "Queue a completion in a conversation; the outcome is emitted as completion:result."),
+            r.register("completion:wait", self.handle_wait, CompletionWait,
+                       "Wait for a request's result, up to a timeout."),
+            r.register("completion:status", self.handle_status, CompletionStatus,
+                       "State of a request: queued, running, done, failed or cancelled."),
+            r.register("completion:cancel", self.handle_cancel, CompletionCancel,
+                       "Cancel a queued or running request."),
+        ]
+
+    async def start(self) -> None:
+        for record in await asyncio.to_thread(self.journal.recover):
+            self.requests.add_interrupted(record)
+
+    async def stop(self, timeout: float) -> None:
+        await self.scheduler.stop(timeout)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "queued": self.scheduler.queued - self.scheduler.running,
+            "running": self.scheduler.running,
+            "active_conversations": self.scheduler.active_conversations,
+            "conversations_in_memory": len(self.cache),
+            "circuits": self.breaker.report(),
+        }
+
+    # -- events -------------------------------------------------------------
+    async def handle_async(self, data: CompletionAsync, context: EventContext) -> dict[str, Any]:
+        state = await self.submit(data, context)
+        return {
+            "request_id": state.request_id,
+            "conversation_id": state.conversation_id,
+            "status": state.status,
+            "queue_position": self.scheduler.position(state.job) if state.job else 0,
+        }
+
+    async def handle_wait(self, data: CompletionWait, _context: EventContext) -> dict[str, Any]:
+        found = self.requests.get(data.request_id)
+        if isinstance(found, RequestState) and not found.done.is_set() and data.timeout > 0:
+            try:
+                await asyncio.wait_for(found.done.wait(), data.timeout)
+            except TimeoutError:
+                pass
+        return self.outcome(found)
+
+    async def handle_status(self, data: CompletionStatus, _context: EventContext) -> dict[str, Any]:
+        return self.describe(self.requests.get(data.request_id))
+
+    async def handle_cancel(self, data: CompletionCancel, _context: EventContext) -> dict[str, Any]:
+        found = self.requests.get(data.request_id)
+        if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
+            self.scheduler.cancel(found.job)
+            if found.status == "running":
+                await found.done.wait()
+            return {**self.describe(found), "cancelled": found.status == "cancelled"}
+        return {**self.describe(found), "cancelled": False}
+
+    def outcome(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
+        """Result data when done; a failure for failed or cancelled; else the status."""
+        if isinstance(found, dict):
+            raise KsiError(found.get("code", ErrorCode.DAEMON_RESTART),
+                           "the request was interrupted by a daemon restart", request_id=found["request_id"])
+        if found.status == "done" and found.result is not None:
+            return found.result
+        if found.status in ("failed", "cancelled") and found.error is not None:
+            raise KsiError(found.error.code, found.error.message,
+                           **{**found.error.details, "request_id": found.request_id})
+        return self.describe(found)
+
+    def describe(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
+        if isinstance(found, dict):
+            return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
+                    "status": "failed", "reason": found.get("code", "daemon_restart"), "queue_position": 0}
+        description: dict[str, Any] = {
+            "request_id": found.request_id,
+            "conversation_id": found.conversation_id,
+            "status": found.status,
+            "queue_position": self.scheduler.position(found.job) if found.job and found.status == "queued" else 0,
+            "created": found.created,
+            "model": found.model,
+        }
+        if found.response_id:
+            description["response_id"] = found.response_id
+        if found.error is not None:
+            description["reason"] = found.error.code
+        return description
+
+    # -- submission ---------------------------------------------------------
+    async def submit(self, data: CompletionAsync, context: EventContext, *, from_agent: str | None = None) -> RequestState:
+        """Validate a request against its conversation and queue it; raises on bad input."""
+        agent = self.agents.defaults(data.agent_id) if data.agent_id else None
+        conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
+        memory = await self._conversation_for(conversation_id, data, agent)
+        self._check_open(memory)
+        if memory.meta.turn_cap is not None:
+            pending = self.requests.count_live(memory.conversation_id)
+            if memory.total + pending >= memory.meta.turn_cap:
+                raise KsiError(ErrorCode.CONVERSATION_FULL,
+                               f"conversation {memory.conversation_id} reached its cap of {memory.meta.turn_cap} exchanges",
+                               conversation_id=memory.conversation_id, turn_cap=memory.meta.turn_cap)
+        if self.scheduler.queued >= self.settings.max_queued:
+            raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
+                           retry_after=1.0, queued=self.scheduler.queued)
+        model = data.model or (agent.model if agent else None) or self._last_model(memory) or self.settings.default_model
+        state = RequestState(
+            request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
+            request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
+        )
+        state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
+                        on_cancel_queued=lambda: self._cancelled_in_queue(state))
+        self.requests.add(state)
+        self.journal.record(state.request_id, state.conversation_id, "queued")
+        self.scheduler.submit(state.job)
+        return state
+
+    async def _conversation_for(self, conversation_id: str | None, data: CompletionAsync,
+                                agent: AgentDefaults | None) -> ConversationMemory:
+        if conversation_id is None:
+            return await self.create_conversation(new_id("conv-"), agent_id=data.agent_id, system=agent.system if agent else None)
+        memory = await self.cache.get(conversation_id)
+        if memory is not None:
+            return memory
+        own_agent_conversation = agent is not None and conversation_id == agent.conversation_id
+        if not (data.create or own_agent_conversation):
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
+                           conversation_id=conversation_id)
+        return await self.create_conversation(conversation_id, agent_id=data.agent_id,
+                                              system=agent.system if agent else None)
+
+    async def create_conversation(self, conversation_id: str, **fields: Any) -> ConversationMemory:
+        meta = ConversationMeta(conversation_id=conversation_id, ttl=self.settings.default_ttl,
+                                **{k: v for k, v in fields.items() if v is not None})
+        await asyncio.to_thread(self.cache.store.save_meta, meta)
+        return self.cache.create(meta)
+
+    def _check_open(self, memory: ConversationMemory) -> None:
+        meta = memory.meta
+        if meta.status == "archived":
+            raise KsiError(ErrorCode.CONVERSATION_ARCHIVED,
+                           f"conversation {meta.conversation_id} is archived; set it active to continue",
+                           conversation_id=meta.conversation_id)
+        if meta.ttl is not None and parse_ts(meta.last_activity) + meta.ttl < self.clock():
+            raise KsiError(ErrorCode.CONVERSATION_EXPIRED, f"conversation {meta.conversation_id} expired",
+                           conversation_id=meta.conversation_id,
+                           expired_at=format_ts(parse_ts(meta.last_activity) + meta.ttl))
+
+    @staticmethod
+    def _last_model(memory: ConversationMemory) -> str | None:
+        return memory.meta.models[-1] if memory.meta.models else None
+
+    def _cancelled_in_queue(self, state: RequestState) -> None:
+        error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
+        self._finish(state, "cancelled", error=error)
+
+    # -- running ------------------------------------------------------------
+    async def _run(self, state: RequestState) -> None:
+        state.status = "running"
+        state.started_at = time.perf_counter()
+        state.response_id = new_response_id(state.model)
+        self.journal.record(state.request_id, state.conversation_id, "running")
+        attempts: list[dict[str, Any]] = []
+        inputs = self._input_lines(state)
+        try:
+            prepared = await self._prepare(state)
+            inputs = prepared.inputs
+            answerer = self._answerer(state.model)
+            reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
+                                       self.retry, self.breaker, self._provider_key(state.model), attempts)
+            result = await self._commit(state, prepared, reply, attempts)
+        except asyncio.CancelledError:
+            error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
+            await self._log_failure(state, inputs, error, attempts)
+            self._finish(state, "cancelled", error=error)
+            return
+        except KsiError as error:
+            await self._log_failure(state, inputs, error, attempts)
+            self._finish(state, "failed", error=error)
+            return
+        except Exception as exc:
+            log.exception("completion_failed", request_id=state.request_id)
+            error = KsiError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+            await self._log_failure(state, inputs, error, attempts)
+            self._finish(state, "failed", error=error)
+            return
+        self._finish(state, "done", result=result)
+
+    def _answerer(self, model: str) -> Provider:
+        for prefix, answerer in self.answerers.items():
+            if model.startswith(prefix):
+                return answerer
+        return self.provider
+
+    @staticmethod
+    def _provider_key(model: str) -> str:
+        return model.split("/", 1)[0] if "/" in model else model
+
+    async def _attempt(self, answerer: Provider, call: ProviderCall) -> ProviderReply:
+        timeout = call.timeout or self.settings.request_timeout
+        try:
+            return await asyncio.wait_for(answerer.complete(call), timeout)
+        except TimeoutError:
+            raise ProviderFailure(ErrorCode.TIMEOUT, f"no answer within {timeout}s", retryable=True) from None
+
+    def _input_lines(self, state: RequestState) -> list[dict[str, Any]]:
+        data = state.request
+        lines = []
+        for message in data.input_messages():
+            line: dict[str, Any] = {
+                "v": 1,
+                "type": "feedback" if data.is_feedback and message["role"] == "user" else message["role"],
+                "content": message["content"],
+                "ts": state.created,
+                "request_id": state.request_id,
+                "conversation_id": state.conversation_id,
+            }
+            if state.agent_id:
+                line["agent_id"] = state.agent_id
+            if state.from_agent:
+                line["from_agent"] = state.from_agent
+            if data.metadata:
+                line["metadata"] = data.metadata
+            lines.append(line)
+        if data.system is not None:
+            lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
+                             "request_id": state.request_id, "conversation_id": state.conversation_id})
+        return lines
+
+    async def _prepare(self, state: RequestState) -> Prepared:
+        data = state.request
+        await self.facts.ready()
+        memory = await self.cache.require(state.conversation_id)
+        self._check_open(memory)
+        inputs = self._input_lines(state)
+        new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
+        system = new_system if new_system is not None else memory.meta.system
+        user_messages = []
+        for line in inputs:
+            if line["type"] == "system":
+                continue
+            content = line["content"]
+            if line.get("from_agent"):
+                content = f"[from {line['from_agent']}] {content}"
+            user_messages.append({"role": "user", "content": content})
+        count = self.facts.count_tokens
+        input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
+        system_tokens = count(system) + MESSAGE_OVERHEAD if system else 0
+        window = await self.facts.context_window(state.model)
+        reserve = self.facts.output_reserve(state.model, data.max_tokens)
+        budget = window - reserve - system_tokens - input_tokens - NOTE_RESERVE
+        if budget < 0:
+            raise KsiError(
+                ErrorCode.CONTEXT_WINDOW_EXCEEDED,
+                f"the new input needs {input_tokens + system_tokens} tokens; {state.model} allows "
+                f"{window - reserve - NOTE_RESERVE} after reserving {reserve} for the answer",
+                input_tokens=input_tokens, system_tokens=system_tokens, context_window=window, output_reserve=reserve,
+            )
+        memory = await self.cache.require(state.conversation_id, budget)
+        history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
+        messages = build_messages(system, history, user_messages)
+        options = dict(data.options)
+        if data.extra_body:
+            options["extra_body"] = data.extra_body
+        call = ProviderCall(
+            model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
+            timeout=data.timeout or self.settings.request_timeout, options=options,
+            on_chunk=self._chunk_sink(state) if data.stream else None,
+            resume_session=self._resumable_session(memory, state.model),
+        )
+        return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
+                        history.stats())
+
+    @staticmethod
+    def _resumable_session(memory: ConversationMemory, model: str) -> str | None:
+        """Resume a CLI session only when the previous exchange came from that same session."""
+        session = memory.meta.cli_session
+        if not model.startswith(CLI_PREFIXES) or session is None:
+            return None
+        if session.model != model or session.n != memory.total:
+            return None
+        return session.session_id
+
+    def _chunk_sink(self, state: RequestState) -> Callable[[str], None]:
+        index = 0
+        context = state.context.child()
+
+        def emit(text: str) -> None:
+            nonlocal index
+            self.router.emit("completion:chunk", {"request_id": state.request_id,
+                                                  "conversation_id": state.conversation_id,
+                                                  "index": index, "text": text}, context)
+            index += 1
+
+        return emit
+
+    async def _commit(self, state: RequestState, prepared: Prepared, reply: ProviderReply,
+                      attempts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Response file durable, then the index line, then metadata; only then the result."""
+        memory = prepared.memory
+        assert state.response_id is not None
+        duration_ms = state.duration_ms()
+        outcome = {
+            "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
+            "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
+            "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
+            "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": utc_now(),
+            "request_id": state.request_id, "conversation_id": state.conversation_id,
+        }
+        if reply.session_id:
+            outcome["session_id"] = reply.session_id
+        if reply.session_note:
+            outcome["session_note"] = reply.session_note
+        tokens_out = self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD
+        entry = IndexEntry(
+            n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
+            provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
+            tokens_out=tokens_out, is_feedback=state.request.is_feedback,
+        )
+        meta = memory.meta.model_copy(deep=True)
+        meta.exchanges += 1
+        meta.tokens_in += reply.usage.get("prompt_tokens", 0)
+        meta.tokens_out += reply.usage.get("completion_tokens", 0)
+        meta.cost += reply.cost or 0.0
+        meta.last_activity = outcome["ts"]
+        if state.model not in meta.models:
+            meta.models.append(state.model)
+        elif meta.models[-1] != state.model:
+            meta.models.remove(state.model)
+            meta.models.append(state.model)
+        if prepared.system_changed:
+            meta.system_changes.append(SystemChange(from_n=entry.n, system=prepared.system, ts=outcome["ts"]))
+            meta.system = prepared.system
+        meta.cli_session = (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
+                            if reply.session_id else None)
+
+        def persist() -> None:
+            self.responses.write(state.response_id, [*prepared.inputs, outcome])
+            self.cache.store.append_exchange(state.conversation_id, entry)
+            self.cache.store.save_meta(meta)
+
+        await asyncio.shield(asyncio.to_thread(persist))
+        memory.meta = meta
+        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content))
+        result: dict[str, Any] = {
+            "request_id": state.request_id,
+            "response_id": state.response_id,
+            "conversation_id": state.conversation_id,
+            "agent_id": state.agent_id,
+            "model": state.model,
+            "content": reply.content,
+            "finish_reason": reply.finish_reason,
+            "usage": reply.usage,
+            "cost": reply.cost,
+            "history": prepared.history_stats,
+            "attempts": len(attempts),
+            "duration_ms": duration_ms,
+            "exchange": entry.n,
+        }
+        if reply.session_note:
+            result["session_note"] = reply.session_note
+        return result
+
+    async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
+                           attempts: list[dict[str, Any]]) -> None:
+        """Failed requests are logged in responses/ but never indexed."""
+        if state.response_id is None:
+            return
+        line = {"v": 1, "type": "error", "code": error.code, "message": error.message, "details": error.details,
+                "model": state.model, "attempts": attempts, "duration_ms": state.duration_ms(), "ts": utc_now(),
+                "request_id": state.request_id, "conversation_id": state.conversation_id}
+        try:
+            await asyncio.shield(asyncio.to_thread(self.responses.write, state.response_id, [*inputs, line]))
+        except Exception:
+            log.exception("failure_log_failed", request_id=state.request_id)
+
+    def _finish(self, state: RequestState, status: str, *, result: dict[str, Any] | None = None,
+                error: KsiError | None = None) -> None:
+        state.finish(status, result, error)
+        self.requests.retire(state)
+        self.journal.record(state.request_id, state.conversation_id, status)
+        context = state.context.child()
+        if status == "done" and result is not None:
+            self.router.emit("completion:result", result, context)
+        else:
+            assert error is not None
+            payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
+                       "agent_id": state.agent_id, "code": error.code, "message": error.message,
+                       "details": error.details}
+            self.router.emit("completion:cancelled" if status == "cancelled" else "completion:error", payload, context)

@@ -1,0 +1,98 @@
+"""Payloads of the `completion:*` events."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ksi_common.ids import check_id
+from ksi_daemon.events import EventData, Text
+
+
+class InputMessage(EventData):
+    role: Literal["user", "system"] = Field(description="user or system; history is never sent by clients")
+    content: Text = Field(min_length=1)
+
+
+def _safe_id(value: str | None, field: str) -> str | None:
+    if value is not None:
+        try:
+            check_id(value, field)
+        except Exception:
+            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'") from None
+    return value
+
+
+class CompletionAsync(EventData):
+    prompt: Text | None = Field(default=None, description="the new user input (or use messages)")
+    messages: list[InputMessage] | None = Field(default=None, description="new input messages, user or system roles")
+    model: Text | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
+    conversation_id: Text | None = Field(default=None, description="continue this conversation; absent starts a new one")
+    agent_id: Text | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
+    create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
+    system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="sampling temperature")
+    max_tokens: int | None = Field(default=None, gt=0, description="upper bound on the answer's tokens")
+    timeout: float | None = Field(default=None, gt=0, description="seconds allowed per provider attempt")
+    stream: bool = Field(default=False, description="push completion:chunk events while the answer arrives")
+    files: list[Text] = Field(default_factory=list, description="paths to attach (within allowed roots)")
+    is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")
+    extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
+    options: dict[str, Any] = Field(default_factory=dict, description="other provider options (top_p, stop, seed, ...)")
+    consortium: dict[str, Any] | None = Field(default=None, description="an inline consortium definition")
+
+    @field_validator("conversation_id")
+    @classmethod
+    def _conversation_id(cls, value: str | None) -> str | None:
+        return _safe_id(value, "conversation_id")
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, value: str | None) -> str | None:
+        return _safe_id(value, "agent_id")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_bookkeeping(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"model", "messages", "stream", "metadata", "api_key", "api_base"} & set(value)
+        if reserved:
+            raise ValueError(f"options may not set {sorted(reserved)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_input(self) -> CompletionAsync:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if self.messages is not None and not any(m.role == "user" for m in self.messages):
+            raise ValueError("messages need at least one user message")
+        return self
+
+    def input_messages(self) -> list[dict[str, str]]:
+        if self.prompt is not None:
+            return [{"role": "user", "content": self.prompt}]
+        return [{"role": m.role, "content": m.content} for m in self.messages or []]
+
+
+class RequestRef(EventData):
+    request_id: Text = Field(description="the id completion:async returned")
+
+
+class CompletionWait(RequestRef):
+    timeout: float = Field(default=60.0, ge=0, description="seconds to wait before replying with the status")
+
+
+class CompletionStatus(RequestRef):
+    pass
+
+
+class CompletionCancel(RequestRef):
+    pass

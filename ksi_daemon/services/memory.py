@@ -1,0 +1,208 @@
+"""Conversations held in memory: metadata, index entries and exchange texts, loaded lazily.
+
+A conversation is loaded from the tail of its index, only as far back as a token budget needs,
+so the cost of a cold start follows the budget and not the length of the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.records import IndexEntry, ResponseRecord
+from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
+from ksi_daemon.storage.responses import ResponseLog
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The texts of one exchange as the next model will see them."""
+
+    inputs: list[dict[str, Any]]  # chat messages (user role), `[from AGENT]` already applied
+    reply: str
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [*self.inputs, {"role": "assistant", "content": self.reply}]
+
+
+def exchange_from_response(record: ResponseRecord) -> Exchange:
+    inputs = []
+    files: list[dict[str, Any]] = []
+    for line in record.inputs:
+        if line.get("type") == "system":
+            continue  # system prompts live in the conversation's metadata
+        content = str(line.get("content") or "")
+        if line.get("from_agent"):
+            content = f"[from {line['from_agent']}] {content}"
+        inputs.append({"role": "user", "content": content})
+        files.extend(line.get("files") or [])
+    return Exchange(inputs=inputs, reply=record.content, files=files)
+
+
+class ConversationMemory:
+    """One conversation: its metadata, the loaded tail of its index, and exchange texts."""
+
+    def __init__(self, meta: ConversationMeta) -> None:
+        self.meta = meta
+        self.total = 0  # number of exchanges in the index
+        self.first_loaded = 1  # entries before this number are not in memory
+        self.entries: list[IndexEntry] = []  # entries first_loaded..total, in order
+        self.texts: dict[int, Exchange] = {}
+        # history-eligible (non-feedback) entries and a running sum of their tokens
+        self._eligible: list[IndexEntry] = []
+        self._eligible_n: list[int] = []
+        self._sums: list[int] = [0]
+        self.lock = asyncio.Lock()
+
+    @property
+    def conversation_id(self) -> str:
+        return self.meta.conversation_id
+
+    @property
+    def base(self) -> int:
+        """Exchanges shared with the parent: a fork's own exchanges are numbered after them."""
+        return (self.meta.fork_at or 0) if self.meta.parent_id else 0
+
+    @property
+    def next_n(self) -> int:
+        return max(self.total, self.base) + 1
+
+    @property
+    def complete(self) -> bool:
+        return self.first_loaded <= self.base + 1
+
+    @property
+    def unloaded(self) -> int:
+        return max(0, self.first_loaded - 1 - self.base)
+
+    def set_entries(self, entries: list[IndexEntry], total: int) -> None:
+        self.total = max(total, self.base)
+        self.entries = list(entries)
+        self.first_loaded = entries[0].n if entries else self.total + 1
+        self._eligible, self._eligible_n, self._sums = [], [], [0]
+        for entry in entries:
+            self._index_eligible(entry)
+
+    def _index_eligible(self, entry: IndexEntry) -> None:
+        if entry.is_feedback:
+            return
+        self._eligible.append(entry)
+        self._eligible_n.append(entry.n)
+        self._sums.append(self._sums[-1] + entry.tokens_in + entry.tokens_out)
+
+    def append(self, entry: IndexEntry, exchange: Exchange) -> None:
+        self.entries.append(entry)
+        self.total = entry.n
+        self.texts[entry.n] = exchange
+        self._index_eligible(entry)
+
+    def eligible_tokens(self) -> int:
+        return self._sums[-1]
+
+    def pick(self, budget: int, upto: int | None = None) -> tuple[list[IndexEntry], int, bool]:
+        """Newest eligible entries (n <= upto) that fit `budget`, oldest first.
+
+        Returns the entries, the tokens they use, and whether every loaded entry up to `upto`
+        fitted (so older history, if any, may still be wanted).
+        """
+        end = len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
+        floor = self._sums[end] - budget
+        start = bisect.bisect_left(self._sums, floor, 0, end + 1) if floor > 0 else 0
+        return self._eligible[start:end], self._sums[end] - self._sums[start], start == 0
+
+    def count_eligible(self, upto: int | None = None) -> int:
+        """Eligible exchanges up to `upto` among the loaded ones."""
+        return len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
+
+
+class ConversationCache:
+    """A bounded LRU of conversations in memory, loading from storage in a worker thread."""
+
+    def __init__(self, store: ConversationStore, responses: ResponseLog, capacity: int) -> None:
+        self.store = store
+        self.responses = responses
+        self.capacity = capacity
+        self._items: OrderedDict[str, ConversationMemory] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def cached(self, conversation_id: str) -> ConversationMemory | None:
+        return self._items.get(conversation_id)
+
+    def _keep(self, memory: ConversationMemory) -> ConversationMemory:
+        self._items[memory.conversation_id] = memory
+        self._items.move_to_end(memory.conversation_id)
+        while len(self._items) > self.capacity:
+            oldest = next(iter(self._items))
+            if self._items[oldest].lock.locked():
+                self._items.move_to_end(oldest)
+                break
+            self._items.popitem(last=False)
+        return memory
+
+    async def get(self, conversation_id: str, budget: int = 0) -> ConversationMemory | None:
+        """The conversation, with at least `budget` tokens of history loaded when it has them."""
+        memory = self._items.get(conversation_id)
+        if memory is None:
+            meta = await asyncio.to_thread(self.store.load_meta, conversation_id)
+            if meta is None:
+                return None
+            memory = self._items.get(conversation_id)  # another task may have loaded it meanwhile
+            if memory is None:
+                memory = ConversationMemory(meta)
+                entries, total = await asyncio.to_thread(self.store.read_tail, conversation_id, budget)
+                memory.set_entries(entries, total)
+        else:
+            self._items.move_to_end(conversation_id)
+        if budget and not memory.complete and memory.eligible_tokens() < budget:
+            await self._extend(memory, budget)
+        return self._keep(memory)
+
+    async def require(self, conversation_id: str, budget: int = 0) -> ConversationMemory:
+        memory = await self.get(conversation_id, budget)
+        if memory is None:
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
+                           conversation_id=conversation_id)
+        return memory
+
+    async def _extend(self, memory: ConversationMemory, budget: int) -> None:
+        entries, total = await asyncio.to_thread(self.store.read_tail, memory.conversation_id, budget)
+        if total != memory.total:  # the index moved on disk under us: take all of it
+            entries = await asyncio.to_thread(self.store.read_index, memory.conversation_id)
+            total = entries[-1].n if entries else 0
+        if entries and entries[0].n < memory.first_loaded:
+            memory.set_entries(entries, total)
+
+    async def load_all(self, memory: ConversationMemory) -> None:
+        """Load every index entry (for forks of this conversation and inspection)."""
+        if not memory.complete:
+            entries = await asyncio.to_thread(self.store.read_index, memory.conversation_id)
+            memory.set_entries(entries, entries[-1].n if entries else 0)
+
+    async def texts(self, memory: ConversationMemory, entries: list[IndexEntry]) -> list[Exchange]:
+        """The exchange texts of `entries`, reading only the response files not in memory."""
+        missing = [e for e in entries if e.n not in memory.texts]
+        if missing:
+            records = await asyncio.to_thread(
+                lambda: [self.responses.read(e.response_id) for e in missing]
+            )
+            for entry, record in zip(missing, records, strict=True):
+                memory.texts[entry.n] = (
+                    exchange_from_response(record) if record is not None
+                    else Exchange(inputs=[], reply="")
+                )
+        return [memory.texts[e.n] for e in entries]
+
+    def create(self, meta: ConversationMeta) -> ConversationMemory:
+        memory = ConversationMemory(meta)
+        memory.set_entries([], 0)
+        return self._keep(memory)
+
+    def forget(self, conversation_id: str) -> None:
+        self._items.pop(conversation_id, None)

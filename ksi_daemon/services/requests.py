@@ -1,0 +1,77 @@
+"""The requests the completion service knows: state, waiting, and bounded history."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.timefmt import utc_now
+from ksi_daemon.context import EventContext
+from ksi_daemon.services.completion_models import CompletionAsync
+from ksi_daemon.services.scheduler import Job
+
+FINISHED = ("done", "failed", "cancelled")
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    conversation_id: str
+    model: str
+    request: CompletionAsync
+    context: EventContext
+    agent_id: str | None = None
+    from_agent: str | None = None
+    status: str = "queued"
+    created: str = field(default_factory=utc_now)
+    started_at: float | None = None
+    job: Job | None = None
+    response_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: KsiError | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def finish(self, status: str, result: dict[str, Any] | None = None, error: KsiError | None = None) -> None:
+        self.status, self.result, self.error = status, result, error
+        self.done.set()
+
+    def duration_ms(self) -> float:
+        return round((time.perf_counter() - self.started_at) * 1000, 2) if self.started_at else 0.0
+
+
+class RequestRegistry:
+    """Live requests plus the most recent finished ones (bounded)."""
+
+    def __init__(self, keep_finished: int) -> None:
+        self.keep_finished = keep_finished
+        self._live: dict[str, RequestState] = {}
+        self._finished: OrderedDict[str, RequestState | dict[str, Any]] = OrderedDict()
+
+    def add(self, state: RequestState) -> None:
+        self._live[state.request_id] = state
+
+    def retire(self, state: RequestState) -> None:
+        self._live.pop(state.request_id, None)
+        self._finished[state.request_id] = state
+        while len(self._finished) > self.keep_finished:
+            self._finished.popitem(last=False)
+
+    def add_interrupted(self, record: dict[str, Any]) -> None:
+        """A request the previous daemon left unfinished (journal record)."""
+        self._finished[record["request_id"]] = record
+
+    def get(self, request_id: str) -> RequestState | dict[str, Any]:
+        found = self._live.get(request_id) or self._finished.get(request_id)
+        if found is None:
+            raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id}", request_id=request_id)
+        return found
+
+    def live(self) -> list[RequestState]:
+        return list(self._live.values())
+
+    def count_live(self, conversation_id: str) -> int:
+        return sum(1 for s in self._live.values() if s.conversation_id == conversation_id)

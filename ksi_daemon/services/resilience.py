@@ -1,0 +1,123 @@
+"""The daemon's own retry policy and a per-provider circuit breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ksi_common.errors import ErrorCode
+from ksi_daemon.providers.base import ProviderFailure
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class RetryPolicy:
+    attempts: int
+    base_delay: float
+    max_delay: float
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with jitter; a provider's Retry-After wins when it is given."""
+        if retry_after is not None:
+            return retry_after
+        ceiling = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(slots=True)
+class Circuit:
+    failures: int = 0
+    opened_at: float | None = None
+    trips: int = 0
+
+
+@dataclass
+class CircuitBreaker:
+    """Opens after `threshold` consecutive failures; lets one call through after `reset` seconds."""
+
+    threshold: int
+    reset: float
+    clock: Callable[[], float] = time.monotonic
+    circuits: dict[str, Circuit] = field(default_factory=dict)
+
+    def check(self, key: str) -> None:
+        circuit = self.circuits.get(key)
+        if circuit is None or circuit.opened_at is None:
+            return
+        waited = self.clock() - circuit.opened_at
+        if waited < self.reset:
+            raise ProviderFailure(
+                ErrorCode.PROVIDER_UNAVAILABLE,
+                f"provider {key} is failing; circuit open for another {self.reset - waited:.1f}s",
+                provider=key, retry_after=round(self.reset - waited, 3),
+            )
+        # half-open: let this call probe; one more failure re-opens at once
+        circuit.opened_at = None
+        circuit.failures = self.threshold - 1
+
+    def success(self, key: str) -> None:
+        circuit = self.circuits.get(key)
+        if circuit is not None:
+            circuit.failures = 0
+            circuit.opened_at = None
+
+    def failure(self, key: str) -> None:
+        circuit = self.circuits.setdefault(key, Circuit())
+        circuit.failures += 1
+        if circuit.failures >= self.threshold and circuit.opened_at is None:
+            circuit.opened_at = self.clock()
+            circuit.trips += 1
+
+    def report(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            key: {
+                "state": "open" if c.opened_at is not None and now - c.opened_at < self.reset else
+                         ("half_open" if c.opened_at is not None else "closed"),
+                "consecutive_failures": c.failures,
+                "trips": c.trips,
+            }
+            for key, c in self.circuits.items()
+        }
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    breaker: CircuitBreaker,
+    key: str,
+    attempts_log: list[dict[str, Any]],
+) -> T:
+    """Run `call` under the breaker, retrying retryable failures; every attempt is logged."""
+    for attempt in range(1, policy.attempts + 1):
+        breaker.check(key)
+        started = time.perf_counter()
+        try:
+            result = await call()
+        except ProviderFailure as failure:
+            counts_against_provider = failure.retryable
+            if counts_against_provider:
+                breaker.failure(key)
+            entry: dict[str, Any] = {
+                "attempt": attempt, "ok": False, "code": failure.code, "message": failure.message[:500],
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            }
+            too_long = failure.retry_after is not None and failure.retry_after > policy.max_delay
+            if not failure.retryable or attempt == policy.attempts or too_long:
+                attempts_log.append(entry)
+                raise
+            delay = policy.delay(attempt, failure.retry_after)
+            entry["retry_in"] = round(delay, 3)
+            attempts_log.append(entry)
+            await asyncio.sleep(delay)
+            continue
+        breaker.success(key)
+        attempts_log.append({"attempt": attempt, "ok": True,
+                             "duration_ms": round((time.perf_counter() - started) * 1000, 2)})
+        return result
+    raise AssertionError("unreachable")  # the loop returns or raises

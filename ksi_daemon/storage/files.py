@@ -1,0 +1,84 @@
+"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
+    """Append whole lines; a torn last line left by a crash is cut off first."""
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            _truncate_torn_tail(fd, size)
+        os.lseek(fd, 0, os.SEEK_END)
+        os.write(fd, payload)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created and fsync:
+        _sync_dir(path.parent)
+
+
+def _truncate_torn_tail(fd: int, size: int) -> None:
+    position = size
+    block = 4096
+    while position > 0:
+        start = max(0, position - block)
+        chunk = os.pread(fd, position - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            os.ftruncate(fd, start + newline + 1)
+            return
+        position = start
+    os.ftruncate(fd, 0)
+
+
+def write_new(path: Path, payload: bytes, fsync: bool) -> None:
+    """Write a whole new file; it never overwrites an existing one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, payload)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if fsync:
+        _sync_dir(path.parent)
+
+
+def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
+    """Replace a small JSON state file atomically (write aside, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+def jsonl(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(r, default=str, option=orjson.OPT_APPEND_NEWLINE) for r in records)
