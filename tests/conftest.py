@@ -77,3 +77,31 @@ async def daemon(short_tmp: Path) -> AsyncIterator[Daemon]:
 async def client(daemon: Daemon) -> AsyncIterator[KsiClient]:
     async with connected(daemon) as connection:
         yield connection
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[Any]:
+    """A local OpenAI-compatible server; models `openai/stub-*` point at it (see stub_settings)."""
+    from tests.stub_openai import StubOpenAI
+
+    async with StubOpenAI() as server:
+        yield server
+
+
+def stub_settings(server: Any, **overrides: Any) -> dict[str, Any]:
+    """Settings overrides that route `openai/stub*` models to `server`."""
+    models = {"openai/stub*": {"api_base": server.api_base}}
+    models.update(overrides.pop("models", {}))
+    return {"models": models, "default_model": "openai/stub-model", **overrides}
+
+
+@pytest.fixture
+async def stub_daemon(short_tmp: Path, stub: Any) -> AsyncIterator[Daemon]:
+    async with running_daemon(short_tmp, **stub_settings(stub)) as running:
+        yield running
+
+
+async def complete(client: KsiClient, timeout: float = 30.0, **data: Any) -> dict[str, Any]:
+    """completion:async then completion:wait; returns the result data (raises KsiError on failure)."""
+    ack = await client.request("completion:async", data)
+    return await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": timeout})

@@ -1,0 +1,148 @@
+"""A local OpenAI-compatible chat server that records what it receives and plays scripted faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    """One scripted answer: text, or a fault (status/body/headers), optionally slow or drip-fed."""
+
+    text: str | None = None
+    status: int = 200
+    body: str | None = None  # raw body, e.g. malformed JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    drip: float | None = None  # seconds between bytes of the body
+    close: bool = False  # drop the connection without answering
+
+
+def default_answer(messages: list[dict[str, Any]]) -> str:
+    users = [str(m.get("content")) for m in messages if m.get("role") == "user"]
+    return f"stub answer to: {users[-1] if users else ''}"
+
+
+class StubOpenAI:
+    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer) -> None:
+        self.answer = answer
+        self.requests: list[dict[str, Any]] = []
+        self.script: deque[Reply] = deque()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.hold = 0.0  # every answer waits this long (to observe concurrency)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def enqueue(self, *replies: Reply | str) -> None:
+        for reply in replies:
+            self.script.append(Reply(text=reply) if isinstance(reply, str) else reply)
+
+    def messages(self, index: int = -1) -> list[dict[str, Any]]:
+        return self.requests[index]["messages"]
+
+    async def start(self) -> StubOpenAI:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> StubOpenAI:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            reply = self.script.popleft() if self.script else Reply()
+            if self.hold:
+                await asyncio.sleep(self.hold)
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+            if reply.close:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)
+            if reply.status != 200 or reply.body is not None:
+                return await self._raw(request, reply)
+            text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
+            if body.get("stream"):
+                return await self._stream(request, body, text)
+            return web.json_response(self._completion(body, text))
+        finally:
+            self.in_flight -= 1
+
+    async def _raw(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        payload = reply.body if reply.body is not None else json.dumps(
+            {"error": {"message": f"stub error {reply.status}", "type": "stub", "code": reply.status}})
+        if reply.drip is None:
+            return web.Response(status=reply.status, text=payload, headers=reply.headers,
+                                content_type="application/json")
+        response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        response.content_type = "application/json"
+        await response.prepare(request)
+        for byte in payload.encode():
+            await response.write(bytes([byte]))
+            await asyncio.sleep(reply.drip)
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:10]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "stub"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
+                      "total_tokens": prompt_tokens + len(text.split())},
+        }
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], text: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
+        words = text.split(" ")
+        for position, word in enumerate(words):
+            piece = word if position == len(words) - 1 else word + " "
+            chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": body.get("model", "stub"),
+                     "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        final = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
+                 "model": body.get("model", "stub"),
+                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": len(words) + 1}}
+        await response.write(f"data: {json.dumps(final)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
