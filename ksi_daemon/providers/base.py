@@ -24,6 +24,9 @@ class ProviderCall:
     on_chunk: ChunkSink | None = None
     # CLI-session providers: resume this session (None starts a fresh one seeded with `messages`).
     resume_session: str | None = None
+    # who is asking: request_id, response_id, conversation_id, agent_id, and an inline consortium
+    # definition when there is one; answerers that log calls of their own (consortium) use it
+    request: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -217,7 +217,8 @@ class CompletionService:
         if self.scheduler.queued >= self.settings.max_queued:
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
-        model = data.model or (agent.model if agent else None) or self._last_model(memory) or self.settings.default_model
+        model = (data.model or ("consortium/inline" if data.consortium else None)
+                 or (agent.model if agent else None) or self._last_model(memory) or self.settings.default_model)
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -381,6 +382,9 @@ class CompletionService:
             timeout=data.timeout or self.settings.request_timeout, options=options,
             on_chunk=self._chunk_sink(state) if data.stream else None,
             resume_session=self._resumable_session(memory, state.model),
+            request={"request_id": state.request_id, "response_id": state.response_id,
+                     "conversation_id": state.conversation_id, "agent_id": state.agent_id,
+                     "consortium": data.consortium},
         )
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
                         history.stats())
