@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ksi_cli import daemon_control
+from ksi_cli.ask import ask
 from ksi_cli.event_args import EventArgsError, parse_event_args
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, fail, show
@@ -178,6 +179,9 @@ def run(var_dir: str | None, socket_path: str | None) -> None:
     location = locate(var_dir, socket_path)
     os.execv(sys.executable, [sys.executable, "-m", "ksi_daemon",
                               "--var-dir", str(location.var_dir), "--socket", str(location.socket)])
+
+
+cli.add_command(ask)
 
 
 def main() -> None:
