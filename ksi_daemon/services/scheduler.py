@@ -90,10 +90,12 @@ class Scheduler:
             while queue:
                 job = queue[0]
                 model_slot = self._slot(job.model)
-                async with self._global:
-                    if model_slot is not None:
-                        await model_slot.acquire()
-                    try:
+                # The model's slot first: a job waiting for its busy model must not hold a global
+                # slot, or one saturated model would stall every other model.
+                if model_slot is not None:
+                    await model_slot.acquire()
+                try:
+                    async with self._global:
                         if job.cancelled or not queue or queue[0] is not job:
                             continue
                         self.running += 1
@@ -108,9 +110,9 @@ class Scheduler:
                             log.exception("job_failed", conversation_id=key)
                         finally:
                             self.running -= 1
-                    finally:
-                        if model_slot is not None:
-                            model_slot.release()
+                finally:
+                    if model_slot is not None:
+                        model_slot.release()
                 if queue and queue[0] is job:
                     queue.popleft()
         finally:
