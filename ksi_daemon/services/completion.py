@@ -72,6 +72,12 @@ class NoAgents:
 
 
 @dataclass(slots=True)
+class _Admission:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+@dataclass(slots=True)
 class Prepared:
     memory: ConversationMemory
     call: ProviderCall
@@ -110,6 +116,7 @@ class CompletionService:
         self.scheduler = Scheduler(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
+        self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -203,7 +210,28 @@ class CompletionService:
 
     # -- submission ---------------------------------------------------------
     async def submit(self, data: CompletionAsync, context: EventContext, *, from_agent: str | None = None) -> RequestState:
-        """Validate a request against its conversation and queue it; raises on bad input."""
+        """Validate a request against its conversation and queue it; raises on bad input.
+
+        Requests naming one conversation are admitted one at a time, in arrival order: loading a
+        cold conversation or creating a new one suspends, and a later request must not overtake
+        an earlier one (or create the same conversation a second time) meanwhile.
+        """
+        key = data.conversation_id or data.agent_id
+        if key is None:
+            return await self._admit(data, context, from_agent)
+        admission = self._admitting.get(key)
+        if admission is None:
+            admission = self._admitting[key] = _Admission()
+        admission.users += 1
+        try:
+            async with admission.lock:
+                return await self._admit(data, context, from_agent)
+        finally:
+            admission.users -= 1
+            if not admission.users:
+                self._admitting.pop(key, None)
+
+    async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         agent = self.agents.defaults(data.agent_id) if data.agent_id else None
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
         memory = await self._conversation_for(conversation_id, data, agent)
