@@ -17,9 +17,11 @@ from ksi_common.settings import Settings
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import CompletionService
+from ksi_daemon.services.consortium import ConsortiumService
 from ksi_daemon.services.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
+from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
@@ -60,9 +62,14 @@ class Daemon:
         self.responses = ResponseLog(self.layout, fsync)
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations)
         self.litellm = LiteLLMProvider(settings)
+        # consortium members and arbiters are called through the same provider as any completion
+        self.consortium = ConsortiumService(
+            settings, self.router, ConsortiumStore(self.layout, fsync), TraceLog(self.layout, fsync),
+            self.responses, provider=self.litellm,
+        )
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, RequestJournal(self.layout),
-            provider=self.litellm, facts=self.litellm,
+            provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
         )
         self.monitor = MonitorService(self.router)
         self.system = SystemService(
@@ -72,10 +79,11 @@ class Daemon:
                 "connections": lambda: len(self.server.connections),
                 "subscriptions": self.monitor.count,
                 "completions": self.completion.health,
+                "consortia": self.consortium.health,
                 "litellm_loaded": lambda: self.litellm.loaded,
             },
         )
-        self._services: list[Any] = [self.system, self.monitor, self.completion]
+        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

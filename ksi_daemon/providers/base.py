@@ -40,6 +40,8 @@ class ProviderReply:
     provider_response_id: str | None = None
     session_id: str | None = None  # CLI-session providers: the session that now holds this exchange
     session_note: str | None = None  # e.g. "resume failed; started a fresh session"
+    # answerer-specific fields added to the result and the response file (consortium: run_id, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ProviderFailure(KsiError):

@@ -233,6 +233,9 @@ class CompletionService:
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         agent = self.agents.defaults(data.agent_id) if data.agent_id else None
+        chosen = data.model or ("consortium/inline" if data.consortium else None) or (agent.model if agent else None)
+        if chosen is not None:
+            await self._check_answerer(chosen, data)  # before a new conversation is written
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
         memory = await self._conversation_for(conversation_id, data, agent)
         self._check_open(memory)
@@ -245,8 +248,9 @@ class CompletionService:
         if self.scheduler.queued >= self.settings.max_queued:
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
-        model = (data.model or ("consortium/inline" if data.consortium else None)
-                 or (agent.model if agent else None) or self._last_model(memory) or self.settings.default_model)
+        model = chosen or self._last_model(memory) or self.settings.default_model
+        if chosen is None:
+            await self._check_answerer(model, data)
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -328,6 +332,12 @@ class CompletionService:
             self._finish(state, "failed", error=error)
             return
         self._finish(state, "done", result=result)
+
+    async def _check_answerer(self, model: str, data: CompletionAsync) -> None:
+        """Answerers that can refuse a model up front (an unknown consortium) fail the ack itself."""
+        check = getattr(self._answerer(model), "check", None)
+        if check is not None:
+            await check(model, data.consortium)
 
     def _answerer(self, model: str) -> Provider:
         for prefix, answerer in self.answerers.items():
@@ -457,11 +467,13 @@ class CompletionService:
             outcome["session_id"] = reply.session_id
         if reply.session_note:
             outcome["session_note"] = reply.session_note
+        for key, value in reply.extra.items():
+            outcome.setdefault(key, value)
         tokens_out = self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
-            tokens_out=tokens_out, is_feedback=state.request.is_feedback,
+            tokens_out=tokens_out, is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         meta = memory.meta.model_copy(deep=True)
         meta.exchanges += 1
@@ -505,6 +517,8 @@ class CompletionService:
         }
         if reply.session_note:
             result["session_note"] = reply.session_note
+        for key, value in reply.extra.items():
+            result.setdefault(key, value)
         return result
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,

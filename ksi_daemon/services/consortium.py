@@ -1,0 +1,215 @@
+"""`consortium:*` events and the answerer of `consortium/...` models: saved definitions, runs
+that answer inside the asking conversation, and their traces."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id, new_id
+from ksi_common.settings import Settings
+from ksi_daemon.context import EventContext
+from ksi_daemon.events import NoData
+from ksi_daemon.providers.base import Provider, ProviderCall, ProviderReply
+from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.consortium_models import (
+    CONSORTIUM_PREFIX,
+    INLINE_NAME,
+    ConsortiumDefinition,
+    ConsortiumRef,
+    ConsortiumSave,
+    ConsortiumTrace,
+    parse_definition,
+)
+from ksi_daemon.services.consortium_run import ConsortiumRun, RunParts
+from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy
+from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
+from ksi_daemon.storage.responses import ResponseLog
+
+log = structlog.get_logger("ksi.consortium")
+
+
+class ConsortiumService:
+    """Answers `consortium/NAME` (and inline) models for the completion service."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        store: ConsortiumStore,
+        traces: TraceLog,
+        responses: ResponseLog,
+        provider: Provider,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.store = store
+        self.traces = traces
+        self.definitions: dict[str, ConsortiumDefinition] = {}
+        # member and arbiter circuits are keyed by model: one failing member model must not
+        # silence its siblings from the same provider
+        self.parts = RunParts(
+            provider=provider, responses=responses, traces=traces,
+            retry=retry or RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay),
+            breaker=breaker or CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
+            slot=self._slot, default_timeout=settings.request_timeout,
+        )
+        self._calls = asyncio.Semaphore(settings.max_concurrency)
+        self._model_calls: dict[str, asyncio.Semaphore] = {}
+        self.active = 0
+        self.runs = 0
+
+    def register(self) -> list[Unregister]:
+        r = self.router
+        return [
+            r.register("consortium:save", self.handle_save, ConsortiumSave,
+                       "Save a consortium definition; use it as model consortium/NAME."),
+            r.register("consortium:list", self.handle_list, NoData, "Every saved consortium definition."),
+            r.register("consortium:remove", self.handle_remove, ConsortiumRef, "Remove a saved consortium."),
+            r.register("consortium:trace", self.handle_trace, ConsortiumTrace,
+                       "The trace of one consortium run: members, answers, verdicts, iterations, usage."),
+        ]
+
+    async def start(self) -> None:
+        for name, record in (await asyncio.to_thread(self.store.load_all)).items():
+            definition = self._from_record(name, record)
+            if definition is not None:
+                self.definitions[name] = definition
+
+    def health(self) -> dict[str, Any]:
+        return {"saved": len(self.definitions), "runs_active": self.active, "runs": self.runs,
+                "circuits": self.parts.breaker.report()}
+
+    # -- events ---------------------------------------------------------------
+    async def handle_save(self, data: ConsortiumSave, _context: EventContext) -> dict[str, Any]:
+        definition = ConsortiumDefinition.model_validate(data.model_dump(exclude={"name"}))
+        replaced = data.name in self.definitions or await asyncio.to_thread(self.store.path(data.name).exists)
+        record = await asyncio.to_thread(self.store.save, data.name, definition.to_record())
+        self.definitions[data.name] = definition
+        return {"name": data.name, "model": CONSORTIUM_PREFIX + data.name, "replaced": replaced,
+                "definition": record}
+
+    async def handle_list(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
+        records = await asyncio.to_thread(self.store.load_all)
+        consortia = [{**record, "name": name, "model": CONSORTIUM_PREFIX + name} for name, record in records.items()]
+        return {"consortia": consortia, "count": len(consortia)}
+
+    async def handle_remove(self, data: ConsortiumRef, _context: EventContext) -> dict[str, Any]:
+        removed = await asyncio.to_thread(self.store.remove, data.name)
+        self.definitions.pop(data.name, None)
+        if not removed:
+            raise self._not_found(data.name)
+        return {"name": data.name, "removed": True}
+
+    async def handle_trace(self, data: ConsortiumTrace, _context: EventContext) -> dict[str, Any]:
+        lines = await asyncio.to_thread(self.traces.read, data.run_id)
+        if lines is None:
+            # a run belongs to one completion request; its absence is reported like an unknown request
+            raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no consortium run {data.run_id}", run_id=data.run_id)
+        return summarize(data.run_id, lines)
+
+    # -- the answerer ---------------------------------------------------------
+    async def check(self, model: str, inline: dict[str, Any] | None) -> None:
+        """Fail a request's ack when its consortium is unknown or its inline definition invalid."""
+        await self.resolve(model, inline)
+
+    async def resolve(self, model: str, inline: dict[str, Any] | None) -> tuple[str, ConsortiumDefinition]:
+        if inline is not None:
+            return INLINE_NAME, parse_definition(inline)
+        name = model[len(CONSORTIUM_PREFIX):] if model.startswith(CONSORTIUM_PREFIX) else model
+        if not is_safe_id(name):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"model {model!r}: a consortium name must match "
+                           "[A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'", fields={"model": "invalid consortium name"})
+        definition = self.definitions.get(name)
+        if definition is None:  # saved by hand, or by another tool, since the daemon started
+            record = await asyncio.to_thread(self.store.load, name)
+            definition = self._from_record(name, record) if record is not None else None
+            if definition is None:
+                raise self._not_found(name, inline_hint=name == INLINE_NAME)
+            self.definitions[name] = definition
+        return name, definition
+
+    async def complete(self, call: ProviderCall) -> ProviderReply:
+        """Run the consortium on the conversation's rebuilt messages and return its one answer."""
+        name, definition = await self.resolve(call.model, call.request.get("consortium"))
+        run = ConsortiumRun(new_id("run-", 16), name, definition, call, self.parts)
+        self.active += 1
+        self.runs += 1
+        try:
+            return await run.execute()
+        finally:
+            self.active -= 1
+
+    @asynccontextmanager
+    async def _slot(self, model: str) -> AsyncIterator[None]:
+        """Member and arbiter calls of all runs share the daemon's concurrency limits."""
+        # the model's own limit first: waiting for it must not hold a daemon-wide slot
+        async with self._model_slot(model), self._calls:
+            yield
+
+    def _model_slot(self, model: str) -> AbstractAsyncContextManager[Any]:
+        limit = self.settings.model_settings(model).max_concurrency
+        if not limit:
+            return nullcontext()
+        slot = self._model_calls.get(model)
+        if slot is None:
+            slot = self._model_calls[model] = asyncio.Semaphore(limit)
+        return slot
+
+    # -- helpers --------------------------------------------------------------
+    @staticmethod
+    def _from_record(name: str, record: dict[str, Any]) -> ConsortiumDefinition | None:
+        fields = {key: record[key] for key in ConsortiumDefinition.model_fields if key in record}
+        try:
+            return ConsortiumDefinition.model_validate(fields)
+        except ValidationError:
+            log.warning("consortium_definition_invalid", name=name)
+            return None
+
+    @staticmethod
+    def _not_found(name: str, inline_hint: bool = False) -> KsiError:
+        message = f"no consortium {name}"
+        if inline_hint:
+            message += ("; consortium/inline needs the `consortium` definition on every request "
+                        "(save it with consortium:save to use it by name)")
+        return KsiError(ErrorCode.CONSORTIUM_NOT_FOUND, message, name=name)
+
+
+def summarize(run_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trace as its raw events plus the rounds grouped: members, verdict and outcome of each."""
+    start = next((line for line in lines if line.get("event") == "start"), {})
+    final = next((line for line in reversed(lines) if line.get("event") == "final"), None)
+    rounds: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        iteration = line.get("iteration")
+        if not isinstance(iteration, int):
+            continue
+        entry = rounds.setdefault(iteration, {"iteration": iteration, "members": [], "arbiter": None,
+                                              "outcome": None})
+        kind = line.get("event")
+        if kind == "member":
+            entry["members"].append(line)
+        elif kind == "arbiter":
+            entry["arbiter"] = line
+        elif kind == "iteration":
+            entry["outcome"] = line
+    return {
+        "run_id": run_id,
+        "consortium": start.get("consortium"),
+        "model": start.get("model"),
+        "request_id": start.get("request_id"),
+        "conversation_id": start.get("conversation_id"),
+        "definition": start.get("definition"),
+        "status": final.get("status") if final else "running",
+        "final": final,
+        "iterations": [rounds[k] for k in sorted(rounds)],
+        "events": lines,
+    }
