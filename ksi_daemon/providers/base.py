@@ -49,6 +49,8 @@ class ProviderFailure(KsiError):
 
     def __init__(self, code: ErrorCode | str, message: str, *, retryable: bool = False,
                  retry_after: float | None = None, **details: Any) -> None:
+        if retry_after is not None:
+            details.setdefault("retry_after", retry_after)  # the client's hint as well
         super().__init__(code, message, **details)
         self.retryable = retryable
         self.retry_after = retry_after
