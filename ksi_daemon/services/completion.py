@@ -180,7 +180,9 @@ class CompletionService:
 
     def outcome(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
         """Result data when done; a failure for failed or cancelled; else the status."""
-        if isinstance(found, dict):
+        if isinstance(found, dict):  # a request the previous daemon left unfinished
+            if found.get("status") == "done" and found.get("result"):
+                return found["result"]  # its exchange was indexed just before the crash
             raise KsiError(found.get("code", ErrorCode.DAEMON_RESTART),
                            "the request was interrupted by a daemon restart", request_id=found["request_id"])
         if found.status == "done" and found.result is not None:
@@ -192,6 +194,10 @@ class CompletionService:
 
     def describe(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
         if isinstance(found, dict):
+            if found.get("status") == "done":
+                return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
+                        "status": "done", "response_id": found.get("response_id"), "queue_position": 0,
+                        "recovered": True}
             return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
                     "status": "failed", "reason": found.get("code", "daemon_restart"), "queue_position": 0}
         description: dict[str, Any] = {
@@ -306,7 +312,7 @@ class CompletionService:
         state.status = "running"
         state.started_at = time.perf_counter()
         state.response_id = new_response_id(state.model)
-        self.journal.record(state.request_id, state.conversation_id, "running")
+        self.journal.record(state.request_id, state.conversation_id, "running", response_id=state.response_id)
         attempts: list[dict[str, Any]] = []
         inputs = self._input_lines(state)
         try:
