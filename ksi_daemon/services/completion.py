@@ -238,6 +238,7 @@ class CompletionService:
                 self._admitting.pop(key, None)
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
+        self._check_capacity()  # refuse before any work is done or any conversation is written
         agent = self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or ("consortium/inline" if data.consortium else None) or (agent.model if agent else None)
         if chosen is not None:
@@ -251,12 +252,10 @@ class CompletionService:
                 raise KsiError(ErrorCode.CONVERSATION_FULL,
                                f"conversation {memory.conversation_id} reached its cap of {memory.meta.turn_cap} exchanges",
                                conversation_id=memory.conversation_id, turn_cap=memory.meta.turn_cap)
-        if self.scheduler.queued >= self.settings.max_queued:
-            raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
-                           retry_after=1.0, queued=self.scheduler.queued)
         model = chosen or self._last_model(memory) or self.settings.default_model
         if chosen is None:
             await self._check_answerer(model, data)
+        self._check_capacity()  # again: other requests may have been queued while this one waited
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -267,6 +266,11 @@ class CompletionService:
         self.journal.record(state.request_id, state.conversation_id, "queued")
         self.scheduler.submit(state.job)
         return state
+
+    def _check_capacity(self) -> None:
+        if self.scheduler.queued >= self.settings.max_queued:
+            raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
+                           retry_after=1.0, queued=self.scheduler.queued)
 
     async def _conversation_for(self, conversation_id: str | None, data: CompletionAsync,
                                 agent: AgentDefaults | None) -> ConversationMemory:
