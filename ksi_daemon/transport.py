@@ -83,8 +83,12 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.buffer += data
+        self._handle_lines()
+
+    def _handle_lines(self) -> None:
+        """Start the complete lines in the buffer; at the in-flight limit the rest wait there."""
         start = 0
-        while (end := self.buffer.find(b"\n", start)) >= 0:
+        while not self.paused_by_inflight and (end := self.buffer.find(b"\n", start)) >= 0:
             line = bytes(self.buffer[start:end])
             start = end + 1
             if len(line) > self.server.line_limit:
@@ -94,7 +98,8 @@ class Connection(asyncio.Protocol):
                 self._handle_line(line)
         if start:
             del self.buffer[:start]
-        if len(self.buffer) > self.server.line_limit:
+        # only the line still arriving counts against the limit, not complete ones that wait
+        if len(self.buffer) - (self.buffer.rfind(b"\n") + 1) > self.server.line_limit:
             self._too_large()
 
     def eof_received(self) -> bool:
@@ -151,8 +156,9 @@ class Connection(asyncio.Protocol):
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        if self.paused_by_inflight and len(self.tasks) < self.server.max_inflight:
+        if self.paused_by_inflight and len(self.tasks) < self.server.max_inflight and not self.closed:
             self.paused_by_inflight = False
+            self._handle_lines()  # lines read before the pause go first (and may pause again)
             self._update_reading()
 
     async def _serve(self, event: str, data: dict[str, Any], correlation_id: str, context: EventContext) -> None:
