@@ -1,4 +1,5 @@
-"""Per-conversation order under pipelining, and global and per-model concurrency limits."""
+"""Per-conversation order under pipelining, global and per-model concurrency limits, and the
+queue lifecycle: status, wait, cancel and the events emitted."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiohttp import web
 
+from ksi_common.client import KsiClient
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stub_openai import Reply, StubOpenAI
 
 TIMEOUT = 30.0
 
@@ -148,3 +152,182 @@ async def test_a_model_at_its_limit_does_not_hold_up_other_models(short_tmp: Pat
     # stub-one runs one at a time; the free global slot goes to stub-two while stub-one waits
     assert "stub-two" in models_seen[:2], models_seen
     assert stub.max_in_flight == 2
+
+
+# -- queue lifecycle: status, wait, cancel, events ----------------------------------------------
+
+
+class AbortAwareStub(StubOpenAI):
+    """The stub with its handler cancelled when the client hangs up, so an abort is visible."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = 0
+
+    async def start(self) -> AbortAwareStub:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await super()._chat(request)
+        except asyncio.CancelledError:
+            self.aborted += 1
+            raise
+
+
+async def until(condition: Any, what: str, limit: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail after `limit` seconds (a bound, not a measurement)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.01)
+
+
+async def status_of(client: KsiClient, request_id: str) -> dict[str, Any]:
+    return await client.request("completion:status", {"request_id": request_id})
+
+
+async def next_event(client: KsiClient, name: str) -> dict[str, Any]:
+    while True:
+        push = await client.next_push(timeout=TIMEOUT)
+        assert push is not None, "connection closed"
+        if push["event"] == name:
+            return push
+
+
+async def test_status_reports_queued_running_and_done_with_positions(stub_daemon: Daemon, stub: Any) -> None:
+    stub.enqueue(Reply(delay=0.3))
+    async with connected(stub_daemon) as client:
+        acks = [await client.request("completion:async", {"prompt": f"p{i}", "conversation_id": "st",
+                                                          "create": True}) for i in range(3)]
+        assert [ack["status"] for ack in acks] == ["queued"] * 3
+        assert [ack["queue_position"] for ack in acks] == [0, 1, 2]
+        ids = [ack["request_id"] for ack in acks]
+        await until(lambda: len(stub.requests) == 1, "the first request reaches the stub")
+        first, second, third = [await status_of(client, request_id) for request_id in ids]
+        assert (first["status"], first["queue_position"]) == ("running", 0)
+        assert (second["status"], second["queue_position"]) == ("queued", 1)
+        assert (third["status"], third["queue_position"]) == ("queued", 2)
+        assert first["conversation_id"] == "st" and first["model"] == "openai/stub-model"
+        # a wait that ends before the request does replies with the status
+        waited = await client.request("completion:wait", {"request_id": ids[1], "timeout": 0.01})
+        assert waited["request_id"] == ids[1]
+        assert waited["status"] == "queued" and waited["queue_position"] == 1
+        waited = await client.request("completion:wait", {"request_id": ids[0], "timeout": 0})
+        assert (waited["status"], waited["queue_position"]) == ("running", 0)
+        results = [await client.request("completion:wait", {"request_id": i, "timeout": TIMEOUT}) for i in ids]
+        done = await status_of(client, ids[2])
+    assert [r["content"] for r in results] == ["stub answer to: p0", "stub answer to: p1", "stub answer to: p2"]
+    assert (done["status"], done["queue_position"]) == ("done", 0)
+    assert done["response_id"] == results[2]["response_id"]
+
+
+async def test_status_of_a_failed_request(stub_daemon: Daemon, stub: Any) -> None:
+    stub.enqueue(Reply(status=400))
+    async with connected(stub_daemon) as client:
+        ack = await client.request("completion:async", {"prompt": "bad"})
+        reply = await client.send_frame("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+        status = await status_of(client, ack["request_id"])
+    assert reply["error"]["code"] == "provider_error"
+    assert reply["error"]["details"]["request_id"] == ack["request_id"]
+    assert (status["status"], status["reason"], status["queue_position"]) == ("failed", "provider_error", 0)
+
+
+async def test_unknown_request_ids(stub_daemon: Daemon) -> None:
+    async with connected(stub_daemon) as client:
+        for event in ("completion:status", "completion:wait", "completion:cancel"):
+            reply = await client.send_frame(event, {"request_id": "req-doesnotexist"})
+            assert reply["error"]["code"] == "request_not_found", event
+            assert reply["error"]["details"]["request_id"] == "req-doesnotexist"
+
+
+async def test_cancel_a_queued_request(stub_daemon: Daemon, stub: Any) -> None:
+    stub.enqueue(Reply(delay=0.3))
+    async with connected(stub_daemon) as client, connected(stub_daemon) as watcher:
+        await watcher.request("monitor:subscribe", {"patterns": ["completion:*"]})
+        first = await client.request("completion:async", {"prompt": "slow one", "conversation_id": "cq",
+                                                          "create": True})
+        second = await client.request("completion:async", {"prompt": "cancel me", "conversation_id": "cq"})
+        third = await client.request("completion:async", {"prompt": "keep me", "conversation_id": "cq"})
+        cancelled = await client.request("completion:cancel", {"request_id": second["request_id"]})
+        assert cancelled["cancelled"] is True
+        assert cancelled["status"] == "cancelled"
+        assert (await status_of(client, third["request_id"]))["queue_position"] == 1
+        reply = await client.send_frame("completion:wait", {"request_id": second["request_id"], "timeout": 5})
+        assert reply["error"]["code"] == "cancelled"
+        push = await next_event(watcher, "completion:cancelled")
+        assert push["data"]["request_id"] == second["request_id"]
+        assert push["data"]["conversation_id"] == "cq"
+        assert push["data"]["code"] == "cancelled"
+        results = [await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+                   for ack in (first, third)]
+        again = await client.request("completion:cancel", {"request_id": second["request_id"]})
+        finished = await client.request("completion:cancel", {"request_id": first["request_id"]})
+        status = await status_of(client, second["request_id"])
+    assert again["cancelled"] is False and again["status"] == "cancelled"
+    assert finished["cancelled"] is False and finished["status"] == "done"
+    assert "response_id" not in status  # it never ran
+    assert [user_inputs(body)[-1] for body in stub.requests] == ["slow one", "keep me"]
+    assert user_inputs(stub.requests[-1]) == ["slow one", "keep me"]
+    assert index_ids(stub_daemon, "cq") == [r["response_id"] for r in results]
+    assert results[1]["exchange"] == 2
+
+
+async def test_cancel_a_running_request_aborts_the_provider_call(short_tmp: Path) -> None:
+    async with AbortAwareStub() as stub, running_daemon(short_tmp, **stub_settings(stub)) as daemon, \
+            connected(daemon) as client:
+        await client.request("monitor:subscribe", {"patterns": ["completion:cancelled"]})
+        await complete(client, prompt="before", conversation_id="cr", create=True)
+        stub.hold = 60.0  # far longer than any bound below: only an abort ends it in time
+        ack = await client.request("completion:async", {"prompt": "abort me", "conversation_id": "cr"})
+        await until(lambda: stub.in_flight == 1, "the request reaches the stub")
+        assert (await status_of(client, ack["request_id"]))["status"] == "running"
+        cancelled = await asyncio.wait_for(
+            client.request("completion:cancel", {"request_id": ack["request_id"]}), TIMEOUT)
+        assert cancelled["cancelled"] is True and cancelled["status"] == "cancelled"
+        await until(lambda: stub.aborted == 1 and stub.in_flight == 0, "the stub sees the call aborted")
+        reply = await client.send_frame("completion:wait", {"request_id": ack["request_id"], "timeout": 5})
+        assert reply["error"]["code"] == "cancelled"
+        push = await next_event(client, "completion:cancelled")
+        assert push["data"]["request_id"] == ack["request_id"]
+        status = await status_of(client, ack["request_id"])
+        lines = [orjson.loads(line) for line in
+                 daemon.layout.response_file(status["response_id"]).read_bytes().splitlines()]
+        assert [line["type"] for line in lines] == ["user", "error"]
+        assert lines[1]["code"] == "cancelled"
+        assert len(index_ids(daemon, "cr")) == 1
+        stub.hold = 0.0
+        after = await complete(client, prompt="after", conversation_id="cr")
+        assert user_inputs(stub.requests[-1]) == ["before", "after"]
+        assert after["exchange"] == 2
+
+
+async def test_result_and_error_events_carry_ids_and_context(stub_daemon: Daemon, stub: Any) -> None:
+    async with connected(stub_daemon) as client, connected(stub_daemon) as watcher:
+        await watcher.request("monitor:subscribe", {"patterns": ["completion:result", "completion:error"]})
+        ok = await client.send_frame("completion:async", {"prompt": "fine", "conversation_id": "ev",
+                                                          "create": True})
+        result = await next_event(watcher, "completion:result")
+        stub.enqueue(Reply(status=401))
+        bad = await client.send_frame("completion:async", {"prompt": "unauthorized", "conversation_id": "ev"})
+        error = await next_event(watcher, "completion:error")
+    for reply, push in ((ok, result), (bad, error)):
+        assert push["data"]["request_id"] == reply["data"]["request_id"]
+        assert push["data"]["conversation_id"] == "ev"
+        assert push["context"]["event_id"] == push["event_id"]
+        assert push["context"]["correlation_id"] == reply["correlation_id"]
+        assert push["context"]["parent_event_id"]
+    data = result["data"]
+    assert data["content"] == "stub answer to: fine"
+    assert set(data) >= {"request_id", "response_id", "conversation_id", "agent_id", "model", "content",
+                         "finish_reason", "usage", "cost", "history", "attempts", "duration_ms"}
+    assert error["data"]["code"] == "provider_error"
+    assert error["data"]["message"]
