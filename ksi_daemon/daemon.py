@@ -60,8 +60,9 @@ class Daemon:
         fsync = settings.fsync == "always"
         self.store = ConversationStore(self.layout, fsync)
         self.responses = ResponseLog(self.layout, fsync)
-        self.cache = ConversationCache(self.store, self.responses, settings.active_conversations)
         self.litellm = LiteLLMProvider(settings)
+        self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
+                                       count_tokens=self.litellm.count_tokens_loading)
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
             settings, self.router, ConsortiumStore(self.layout, fsync), TraceLog(self.layout, fsync),

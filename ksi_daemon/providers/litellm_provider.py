@@ -103,6 +103,12 @@ class LiteLLMProvider:
             return max(1, math.ceil(len(text) / 4))
         return len(self._encoder.encode(text, disallowed_special=()))
 
+    def count_tokens_loading(self, text: str) -> int:
+        """count_tokens, exact even before litellm is loaded: loads it first (blocking; call it from
+        a worker thread, e.g. while counting legacy index lines)."""
+        self.load()
+        return self.count_tokens(text)
+
     async def context_window(self, model: str) -> int:
         override = self.settings.model_settings(model).context_window
         if override:

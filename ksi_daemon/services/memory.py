@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,13 +121,22 @@ class ConversationMemory:
         return len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
 
 
+LEGACY_MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD, for exchanges counted here
+
+
+def estimate_tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
 class ConversationCache:
     """A bounded LRU of conversations in memory, loading from storage in a worker thread."""
 
-    def __init__(self, store: ConversationStore, responses: ResponseLog, capacity: int) -> None:
+    def __init__(self, store: ConversationStore, responses: ResponseLog, capacity: int,
+                 count_tokens: Callable[[str], int] = estimate_tokens) -> None:
         self.store = store
         self.responses = responses
         self.capacity = capacity
+        self.count_tokens = count_tokens
         self._items: OrderedDict[str, ConversationMemory] = OrderedDict()
 
     def __len__(self) -> int:
@@ -156,7 +166,7 @@ class ConversationCache:
             memory = self._items.get(conversation_id)  # another task may have loaded it meanwhile
             if memory is None:
                 memory = ConversationMemory(meta)
-                entries, total = await asyncio.to_thread(self.store.read_tail, conversation_id, budget)
+                entries, total = await asyncio.to_thread(self._read_tail, conversation_id, budget)
                 memory.set_entries(entries, total)
         else:
             self._items.move_to_end(conversation_id)
@@ -172,9 +182,9 @@ class ConversationCache:
         return memory
 
     async def _extend(self, memory: ConversationMemory, budget: int) -> None:
-        entries, total = await asyncio.to_thread(self.store.read_tail, memory.conversation_id, budget)
+        entries, total = await asyncio.to_thread(self._read_tail, memory.conversation_id, budget)
         if total != memory.total:  # the index moved on disk under us: take all of it
-            entries = await asyncio.to_thread(self.store.read_index, memory.conversation_id)
+            entries = await asyncio.to_thread(self._read_index, memory.conversation_id)
             total = entries[-1].n if entries else 0
         if entries and entries[0].n < memory.first_loaded:
             memory.set_entries(entries, total)
@@ -182,8 +192,31 @@ class ConversationCache:
     async def load_all(self, memory: ConversationMemory) -> None:
         """Load every index entry (for forks of this conversation and inspection)."""
         if not memory.complete:
-            entries = await asyncio.to_thread(self.store.read_index, memory.conversation_id)
+            entries = await asyncio.to_thread(self._read_index, memory.conversation_id)
             memory.set_entries(entries, entries[-1].n if entries else 0)
+
+    # -- blocking readers (worker thread) -----------------------------------
+    def _read_tail(self, conversation_id: str, budget: int) -> tuple[list[IndexEntry], int]:
+        entries, total = self.store.read_tail(conversation_id, budget)
+        return self._counted(entries), total
+
+    def _read_index(self, conversation_id: str) -> list[IndexEntry]:
+        return self._counted(self.store.read_index(conversation_id))
+
+    def _counted(self, entries: list[IndexEntry]) -> list[IndexEntry]:
+        """Legacy bare-id index lines carry no token counts, so the budget would take their
+        exchanges for free: count them from their response files once, when loaded."""
+        for entry in entries:
+            if entry.tokens_in or entry.tokens_out or entry.is_feedback:
+                continue
+            record = self.responses.read(entry.response_id)
+            if record is None:
+                continue
+            exchange = exchange_from_response(record)
+            entry.tokens_in = sum(self.count_tokens(str(m["content"])) + LEGACY_MESSAGE_OVERHEAD
+                                  for m in exchange.inputs)
+            entry.tokens_out = self.count_tokens(exchange.reply) + LEGACY_MESSAGE_OVERHEAD
+        return entries
 
     async def texts(self, memory: ConversationMemory, entries: list[IndexEntry]) -> list[Exchange]:
         """The exchange texts of `entries`, reading only the response files not in memory."""
