@@ -226,3 +226,28 @@ async def test_an_error_event_is_pushed_for_context_window_exceeded(stub_daemon_
     assert push["data"]["request_id"] == ack["request_id"]
     assert push["data"]["conversation_id"] == ack["conversation_id"]
     assert stub.requests == []
+
+
+async def test_legacy_index_lines_are_budgeted_too(short_tmp: Path, stub: Any) -> None:
+    from tests.test_completion_continuity import write_legacy
+
+    turns = [(f"question {i}: " + "tell me more about the weather " * 8, f"answer {i}: " + "it rains " * 10)
+             for i in range(10)]
+    write_legacy(short_tmp / "var", "old", turns)
+    async with running_daemon(short_tmp, **small_window(stub)) as daemon, connected(daemon) as client:
+        last = await complete(client, model=SMALL, prompt="summarise", conversation_id="old")
+    sent = last["history"]
+    assert sent["exchanges_total"] == 10
+    assert 0 < sent["exchanges_sent"] < 10
+    kept = sent["exchanges_sent"]
+    cost = [tokens(q) + tokens(a) + 2 * MESSAGE_OVERHEAD for q, a in turns]
+    budget = WINDOW - RESERVE - NOTE_RESERVE - (tokens("summarise") + MESSAGE_OVERHEAD)
+    assert sum(cost[10 - kept:]) <= budget < sum(cost[9 - kept:])
+    assert sent["tokens_sent"] == sum(cost[10 - kept:])
+    messages = stub.messages()
+    assert NOTE.search(messages[0]["content"]).group(1) == str(10 - kept)  # type: ignore[union-attr]
+    expected = []
+    for question, answer in turns[10 - kept:]:
+        expected += [("user", question), ("assistant", answer)]
+    assert [(m["role"], m["content"]) for m in messages if m["role"] != "system"] == [*expected, ("user", "summarise")]
+    assert last["exchange"] == 11
