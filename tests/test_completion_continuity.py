@@ -309,3 +309,14 @@ async def test_feedback_is_logged_and_indexed_but_kept_out_of_history(short_tmp:
     assert index[1]["response_id"] == feedback["response_id"]
     assert index[1]["is_feedback"] is True
     assert "is_feedback" not in index[0] and "is_feedback" not in index[2]
+
+
+async def test_an_exchange_whose_response_file_is_missing_is_left_out(short_tmp: Path, stub: Any) -> None:
+    ids = write_legacy(short_tmp / "var", "holes", [("q1", "a1"), ("q2", "a2"), ("q3", "a3")])
+    (short_tmp / "var" / "logs" / "responses" / f"{ids[1]}.jsonl").unlink()
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
+        result = await complete(client, prompt="hi", conversation_id="holes")
+    # no lone, empty assistant turn: user and assistant keep alternating
+    assert without_system(stub.messages()) == [("user", "q1"), ("assistant", "a1"), ("user", "q3"),
+                                               ("assistant", "a3"), ("user", "hi")]
+    assert result["exchange"] == 4

@@ -28,6 +28,8 @@ class Exchange:
     files: list[dict[str, Any]] = field(default_factory=list)
 
     def chat_messages(self) -> list[dict[str, Any]]:
+        if not self.inputs:  # its response file is missing or unreadable: a lone reply would break
+            return []  # the user/assistant alternation (and some providers refuse it)
         return [*self.inputs, {"role": "assistant", "content": self.reply}]
 
 
