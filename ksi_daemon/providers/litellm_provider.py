@@ -176,6 +176,7 @@ class LiteLLMProvider:
         usage: dict[str, int] = {}
         response_id = None
         assert call.on_chunk is not None
+        received = 0
         async for chunk in stream:
             response_id = response_id or getattr(chunk, "id", None)
             choices = getattr(chunk, "choices", None) or []
@@ -183,6 +184,12 @@ class LiteLLMProvider:
                 delta = getattr(choices[0], "delta", None)
                 text = getattr(delta, "content", None) if delta is not None else None
                 if text:
+                    received += len(text.encode())
+                    if received > self.settings.max_response_bytes:  # stop reading a flood at the limit
+                        close = getattr(stream, "aclose", None)
+                        if close is not None:
+                            await close()
+                        raise self._too_large(received)
                     parts.append(text)
                     call.on_chunk(text)
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
@@ -195,12 +202,18 @@ class LiteLLMProvider:
             cost=None, provider=provider_of(call.model), provider_response_id=response_id,
         )
 
+    def _too_large(self, size: int) -> ProviderFailure:
+        limit = self.settings.max_response_bytes
+        return ProviderFailure(ErrorCode.PROVIDER_ERROR,
+                               f"the provider's answer exceeds the size limit of {limit} bytes",
+                               reason="response_too_large", limit=limit, received_bytes=size)
+
     def _reply(self, litellm: ModuleType, call: ProviderCall, response: Any) -> ProviderReply:
         choice = response.choices[0]
         content = choice.message.content or ""
-        if len(content.encode()) > self.settings.max_response_bytes:
-            raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's answer exceeds the size limit",
-                                  limit=self.settings.max_response_bytes)
+        size = len(content.encode())
+        if size > self.settings.max_response_bytes:
+            raise self._too_large(size)
         hidden = getattr(response, "_hidden_params", {}) or {}
         cost = hidden.get("response_cost")
         if cost is None:
