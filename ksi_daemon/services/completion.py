@@ -507,7 +507,15 @@ class CompletionService:
             self.cache.store.append_exchange(state.conversation_id, entry)
             self.cache.store.save_meta(meta)
 
-        await asyncio.shield(asyncio.to_thread(persist))
+        # Too late to cancel once the write has begun: the index line would be on disk but not in
+        # memory. A cancel arriving now is absorbed; the request completes and is reported done.
+        persisting = asyncio.ensure_future(asyncio.to_thread(persist))
+        while not persisting.done():
+            try:
+                await asyncio.shield(persisting)
+            except asyncio.CancelledError:
+                continue
+        persisting.result()  # a failed write fails the request
         memory.meta = meta
         memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content))
         result: dict[str, Any] = {
