@@ -320,3 +320,41 @@ async def test_an_exchange_whose_response_file_is_missing_is_left_out(short_tmp:
     assert without_system(stub.messages()) == [("user", "q1"), ("assistant", "a1"), ("user", "q3"),
                                                ("assistant", "a3"), ("user", "hi")]
     assert result["exchange"] == 4
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier:UserWarning")  # litellm types
+@pytest.mark.parametrize("model", ["openai/stub-model", "echo/x"])
+async def test_a_streamed_answer_is_pushed_in_chunks_and_kept_like_any_other(stub_daemon: Daemon, stub: Any,
+                                                                            model: str) -> None:
+    async with connected(stub_daemon) as client:
+        await client.request("monitor:subscribe", {"patterns": ["completion:chunk", "completion:result"]})
+        ack = await client.request("completion:async", {"prompt": "stream this please", "model": model,
+                                                        "stream": True, "conversation_id": "st", "create": True})
+        chunks = []
+        while True:
+            push = await client.next_push(timeout=30)
+            assert push is not None
+            if push["event"] == "completion:result":
+                break
+            chunks.append(push["data"])
+        result = push["data"]
+        after = await complete(client, prompt="and again", model=model, conversation_id="st")
+    assert len(chunks) > 1
+    assert [chunk["index"] for chunk in chunks] == list(range(len(chunks)))
+    assert {chunk["request_id"] for chunk in chunks} == {ack["request_id"]}
+    assert "".join(chunk["text"] for chunk in chunks) == result["content"]
+    assert "stream this please" in result["content"]
+    lines = response_of(stub_daemon, result["response_id"])
+    assert [line["type"] for line in lines] == ["user", "assistant"]
+    assert lines[1]["content"] == result["content"]
+    assert [line["response_id"] for line in index_of(stub_daemon, "st")] == [result["response_id"],
+                                                                             after["response_id"]]
+    if model.startswith("openai/"):
+        assert stub.requests[0]["stream"] is True
+        assert chat(stub.messages()) == [("user", "stream this please"), ("assistant", result["content"]),
+                                         ("user", "and again")]
+    else:
+        assert "Earlier user inputs: stream this please" in after["content"]

@@ -4,6 +4,7 @@ queue lifecycle: status, wait, cancel and the events emitted."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,41 @@ async def test_result_and_error_events_carry_ids_and_context(stub_daemon: Daemon
                          "finish_reason", "usage", "cost", "history", "attempts", "duration_ms"}
     assert error["data"]["code"] == "provider_error"
     assert error["data"]["message"]
+
+
+async def test_a_cancel_arriving_while_the_exchange_is_written_is_too_late(stub_daemon: Daemon, stub: Any) -> None:
+    store = stub_daemon.cache.store
+    original = store.append_exchange
+    writing = threading.Event()
+    release = threading.Event()
+
+    def held_append(conversation_id: str, entry: Any) -> None:  # runs in the worker thread
+        writing.set()
+        release.wait(TIMEOUT)
+        original(conversation_id, entry)
+
+    async with connected(stub_daemon) as client:
+        await complete(client, prompt="one", conversation_id="late", create=True)
+        store.append_exchange = held_append  # type: ignore[method-assign]
+        try:
+            ack = await client.request("completion:async", {"prompt": "two", "conversation_id": "late"})
+            await until(writing.is_set, "the exchange is being written")
+            cancel = asyncio.create_task(client.request("completion:cancel", {"request_id": ack["request_id"]}))
+            await until(lambda: stub_daemon.completion.requests.get(ack["request_id"]).job.task.cancelling() > 0,
+                        "the cancel reaches the running request")
+            release.set()
+            cancelled = await asyncio.wait_for(cancel, TIMEOUT)
+        finally:
+            release.set()
+            store.append_exchange = original  # type: ignore[method-assign]
+        second = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+        third = await complete(client, prompt="three", conversation_id="late")
+    assert cancelled["cancelled"] is False and cancelled["status"] == "done"
+    assert second["exchange"] == 2
+    index = [orjson.loads(line) for line in stub_daemon.layout.index_file("late").read_bytes().splitlines()]
+    assert [line["n"] for line in index] == [1, 2, 3]
+    assert [line["response_id"] for line in index][1:] == [second["response_id"], third["response_id"]]
+    assert user_inputs(stub.requests[-1]) == ["one", "two", "three"]
+    lines = [orjson.loads(line) for line in
+             stub_daemon.layout.response_file(second["response_id"]).read_bytes().splitlines()]
+    assert [line["type"] for line in lines] == ["user", "assistant"]
