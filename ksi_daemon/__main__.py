@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
+from ksi_daemon.redaction import Redactor, known_secrets
 from ksi_common.settings import Settings
 
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.log_max_bytes,
         settings.log_backups,
         console=not args.quiet,
+        redactor=Redactor(known_secrets(settings)),
     )
     try:
         asyncio.run(run_daemon(settings))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import structlog
 
+from ksi_daemon.redaction import Redactor
+
 _SECRET_KEYS = ("api_key", "authorization", "password", "secret", "token")
 
 
@@ -20,11 +22,22 @@ def _mask_secrets(_logger: object, _name: str, event: dict) -> dict:
     return event
 
 
+def _hide_secret_values(redactor: Redactor) -> structlog.types.Processor:
+    """Mask known secret values wherever they appear: messages, fields, formatted tracebacks."""
+
+    def processor(_logger: object, _name: str, event: dict) -> dict:
+        return redactor.scrub(event)
+
+    return processor
+
+
 def configure_logging(
-    log_file: Path, level: str, max_bytes: int, backups: int, console: bool
+    log_file: Path, level: str, max_bytes: int, backups: int, console: bool,
+    redactor: Redactor | None = None,
 ) -> None:
     """Route structlog through stdlib logging to the rotating JSON file (and the console)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    hide = _hide_secret_values(redactor or Redactor())
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -40,6 +53,7 @@ def configure_logging(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                hide,  # after the traceback is text, so it is masked too
                 structlog.processors.JSONRenderer(),
             ],
         )
@@ -52,6 +66,8 @@ def configure_logging(
                 foreign_pre_chain=shared,
                 processors=[
                     structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    hide,
                     structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
                 ],
             )

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from email.utils import parsedate_to_datetime
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -16,6 +17,7 @@ import structlog
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
 from ksi_daemon.providers.base import SESSION_METADATA_KEY, ProviderCall, ProviderFailure, ProviderReply
+from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
 
@@ -35,6 +37,7 @@ class LiteLLMProvider:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.redact = Redactor(known_secrets(settings))  # providers echo keys in their errors
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
         self._windows: dict[str, int] = {}
@@ -164,7 +167,7 @@ class LiteLLMProvider:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise map_error(litellm, exc) from None
+            raise map_error(litellm, exc, self.redact) from None
         return self._reply(litellm, call, response)
 
     async def _stream(self, litellm: ModuleType, call: ProviderCall, kwargs: dict[str, Any]) -> ProviderReply:
@@ -268,10 +271,10 @@ def _retry_after(exc: Exception) -> float | None:
             return None
 
 
-def map_error(litellm: ModuleType, exc: Exception) -> ProviderFailure:
-    """A litellm exception as a ProviderFailure with the design's error code."""
+def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] = str) -> ProviderFailure:
+    """A litellm exception as a ProviderFailure with the design's error code, secrets hidden."""
     errors = litellm.exceptions
-    message = str(getattr(exc, "message", None) or exc)[:2000]
+    message = redact(str(getattr(exc, "message", None) or exc))[:2000]
     status = getattr(exc, "status_code", None)
     if isinstance(exc, errors.ContextWindowExceededError):
         return ProviderFailure(ErrorCode.CONTEXT_WINDOW_EXCEEDED, message, status=status)
