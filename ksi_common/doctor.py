@@ -1,0 +1,174 @@
+"""Read-only health checks of a var directory: what a crash or a careless hand can leave behind.
+
+Shared by `ksi doctor` and the crash tests; it never writes and never imports the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ksi_common.jsonl import has_torn_tail, read_records
+from ksi_common.layout import VarLayout
+from ksi_common.records import read_index, read_response
+
+# problems `--repair` may fix without losing anything
+REPAIRABLE = frozenset({"run_dir_permissions", "torn_tail", "stale_pid", "stale_socket"})
+
+
+@dataclass(slots=True)
+class Finding:
+    """One thing found: `kind` is stable (snake_case), `path` the file, `detail` for people."""
+
+    kind: str
+    path: str
+    detail: str
+    repairable: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not data["extra"]:
+            del data["extra"]
+        return data
+
+
+@dataclass(slots=True)
+class Report:
+    var_dir: str
+    problems: list[Finding] = field(default_factory=list)
+    orphans: list[Finding] = field(default_factory=list)  # reported, never counted as problems
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "var_dir": self.var_dir,
+            "ok": self.ok,
+            "problems": [p.to_dict() for p in self.problems],
+            "orphans": [o.to_dict() for o in self.orphans],
+            "counts": self.counts,
+        }
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` runs (a zombie counts as gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def socket_answers(path: Path, timeout: float = 1.0) -> bool:
+    """True when something accepts connections on the Unix socket `path`."""
+    if not path.exists():
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def read_pid(layout: VarLayout) -> int | None:
+    try:
+        return int(layout.pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _jsonl_files(directory: Path) -> Iterator[Path]:
+    if directory.is_dir():
+        yield from sorted(directory.glob("*.jsonl"))
+
+
+def check_run_dir(layout: VarLayout, socket_path: Path | None = None) -> list[Finding]:
+    """Permissions of var/run, and a pid file or socket left by a daemon that is gone."""
+    findings: list[Finding] = []
+    run_dir = layout.run_dir
+    if run_dir.is_dir():
+        mode = stat.S_IMODE(run_dir.stat().st_mode)
+        if mode & 0o077:
+            findings.append(Finding("run_dir_permissions", str(run_dir),
+                                    f"mode {mode:04o}; the daemon wants 0700", True, {"mode": f"{mode:04o}"}))
+    pid = read_pid(layout)
+    if layout.pid_file.exists() and (pid is None or not pid_alive(pid)):
+        findings.append(Finding("stale_pid", str(layout.pid_file),
+                                f"pid {pid if pid is not None else '?'} is not running", True, {"pid": pid}))
+    sock = socket_path or layout.default_socket
+    if (sock.exists() or sock.is_symlink()) and not socket_answers(sock):
+        findings.append(Finding("stale_socket", str(sock), "nothing answers on this socket", True))
+    return findings
+
+
+def check(var_dir: Path, socket_path: Path | None = None) -> Report:
+    """Every check of the var dir; the files are only read."""
+    layout = VarLayout(Path(var_dir))
+    report = Report(var_dir=str(layout.root))
+    report.problems.extend(check_run_dir(layout, socket_path))
+
+    journal_files = [layout.requests_file] if layout.requests_file.exists() else []
+    for path in [*_jsonl_files(layout.conversations_dir), *_jsonl_files(layout.responses_dir),
+                 *_jsonl_files(layout.consortium_dir), *journal_files]:
+        if has_torn_tail(path):
+            report.problems.append(Finding("torn_tail", str(path), "the last line has no newline (cut by a crash)",
+                                           True))
+
+    referenced: set[str] = set()
+    indexes = list(_jsonl_files(layout.conversations_dir))
+    entries = 0
+    for index in indexes:
+        for entry in read_index(index):
+            entries += 1
+            referenced.add(entry.response_id)
+            record = read_response(layout.response_file(entry.response_id))
+            if record is None:
+                report.problems.append(Finding(
+                    "dangling_entry", str(index), f"exchange {entry.n}: response {entry.response_id} is missing",
+                    extra={"n": entry.n, "response_id": entry.response_id, "reason": "missing"}))
+            elif not record.ok:
+                report.problems.append(Finding(
+                    "dangling_entry", str(index),
+                    f"exchange {entry.n}: response {entry.response_id} has no assistant line",
+                    extra={"n": entry.n, "response_id": entry.response_id, "reason": "no_assistant"}))
+
+    responses = 0
+    for path in _jsonl_files(layout.responses_dir):
+        responses += 1
+        if path.stem in referenced:
+            continue
+        lines = read_records(path)
+        if any(line.get("type") == "error" for line in lines):
+            continue  # a failed request: logged, never indexed
+        if any(line.get("run_id") for line in lines):
+            continue  # a consortium member or arbiter call
+        has_answer = any(line.get("type") == "assistant" for line in lines)
+        report.orphans.append(Finding(
+            "orphan_response", str(path),
+            "not referenced by any index" + ("" if has_answer else " and has no outcome"),
+            extra={"has_answer": has_answer}))
+
+    report.counts = {"indexes": len(indexes), "index_entries": entries, "responses": responses,
+                     "problems": len(report.problems), "orphans": len(report.orphans)}
+    return report
