@@ -143,7 +143,7 @@ class ClaudeCLI(CLISession):
             argv += ["--resume", session]
         elif system:
             argv += ["--append-system-prompt", system]
-        return [*argv, prompt]
+        return [*argv, "--", prompt]  # "--": a prompt such as "- a list item" is not an option
 
     def parse(self, stdout: str) -> tuple[str, str | None, dict[str, int], float | None]:
         data = json.loads(stdout)
@@ -169,7 +169,7 @@ class GeminiCLI(CLISession):
             argv += ["--resume", session]
         elif system:
             prompt = f"{system}\n\n{prompt}"
-        return [*argv, "--prompt", prompt]
+        return [*argv, f"--prompt={prompt}"]  # one token: yargs takes "- a list item" as the value
 
     def parse(self, stdout: str) -> tuple[str, str | None, dict[str, int], float | None]:
         data = json.loads(stdout)
