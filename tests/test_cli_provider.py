@@ -79,7 +79,9 @@ def claude_prompt(argv: list[str]) -> str:
 
 
 def gemini_prompt(argv: list[str]) -> str:
-    return argv[argv.index("--prompt") + 1]
+    if "--prompt" in argv:
+        return argv[argv.index("--prompt") + 1]
+    return next(arg for arg in argv if arg.startswith("--prompt="))[len("--prompt="):]
 
 
 # -- the fakes themselves ----------------------------------------------------------------------
@@ -112,8 +114,9 @@ async def test_claude_resumes_its_session_with_only_the_new_input(cli_daemon: Da
         second = await complete(client, prompt="What is my name?", conversation_id="cc")
     calls = fake.calls("claude")
     assert len(calls) == 2
-    assert calls[0] == ["-p", "--output-format", "json", "--model", "sonnet",
-                        "--append-system-prompt", "You are kind.", "My name is Alice"]
+    assert calls[0][:7] == ["-p", "--output-format", "json", "--model", "sonnet",
+                            "--append-system-prompt", "You are kind."]
+    assert claude_prompt(calls[0]) == "My name is Alice"
     assert resumed(calls[0]) is None
     session_id = first["content"].split()[2]
     assert fake.session_files("claude") == [session_id]
@@ -228,6 +231,22 @@ async def test_a_missing_cli_is_a_clear_provider_error(cli_daemon: Daemon, monke
     assert "claude" in caught.value.message and "PATH" in caught.value.message
 
 
+@pytest.mark.parametrize("model", ["claude-cli/sonnet", "gemini-cli/default"])
+async def test_prompts_that_look_like_options_reach_the_cli_as_prompts(cli_daemon: Daemon, fake: Fake,
+                                                                      model: str) -> None:
+    prompts = ["- buy milk\n- buy bread", "--help", "-p"]
+    async with connected(cli_daemon) as client:
+        results = [await complete(client, model=model, prompt=prompts[0], conversation_id="dash", create=True)]
+        for prompt in prompts[1:]:
+            results.append(await complete(client, prompt=prompt, conversation_id="dash"))
+    cli = model.split("-", 1)[0]
+    read = claude_prompt if cli == "claude" else gemini_prompt
+    calls = fake.calls(cli)
+    assert [read(argv) for argv in calls] == prompts
+    assert resumed(calls[1]) is not None and resumed(calls[2]) is not None
+    assert results[-1]["content"].endswith(" || ".join(prompts))
+
+
 # -- gemini ------------------------------------------------------------------------------------
 
 
@@ -240,7 +259,8 @@ async def test_gemini_resumes_and_falls_back(cli_daemon: Daemon, fake: Fake) -> 
         (fake.sessions["gemini"] / f"{session_id}.json").unlink()
         third = await complete(client, prompt="Still there?", conversation_id="gem")
     calls = fake.calls("gemini")
-    assert calls[0] == ["--output-format", "json", "--model", "gemini-2.5-pro", "--prompt", "My name is Bob"]
+    assert calls[0][:4] == ["--output-format", "json", "--model", "gemini-2.5-pro"]
+    assert gemini_prompt(calls[0]) == "My name is Bob"
     assert resumed(calls[1]) == session_id and gemini_prompt(calls[1]) == "What is my name?"
     assert second["content"] == (f"gemini session {session_id} has seen 2 prompts: "
                                  "My name is Bob || What is my name?")
