@@ -56,6 +56,9 @@ class ConversationMemory:
         self.first_loaded = 1  # entries before this number are not in memory
         self.entries: list[IndexEntry] = []  # entries first_loaded..total, in order
         self.texts: dict[int, Exchange] = {}
+        # the index tail has been read for this many tokens of history: a budget up to it is
+        # served from memory (exchanges appended since are in memory too), never re-read
+        self.tail_budget = 0
         # history-eligible (non-feedback) entries and a running sum of their tokens
         self._eligible: list[IndexEntry] = []
         self._eligible_n: list[int] = []
@@ -170,9 +173,10 @@ class ConversationCache:
                 memory = ConversationMemory(meta)
                 entries, total = await asyncio.to_thread(self._read_tail, conversation_id, budget)
                 memory.set_entries(entries, total)
+                memory.tail_budget = budget
         else:
             self._items.move_to_end(conversation_id)
-        if budget and not memory.complete and memory.eligible_tokens() < budget:
+        if budget > memory.tail_budget and not memory.complete and memory.eligible_tokens() < budget:
             await self._extend(memory, budget)
         return self._keep(memory)
 
@@ -190,6 +194,7 @@ class ConversationCache:
             total = entries[-1].n if entries else 0
         if entries and entries[0].n < memory.first_loaded:
             memory.set_entries(entries, total)
+        memory.tail_budget = max(memory.tail_budget, budget)
 
     async def load_all(self, memory: ConversationMemory) -> None:
         """Load every index entry (for forks of this conversation and inspection)."""
