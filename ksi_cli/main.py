@@ -12,6 +12,7 @@ import click
 from ksi_cli import daemon_control
 from ksi_cli.ask import ask
 from ksi_cli.event_args import EventArgsError, parse_event_args
+from ksi_cli.inspect_commands import COMMANDS as INSPECT_COMMANDS
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, fail, show
 from ksi_common import __version__, oneshot
@@ -182,6 +183,8 @@ def run(var_dir: str | None, socket_path: str | None) -> None:
 
 
 cli.add_command(ask)
+for inspect_command in INSPECT_COMMANDS:
+    cli.add_command(inspect_command)
 
 
 def main() -> None:

@@ -6,6 +6,8 @@ import asyncio
 import os
 import signal
 import stat
+import time
+from collections.abc import Callable
 from typing import Any
 
 import filelock
@@ -18,6 +20,7 @@ from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import CompletionService
 from ksi_daemon.services.consortium import ConsortiumService
+from ksi_daemon.services.conversation import ConversationService
 from ksi_daemon.services.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
@@ -41,8 +44,9 @@ class UnsafeVarDir(RuntimeError):
 class Daemon:
     """Start, serve, shut down: the staged lifecycle of one daemon on one var dir."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock  # wall time for TTLs and activity stamps; tests pass a fake one
         self.layout = settings.layout
         self.router = Router()
         self.stopping = asyncio.Event()
@@ -71,6 +75,11 @@ class Daemon:
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, RequestJournal(self.layout),
             provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
+            clock=clock,
+        )
+        self.conversations = ConversationService(
+            settings, self.router, self.cache, self.responses, clock=clock,
+            cancel_requests=self.completion.cancel_conversation,
         )
         self.monitor = MonitorService(self.router)
         self.system = SystemService(
@@ -84,7 +93,8 @@ class Daemon:
                 "litellm_loaded": lambda: self.litellm.loaded,
             },
         )
-        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium]
+        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium,
+                                     self.conversations]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

@@ -25,6 +25,7 @@ from ksi_daemon.services.completion_models import (
     CompletionStatus,
     CompletionWait,
 )
+from ksi_daemon.services.attachments import Attachments
 from ksi_daemon.services.history import MESSAGE_OVERHEAD, NOTE_RESERVE, build_messages, select_history
 from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.requests import FINISHED, RequestRegistry, RequestState
@@ -87,6 +88,7 @@ class Prepared:
     user_messages: list[dict[str, Any]]  # the new input as the model sees it
     input_tokens: int
     history_stats: dict[str, int]
+    files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
 
 
 class CompletionService:
@@ -112,6 +114,7 @@ class CompletionService:
         self.answerers = answerers or {}  # model prefix -> answerer (e.g. "consortium/")
         self.agents: AgentDirectory = NoAgents()
         self.clock = clock
+        self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.requests = RequestRegistry(settings.finished_requests_kept)
         self.scheduler = Scheduler(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
@@ -239,6 +242,8 @@ class CompletionService:
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         self._check_capacity()  # refuse before any work is done or any conversation is written
+        if data.files:  # refused files fail the ack before any conversation is written
+            data = data.model_copy(update={"files": await self.attachments.check(data.files)})
         agent = self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or ("consortium/inline" if data.consortium else None) or (agent.model if agent else None)
         if chosen is not None:
@@ -287,7 +292,9 @@ class CompletionService:
                                               system=agent.system if agent else None)
 
     async def create_conversation(self, conversation_id: str, **fields: Any) -> ConversationMemory:
+        now = format_ts(self.clock())
         meta = ConversationMeta(conversation_id=conversation_id, ttl=self.settings.default_ttl,
+                                created=now, last_activity=now,
                                 **{k: v for k, v in fields.items() if v is not None})
         await asyncio.to_thread(self.cache.store.save_meta, meta)
         return self.cache.create(meta)
@@ -307,6 +314,21 @@ class CompletionService:
     def _last_model(memory: ConversationMemory) -> str | None:
         return memory.meta.models[-1] if memory.meta.models else None
 
+    async def cancel_conversation(self, conversation_id: str, timeout: float = 10.0) -> int:
+        """Cancel every queued or running request of a conversation and wait until they ended."""
+        states = [s for s in self.requests.live() if s.conversation_id == conversation_id]
+        memory = self.cache.cached(conversation_id)
+        committing = memory is not None and memory.lock.locked()
+        for state in states:
+            if state.job is None or state.status in FINISHED:
+                continue
+            if state.status == "running" and committing:
+                continue  # its exchange is being written: cancelling now would tear it; let it finish
+            self.scheduler.cancel(state.job)
+        if states:
+            await asyncio.wait([asyncio.ensure_future(s.done.wait()) for s in states], timeout=timeout)
+        return len(states)
+
     def _cancelled_in_queue(self, state: RequestState) -> None:
         error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
         self._finish(state, "cancelled", error=error)
@@ -325,7 +347,8 @@ class CompletionService:
             answerer = self._answerer(state.model)
             reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
                                        self.retry, self.breaker, self._provider_key(state.model), attempts)
-            result = await self._commit(state, prepared, reply, attempts)
+            async with prepared.memory.lock:  # conversation:update/delete change metadata under it too
+                result = await self._commit(state, prepared, reply, attempts)
         except asyncio.CancelledError:
             error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
             await self._log_failure(state, inputs, error, attempts)
@@ -385,6 +408,11 @@ class CompletionService:
             if data.metadata:
                 line["metadata"] = data.metadata
             lines.append(line)
+        if data.files:  # resolved at admission; size and sha256 are added when they are read
+            for line in reversed(lines):
+                if line["type"] in ("user", "feedback"):
+                    line["files"] = [{"path": path} for path in data.files]
+                    break
         if data.system is not None:
             lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
                              "request_id": state.request_id, "conversation_id": state.conversation_id})
@@ -421,7 +449,13 @@ class CompletionService:
             )
         memory = await self.cache.require(state.conversation_id, budget)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
-        messages = build_messages(system, history, user_messages)
+        attached = await self.attachments.embed(history.exchanges, data.files,
+                                                int(budget * self.settings.files_budget_share))
+        if attached.tokens:  # files take their share first; history gets what they leave
+            history = await select_history(self.cache, memory, budget - attached.tokens, self.settings.max_fork_depth)
+            attached = attached.kept_for(history.exchanges)
+        inputs = attached.record_in(inputs)
+        messages = build_messages(system, history, attached.prepend(user_messages))
         options = dict(data.options)
         if data.extra_body:
             options["extra_body"] = data.extra_body
@@ -435,7 +469,7 @@ class CompletionService:
                      "consortium": data.consortium},
         )
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
-                        history.stats())
+                        {**history.stats(), **attached.stats()}, files=attached.new_files)
 
     @staticmethod
     def _resumable_session(memory: ConversationMemory, model: str) -> str | None:
@@ -490,7 +524,7 @@ class CompletionService:
         meta.tokens_in += reply.usage.get("prompt_tokens", 0)
         meta.tokens_out += reply.usage.get("completion_tokens", 0)
         meta.cost += reply.cost or 0.0
-        meta.last_activity = outcome["ts"]
+        meta.last_activity = format_ts(self.clock())  # the service clock, so TTLs slide with activity
         if state.model not in meta.models:
             meta.models.append(state.model)
         elif meta.models[-1] != state.model:
@@ -517,7 +551,7 @@ class CompletionService:
                 continue
         persisting.result()  # a failed write fails the request
         memory.meta = meta
-        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content))
+        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
         result: dict[str, Any] = {
             "request_id": state.request_id,
             "response_id": state.response_id,

@@ -6,15 +6,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.records import IndexEntry
 from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
 
-NOTE_RESERVE = 48  # tokens kept free for the omitted-history note
+NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
+ANSWERER_LABELS_SHOWN = 4  # the answerers note stays short: at most this many models/agents...
+RANGES_SHOWN = 3  # ...each with at most this many runs of exchanges
 MESSAGE_OVERHEAD = 4  # tokens a chat message costs beyond its text
 
 
 @dataclass(slots=True)
 class History:
     exchanges: list[Exchange] = field(default_factory=list)  # oldest first
+    entries: list[IndexEntry] = field(default_factory=list)  # their index entries, same order
     total: int = 0  # history-eligible exchanges in the conversation (fork chain included)
     tokens: int = 0
 
@@ -33,8 +37,10 @@ async def fork_chain(
     chain: list[tuple[ConversationMemory, int | None]] = [(memory, None)]
     seen = {memory.conversation_id}
     current = memory
+    limit: int | None = None  # a fork of a fork at k shares at most exchanges 1..k of every ancestor
     while current.meta.parent_id:
-        parent_id, upto = current.meta.parent_id, current.meta.fork_at
+        parent_id, fork_at = current.meta.parent_id, current.meta.fork_at
+        upto = fork_at if limit is None else (limit if fork_at is None else min(fork_at, limit))
         if parent_id in seen or len(chain) > max_depth:
             raise KsiError(ErrorCode.FORK_CYCLE, "the fork chain loops or is too deep",
                            conversation_id=memory.conversation_id, at=parent_id)
@@ -44,6 +50,7 @@ async def fork_chain(
             break  # a deleted parent: the fork keeps only its own exchanges
         await cache.load_all(parent)
         chain.append((parent, upto))
+        limit = upto
         current = parent
     return chain
 
@@ -63,7 +70,7 @@ async def select_history(
         history.total += eligible
         if exhausted:
             continue
-        entries, used, whole = member.pick(remaining, upto)
+        entries, used, whole = member.pick(max(remaining, 0), upto)
         picked.append((member, entries))
         remaining -= used
         history.tokens += used
@@ -71,6 +78,7 @@ async def select_history(
             exhausted = True
     for member, entries in reversed(picked):
         history.exchanges.extend(await cache.texts(member, entries))
+        history.entries.extend(entries)
     return history
 
 
@@ -79,12 +87,44 @@ def omitted_note(count: int) -> str:
     return f"[Note: {count} earlier {noun} left out of this conversation's history to fit the context window.]"
 
 
+def answerer_label(model: str | None, agent_id: str | None) -> str:
+    return f"{agent_id} via {model or 'unknown model'}" if agent_id else (model or "unknown model")
+
+
+def answerers_note(entries: list[IndexEntry]) -> str | None:
+    """Who answered the history shown, when more than one model or agent did; from index entries."""
+    runs: dict[str, list[list[int]]] = {}
+    previous = None
+    for entry in entries:
+        if entry.model is None and entry.agent_id is None:
+            continue  # a legacy index line does not say who answered
+        label = answerer_label(entry.model, entry.agent_id)
+        ranges = runs.setdefault(label, [])
+        if label == previous:
+            ranges[-1][1] = entry.n
+        else:
+            ranges.append([entry.n, entry.n])
+        previous = label
+    if len(runs) < 2:
+        return None
+    parts = []
+    for label, ranges in list(runs.items())[:ANSWERER_LABELS_SHOWN]:
+        shown = [f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:RANGES_SHOWN]]
+        if len(ranges) > RANGES_SHOWN:
+            shown.append("...")
+        many = len(ranges) > 1 or ranges[0][0] != ranges[0][1]
+        parts.append(f"{label} ({'exchanges' if many else 'exchange'} {', '.join(shown)})")
+    if len(runs) > ANSWERER_LABELS_SHOWN:
+        parts.append(f"and {len(runs) - ANSWERER_LABELS_SHOWN} more")
+    return "[Note: earlier replies came from: " + "; ".join(parts) + ".]"
+
+
 def build_messages(system: str | None, history: History, new_input: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System (with the omitted note) + history as user/assistant turns + the new input."""
+    """System (with the omitted and answerers notes) + history as user/assistant turns + the new input."""
     messages: list[dict[str, Any]] = []
-    system_text = system or ""
-    if history.omitted:
-        system_text = f"{system_text}\n\n{omitted_note(history.omitted)}" if system_text else omitted_note(history.omitted)
+    notes = [note for note in (omitted_note(history.omitted) if history.omitted else None,
+                               answerers_note(history.entries)) if note]
+    system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:
         messages.append({"role": "system", "content": system_text})
     for exchange in history.exchanges:

@@ -1,0 +1,338 @@
+"""Conversations as the files under `var/` record them: metadata, fork chain, exchanges, stats.
+
+Read-only and client-light (standard library and orjson), shared by the daemon's
+`conversation:*` events and the `ksi` inspection commands, so both tell the same story.
+Torn last lines (a crash mid-append) are skipped by the readers underneath.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import check_id
+from ksi_common.layout import VarLayout
+from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
+from ksi_common.timefmt import format_ts, parse_ts
+
+DEFAULT_MAX_FORK_DEPTH = 32
+STATES = ("active", "archived", "expired")
+
+
+def _ts(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return parse_ts(text)
+    except ValueError:
+        return None
+
+
+def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
+    """The public description of a conversation from its metadata; `state` adds `expired`."""
+    ttl = meta.get("ttl")
+    last = _ts(meta.get("last_activity"))
+    expires = last + float(ttl) if ttl is not None and last is not None else None
+    status = meta.get("status") or "active"
+    if status == "archived":
+        state = "archived"
+    elif expires is not None and expires < now:
+        state = "expired"
+    else:
+        state = "active"
+    return {
+        "conversation_id": meta.get("conversation_id"),
+        "title": meta.get("title"),
+        "tags": list(meta.get("tags") or []),
+        "status": status,
+        "state": state,
+        "agent_id": meta.get("agent_id"),
+        "system": meta.get("system"),
+        "created": meta.get("created"),
+        "last_activity": meta.get("last_activity"),
+        "ttl": ttl,
+        "expires_at": format_ts(expires) if expires is not None else None,
+        "turn_cap": meta.get("turn_cap"),
+        "parent_id": meta.get("parent_id"),
+        "fork_at": meta.get("fork_at") if meta.get("parent_id") else None,
+        "exchanges": int(meta.get("exchanges") or 0),
+        "models": list(meta.get("models") or []),
+        "tokens_in": int(meta.get("tokens_in") or 0),
+        "tokens_out": int(meta.get("tokens_out") or 0),
+        "cost": float(meta.get("cost") or 0.0),
+    }
+
+
+def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, inherited: bool) -> dict[str, Any]:
+    """One exchange for show and export: its index line, raw inputs and reply."""
+    inputs = []
+    for line in record.inputs if record is not None else []:
+        item: dict[str, Any] = {"type": line.get("type"), "content": line.get("content"), "ts": line.get("ts")}
+        for key in ("from_agent", "files", "agent_id"):
+            if line.get(key):
+                item[key] = line[key]
+        inputs.append(item)
+    reply = None
+    if record is not None and record.ok and record.outcome is not None:
+        outcome = record.outcome
+        reply = {key: outcome.get(key) for key in
+                 ("content", "model", "provider", "finish_reason", "usage", "cost", "duration_ms", "ts")}
+    view: dict[str, Any] = {
+        "n": entry.n,
+        "conversation_id": owner,
+        "inherited": inherited,
+        "response_id": entry.response_id,
+        "ts": entry.ts,
+        "model": entry.model,
+        "provider": entry.provider,
+        "agent_id": entry.agent_id,
+        "tokens_in": entry.tokens_in,
+        "tokens_out": entry.tokens_out,
+        "is_feedback": entry.is_feedback,
+        "inputs": inputs,
+        "reply": reply,
+    }
+    if reply is None:
+        view["incomplete"] = True  # the response file is missing or its outcome line is torn
+    return view
+
+
+def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
+    """Counts, tokens, cost, models, agents, files and duration of a transcript's own exchanges."""
+    exchanges = transcript["exchanges"]
+    own = [x for x in exchanges if not x["inherited"]]
+    models: dict[str, int] = {}
+    agents: dict[str, int] = {}
+    files: dict[str, int] = {}
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    for exchange in own:
+        reply = exchange.get("reply") or {}
+        usage = reply.get("usage") or {}
+        tokens_in += int(usage.get("prompt_tokens") or 0)
+        tokens_out += int(usage.get("completion_tokens") or 0)
+        cost += float(reply.get("cost") or 0.0)
+        if exchange.get("model"):
+            models[exchange["model"]] = models.get(exchange["model"], 0) + 1
+        if exchange.get("agent_id"):
+            agents[exchange["agent_id"]] = agents.get(exchange["agent_id"], 0) + 1
+        for item in exchange["inputs"]:
+            for ref in item.get("files") or []:
+                if isinstance(ref, dict) and ref.get("path"):
+                    files[ref["path"]] = files.get(ref["path"], 0) + 1
+    moments = [t for t in (_ts(x.get("ts")) for x in own) if t is not None]
+    first, last = (min(moments), max(moments)) if moments else (None, None)
+    return {
+        "conversation_id": transcript["conversation"]["conversation_id"],
+        "exchanges": len(exchanges),
+        "own_exchanges": len(own),
+        "inherited_exchanges": len(exchanges) - len(own),
+        "feedback_exchanges": sum(1 for x in own if x.get("is_feedback")),
+        "incomplete_exchanges": sum(1 for x in own if x.get("incomplete")),
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "cost": round(cost, 10),
+        "models": models,
+        "agents": agents,
+        "files": files,
+        "first": format_ts(first) if first is not None else None,
+        "last": format_ts(last) if last is not None else None,
+        "duration_s": round(last - first, 3) if first is not None and last is not None else 0.0,
+    }
+
+
+class VarReader:
+    """Reads conversations and responses under one var dir; every method is blocking."""
+
+    def __init__(self, layout: VarLayout, max_fork_depth: int = DEFAULT_MAX_FORK_DEPTH) -> None:
+        self.layout = layout
+        self.max_fork_depth = max_fork_depth
+
+    # -- single files -------------------------------------------------------
+    def meta(self, conversation_id: str) -> dict[str, Any] | None:
+        """The metadata as stored; an index without metadata gets a minimal record."""
+        check_id(conversation_id, "conversation_id")
+        path = self.layout.meta_file(conversation_id)
+        try:
+            raw = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            raw = None
+        except orjson.JSONDecodeError:
+            raw = {}
+        if isinstance(raw, dict) and raw:
+            raw.setdefault("conversation_id", conversation_id)
+            return raw
+        index = self.layout.index_file(conversation_id)
+        if raw is None and not index.exists():
+            return None
+        entries = read_index(index)
+        return {"conversation_id": conversation_id, "exchanges": len(entries),
+                "last_activity": entries[-1].ts if entries else None,
+                "models": list(dict.fromkeys(e.model for e in entries if e.model))}
+
+    def require_meta(self, conversation_id: str) -> dict[str, Any]:
+        meta = self.meta(conversation_id)
+        if meta is None:
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
+                           conversation_id=conversation_id)
+        return meta
+
+    def entries(self, conversation_id: str) -> list[IndexEntry]:
+        return read_index(self.layout.index_file(conversation_id))
+
+    def response(self, response_id: str) -> ResponseRecord | None:
+        check_id(response_id, "response_id")
+        return read_response(self.layout.response_file(response_id))
+
+    def conversation_ids(self) -> list[str]:
+        ids = {p.stem for p in self.layout.conversations_dir.glob("*.jsonl")}
+        ids |= {p.stem for p in self.layout.conversation_meta_dir.glob("*.json")}
+        return sorted(i for i in ids if not i.startswith("."))
+
+    # -- fork chains and transcripts ----------------------------------------
+    def chain(self, conversation_id: str) -> tuple[list[tuple[str, dict[str, Any], int | None]], str | None]:
+        """The conversation and its ancestors (self first), each with the last exchange it
+        contributes, and the id of a parent that no longer exists (if the chain breaks)."""
+        meta = self.require_meta(conversation_id)
+        chain: list[tuple[str, dict[str, Any], int | None]] = [(conversation_id, meta, None)]
+        seen = {conversation_id}
+        limit: int | None = None
+        current = meta
+        while current.get("parent_id"):
+            parent_id = str(current["parent_id"])
+            fork_at = current.get("fork_at")
+            upto = fork_at if limit is None else (limit if fork_at is None else min(int(fork_at), limit))
+            if parent_id in seen or len(chain) > self.max_fork_depth:
+                raise KsiError(ErrorCode.FORK_CYCLE, "the fork chain loops or is too deep",
+                               conversation_id=conversation_id, at=parent_id)
+            seen.add(parent_id)
+            try:
+                parent = self.meta(parent_id)
+            except KsiError:
+                parent = None
+            if parent is None:
+                return chain, parent_id
+            chain.append((parent_id, parent, upto))
+            limit = upto
+            current = parent
+        return chain, None
+
+    def transcript(self, conversation_id: str, inherited: bool = True, now: float | None = None) -> dict[str, Any]:
+        """Metadata and every exchange, oldest first; inherited ones (from the fork chain) marked."""
+        chain, missing_parent = self.chain(conversation_id) if inherited else (
+            [(conversation_id, self.require_meta(conversation_id), None)], None)
+        exchanges: list[dict[str, Any]] = []
+        for owner, _meta, upto in reversed(chain):
+            for entry in self.entries(owner):
+                if upto is not None and entry.n > upto:
+                    break
+                record = self.response(entry.response_id) if _safe(entry.response_id) else None
+                exchanges.append(exchange_view(entry, record, owner, owner != conversation_id))
+        summary = summarize(chain[0][1], time.time() if now is None else now)
+        transcript: dict[str, Any] = {"conversation": summary, "exchanges": exchanges}
+        if missing_parent:
+            transcript["missing_parent"] = missing_parent
+        return transcript
+
+    # -- listing ------------------------------------------------------------
+    def listing(
+        self,
+        now: float | None = None,
+        *,
+        agent_id: str | None = None,
+        model: str | None = None,
+        status: str | None = None,
+        tag: str | None = None,
+        text: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Summaries matching every given filter, newest activity first, and how many matched."""
+        now = time.time() if now is None else now
+        since_ts = _ts(since) if since else None
+        matched = []
+        for conversation_id in self.conversation_ids():
+            meta = self.meta(conversation_id)
+            if meta is None:
+                continue
+            summary = summarize(meta, now)
+            if status and summary["state"] != status and summary["status"] != status:
+                continue
+            if tag and tag not in summary["tags"]:
+                continue
+            if model and not any(fnmatch.fnmatchcase(m, model) for m in summary["models"]):
+                continue
+            if since_ts is not None and (_ts(summary["last_activity"]) or 0.0) < since_ts:
+                continue
+            if agent_id and summary["agent_id"] != agent_id and not any(
+                    e.agent_id == agent_id for e in self.entries(conversation_id)):
+                continue
+            if text and not self._contains(conversation_id, text):
+                continue
+            matched.append(summary)
+        matched.sort(key=lambda s: (_ts(s["last_activity"]) or 0.0, s["conversation_id"]), reverse=True)
+        end = None if limit is None else offset + limit
+        return matched[offset:end], len(matched)
+
+    def _contains(self, conversation_id: str, text: str) -> bool:
+        """Whether any input or reply of the conversation's own exchanges contains `text`."""
+        needle = text.casefold()
+        for entry in self.entries(conversation_id):
+            record = self.response(entry.response_id) if _safe(entry.response_id) else None
+            if record is None:
+                continue
+            texts: Iterable[Any] = [line.get("content") for line in record.inputs]
+            if any(isinstance(t, str) and needle in t.casefold() for t in [*texts, record.content]):
+                return True
+        return False
+
+    # -- ownership, for deletion ---------------------------------------------
+    def response_files_of(self, conversation_id: str) -> list[Path]:
+        """Response files whose lines say they belong to `conversation_id`: indexed exchanges,
+        failed requests and calls logged on the conversation's behalf."""
+        owned = []
+        needle = b'"conversation_id":' + orjson.dumps(conversation_id)
+        for path in self.layout.responses_dir.glob("*.jsonl"):
+            try:
+                with open(path, "rb") as handle:
+                    head = handle.read(64 * 1024)
+            except OSError:
+                continue
+            if needle not in head:
+                continue
+            for raw in head.split(b"\n"):
+                try:
+                    line = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(line, dict) and "conversation_id" in line:
+                    if line["conversation_id"] == conversation_id:
+                        owned.append(path)
+                    break
+        return owned
+
+    def forks_of(self, conversation_id: str) -> list[str]:
+        forks = []
+        for path in self.layout.conversation_meta_dir.glob("*.json"):
+            try:
+                raw = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            if isinstance(raw, dict) and raw.get("parent_id") == conversation_id:
+                forks.append(path.stem)
+        return sorted(forks)
+
+
+def _safe(identifier: str) -> bool:
+    try:
+        check_id(identifier, "response_id")
+    except KsiError:
+        return False
+    return True

@@ -1,0 +1,340 @@
+"""`conversation:*` events: list, show, stats, export and import conversations; fork, update,
+archive and delete them.
+
+Reading goes through `ksi_common.transcripts` (the same reader `ksi conversation ...` uses with
+the daemon stopped) in a worker thread; writing goes through the daemon's storage classes.
+Metadata changes happen under the conversation's lock, the one the completion service holds
+while it commits an exchange, so neither overwrites the other's change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.export import parse_export, render
+from ksi_common.ids import is_safe_id, new_id, new_response_id
+from ksi_common.records import INPUT_TYPES, IndexEntry
+from ksi_common.settings import Settings
+from ksi_common.timefmt import format_ts
+from ksi_common.transcripts import VarReader, stats_of, summarize
+from ksi_daemon.context import EventContext
+from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.conversation_models import (
+    ConversationArchive,
+    ConversationDelete,
+    ConversationExport,
+    ConversationFork,
+    ConversationImport,
+    ConversationList,
+    ConversationShow,
+    ConversationStats,
+    ConversationUpdate,
+)
+from ksi_daemon.services.history import fork_chain
+from ksi_daemon.services.memory import ConversationCache, ConversationMemory
+from ksi_daemon.storage.conversations import ConversationMeta
+from ksi_daemon.storage.responses import ResponseLog
+
+log = structlog.get_logger("ksi.conversation")
+
+CancelRequests = Callable[[str], Awaitable[int]]
+
+
+async def _no_requests(_conversation_id: str) -> int:
+    return 0
+
+
+def system_at(meta: ConversationMeta, at: int) -> str | None:
+    """The system prompt in force after exchange `at` (what a fork made there starts with)."""
+    changes = [c for c in meta.system_changes if c.from_n <= at]
+    if changes:
+        return changes[-1].system
+    return meta.system if not meta.system_changes else None
+
+
+class ConversationService:
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        cache: ConversationCache,
+        responses: ResponseLog,
+        clock: Callable[[], float] = time.time,
+        cancel_requests: CancelRequests = _no_requests,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.cache = cache
+        self.store = cache.store
+        self.responses = responses
+        self.clock = clock
+        self.cancel_requests = cancel_requests
+        self.layout = settings.layout
+        self.reader = VarReader(settings.layout, settings.max_fork_depth)
+
+    def register(self) -> list[Unregister]:
+        r = self.router
+        return [
+            r.register("conversation:list", self.handle_list, ConversationList,
+                       "Conversations matching filters, most recently active first, a page at a time."),
+            r.register("conversation:show", self.handle_show, ConversationShow,
+                       "A conversation's metadata and exchanges; those shared with its fork chain are marked inherited."),
+            r.register("conversation:stats", self.handle_stats, ConversationStats,
+                       "Exchanges, tokens, cost, models, agents, files and duration of a conversation."),
+            r.register("conversation:update", self.handle_update, ConversationUpdate,
+                       "Change a conversation's title, tags, TTL, turn cap or status."),
+            r.register("conversation:archive", self.handle_archive, ConversationArchive,
+                       "Archive a conversation: it refuses new requests until set active again."),
+            r.register("conversation:fork", self.handle_fork, ConversationFork,
+                       "A new conversation sharing the history up to an exchange, without copying it."),
+            r.register("conversation:export", self.handle_export, ConversationExport,
+                       "A conversation as markdown, json or jsonl."),
+            r.register("conversation:import", self.handle_import, ConversationImport,
+                       "A new conversation from a json or jsonl export, with fresh response ids."),
+            r.register("conversation:delete", self.handle_delete, ConversationDelete,
+                       "Delete a conversation's index, metadata and response files, and nothing else."),
+        ]
+
+    def _summary(self, meta: ConversationMeta) -> dict[str, Any]:
+        return summarize(meta.model_dump(mode="json"), self.clock())
+
+    # -- reading --------------------------------------------------------------
+    async def handle_list(self, data: ConversationList, _context: EventContext) -> dict[str, Any]:
+        items, total = await asyncio.to_thread(
+            self.reader.listing, self.clock(), agent_id=data.agent_id, model=data.model, status=data.status,
+            tag=data.tag, text=data.text, since=data.since, limit=data.limit, offset=data.offset,
+        )
+        return {"conversations": items, "total": total, "limit": data.limit, "offset": data.offset}
+
+    async def _transcript(self, conversation_id: str, inherited: bool = True) -> dict[str, Any]:
+        return await asyncio.to_thread(self.reader.transcript, conversation_id, inherited, self.clock())
+
+    async def handle_show(self, data: ConversationShow, _context: EventContext) -> dict[str, Any]:
+        transcript = await self._transcript(data.conversation_id, data.inherited)
+        exchanges = transcript["exchanges"]
+        end = None if data.limit is None else data.offset + data.limit
+        return {**transcript, "exchanges": exchanges[data.offset:end], "total_exchanges": len(exchanges),
+                "offset": data.offset}
+
+    async def handle_stats(self, data: ConversationStats, _context: EventContext) -> dict[str, Any]:
+        transcript = await self._transcript(data.conversation_id)
+        return {**stats_of(transcript), "conversation": transcript["conversation"]}
+
+    async def handle_export(self, data: ConversationExport, _context: EventContext) -> dict[str, Any]:
+        transcript = await self._transcript(data.conversation_id, data.inherited)
+        return {"conversation_id": data.conversation_id, "format": data.format,
+                "exchanges": len(transcript["exchanges"]), "content": render(transcript, data.format)}
+
+    # -- metadata -------------------------------------------------------------
+    async def _change(self, conversation_id: str, changes: dict[str, Any]) -> ConversationMeta:
+        memory = await self.cache.require(conversation_id)
+        async with memory.lock:
+            meta = memory.meta.model_copy(update=changes, deep=True)
+            meta = ConversationMeta.model_validate(meta.model_dump())
+            await asyncio.to_thread(self.store.save_meta, meta)
+            memory.meta = meta
+        return meta
+
+    async def handle_update(self, data: ConversationUpdate, _context: EventContext) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        for name in data.model_fields_set - {"conversation_id"}:
+            value = getattr(data, name)
+            if name == "tags":
+                value = list(dict.fromkeys(value or []))
+            if name == "status" and value is None:
+                continue
+            changes[name] = value  # an explicit null clears title, ttl or turn_cap
+        meta = await self._change(data.conversation_id, changes)
+        log.info("conversation_updated", conversation_id=data.conversation_id, fields=sorted(changes))
+        return {"conversation": self._summary(meta), "updated": sorted(changes)}
+
+    async def handle_archive(self, data: ConversationArchive, _context: EventContext) -> dict[str, Any]:
+        meta = await self._change(data.conversation_id, {"status": "archived"})
+        return {"conversation": self._summary(meta)}
+
+    # -- fork -----------------------------------------------------------------
+    async def handle_fork(self, data: ConversationFork, _context: EventContext) -> dict[str, Any]:
+        parent = await self.cache.require(data.conversation_id)
+        chain = await fork_chain(self.cache, parent, self.settings.max_fork_depth)  # fork_cycle surfaces here
+        count = parent.total
+        at = count if data.at is None else data.at
+        if not 0 <= at <= count:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"at must be between 0 and {count}, the exchanges of {data.conversation_id}",
+                           fields={"at": f"must be between 0 and {count}"}, exchanges=count)
+        fork_id = data.new_id or new_id("conv-")
+        await self._check_free(fork_id, "new_id")
+        now = format_ts(self.clock())
+        model = await self._model_at(chain, at)
+        meta = ConversationMeta(
+            conversation_id=fork_id, created=now, last_activity=now, parent_id=parent.conversation_id,
+            fork_at=at, title=data.title if data.title is not None else parent.meta.title,
+            tags=list(parent.meta.tags), agent_id=parent.meta.agent_id, system=system_at(parent.meta, at),
+            ttl=parent.meta.ttl, turn_cap=parent.meta.turn_cap,
+            models=[model] if model else [],  # so the fork continues with the model it branched from
+        )
+        await asyncio.to_thread(self.store.save_meta, meta)
+        self.cache.create(meta)
+        log.info("conversation_forked", conversation_id=fork_id, parent_id=parent.conversation_id, at=at)
+        return {"conversation_id": fork_id, "parent_id": parent.conversation_id, "fork_at": at,
+                "conversation": self._summary(meta)}
+
+    async def _model_at(self, chain: list[tuple[ConversationMemory, int | None]], at: int) -> str | None:
+        for member, _upto in chain:
+            await self.cache.load_all(member)
+            for entry in member.entries:
+                if entry.n == at:
+                    return entry.model
+        return None
+
+    async def _check_free(self, conversation_id: str, field_name: str) -> None:
+        if self.cache.cached(conversation_id) is not None or await asyncio.to_thread(self.store.exists, conversation_id):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} already exists",
+                           fields={field_name: "a conversation with this id exists"})
+
+    # -- import ---------------------------------------------------------------
+    async def handle_import(self, data: ConversationImport, _context: EventContext) -> dict[str, Any]:
+        document = parse_export(data.data, data.format)
+        conversation_id = data.new_id or new_id("conv-")
+        await self._check_free(conversation_id, "new_id")
+        now = format_ts(self.clock())
+        meta, skipped = await asyncio.to_thread(self._write_import, document, conversation_id, now, data.title)
+        log.info("conversation_imported", conversation_id=conversation_id, exchanges=meta.exchanges)
+        return {"conversation_id": conversation_id, "exchanges": meta.exchanges, "skipped": skipped,
+                "imported_from": document["conversation"].get("conversation_id"),
+                "conversation": self._summary(meta)}
+
+    def _write_import(self, document: dict[str, Any], conversation_id: str, now: str,
+                      title: str | None) -> tuple[ConversationMeta, int]:
+        """Response files first, then index lines, then metadata: the daemon's durability order."""
+        source = document["conversation"]
+        entries: list[IndexEntry] = []
+        models: list[str] = []
+        tokens_in = tokens_out = 0
+        cost = 0.0
+        skipped = 0
+        for exchange in document["exchanges"]:
+            reply = exchange.get("reply")
+            if reply is None:
+                skipped += 1  # an exchange whose reply was lost cannot be continued from
+                continue
+            model = str(exchange.get("model") or reply.get("model") or "imported")
+            response_id = new_response_id(model)
+            ts = exchange.get("ts") or reply.get("ts") or now
+            lines = []
+            for item in exchange["inputs"]:
+                if not isinstance(item, dict):
+                    continue
+                kind = item.get("type") if item.get("type") in INPUT_TYPES else "user"
+                line: dict[str, Any] = {"v": 1, "type": kind, "content": str(item.get("content") or ""),
+                                        "ts": item.get("ts") or ts, "conversation_id": conversation_id}
+                for key in ("agent_id", "from_agent"):
+                    if isinstance(item.get(key), str):
+                        line[key] = item[key]
+                if isinstance(item.get("files"), list):
+                    line["files"] = [f for f in item["files"] if isinstance(f, dict)]
+                lines.append(line)
+            usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+            outcome = {
+                "v": 1, "type": "assistant", "content": reply["content"], "model": model,
+                "provider": exchange.get("provider") or reply.get("provider"), "usage": usage,
+                "cost": reply.get("cost"), "finish_reason": reply.get("finish_reason"),
+                "duration_ms": reply.get("duration_ms"), "ts": reply.get("ts") or ts,
+                "conversation_id": conversation_id, "imported_from": exchange.get("response_id"),
+            }
+            self.responses.write(response_id, [*lines, outcome])
+            text_in = sum(len(line["content"]) for line in lines if line["type"] != "system")
+            entries.append(IndexEntry(
+                n=len(entries) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
+                agent_id=exchange.get("agent_id"), tokens_in=_int(exchange.get("tokens_in"), text_in // 4 + 4),
+                tokens_out=_int(exchange.get("tokens_out"), len(reply["content"]) // 4 + 4),
+                is_feedback=bool(exchange.get("is_feedback")),
+            ))
+            tokens_in += _int(usage.get("prompt_tokens"), 0)
+            tokens_out += _int(usage.get("completion_tokens"), 0)
+            cost += float(reply.get("cost") or 0.0)
+            if model in models:
+                models.remove(model)
+            models.append(model)
+        for entry in entries:
+            self.store.append_exchange(conversation_id, entry)
+        tags = source.get("tags") if isinstance(source.get("tags"), list) else []
+        meta = ConversationMeta(
+            conversation_id=conversation_id, created=now, last_activity=now,
+            title=title if title is not None else _text(source.get("title")),
+            tags=[str(t) for t in tags], agent_id=_text(source.get("agent_id")), system=_text(source.get("system")),
+            ttl=self.settings.default_ttl, exchanges=len(entries), tokens_in=tokens_in, tokens_out=tokens_out,
+            cost=cost, models=models,
+            extra={"imported_from": source.get("conversation_id"), "imported_at": now},
+        )
+        self.store.save_meta(meta)
+        return meta, skipped
+
+    # -- delete ---------------------------------------------------------------
+    async def handle_delete(self, data: ConversationDelete, _context: EventContext) -> dict[str, Any]:
+        conversation_id = data.conversation_id
+        memory = await self.cache.require(conversation_id)
+        previous = memory.meta
+        # Refuse new requests while it goes (in memory only), then end the ones already queued.
+        memory.meta = previous.model_copy(update={"status": "archived"})
+        try:
+            cancelled = await self.cancel_requests(conversation_id)
+            async with memory.lock:
+                removed = await asyncio.to_thread(self._remove_files, conversation_id)
+        except BaseException:
+            memory.meta = previous
+            raise
+        self.cache.forget(conversation_id)
+        forks = await asyncio.to_thread(self.reader.forks_of, conversation_id)
+        log.info("conversation_deleted", conversation_id=conversation_id, files=len(removed))
+        return {"conversation_id": conversation_id, "deleted": True, "removed": removed,
+                "cancelled_requests": cancelled, "orphaned_forks": forks}
+
+    def _remove_files(self, conversation_id: str) -> list[str]:
+        """The index, the metadata and the response files that belong to this conversation."""
+        paths: list[Path] = []
+        for entry in self.reader.entries(conversation_id):
+            if is_safe_id(entry.response_id):
+                path = self.layout.response_file(entry.response_id)
+                if _owner(path) in (conversation_id, None):  # never a file another conversation owns
+                    paths.append(path)
+        paths += self.reader.response_files_of(conversation_id)
+        paths += [self.layout.index_file(conversation_id), self.layout.meta_file(conversation_id)]
+        removed = []
+        for path in dict.fromkeys(paths):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(str(path.relative_to(self.layout.root)))
+        return sorted(removed)
+
+
+def _owner(path: Path) -> str | None:
+    """The conversation a response file names on its first line (None: unnamed or unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline()
+        line = orjson.loads(first)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return line.get("conversation_id") if isinstance(line, dict) else None
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,105 @@
+"""Payloads of the `conversation:*` events."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from ksi_common.ids import check_id
+from ksi_daemon.events import EventData, Text
+
+
+def _safe_id(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            check_id(value, "id")
+        except Exception:
+            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'") from None
+    return value
+
+
+class ConversationRef(EventData):
+    conversation_id: Text = Field(description="the conversation")
+
+    @field_validator("conversation_id")
+    @classmethod
+    def _conversation_id(cls, value: str) -> str:
+        return _safe_id(value) or value
+
+
+class ConversationList(EventData):
+    agent_id: Text | None = Field(default=None, description="only conversations this agent owns or took part in")
+    model: Text | None = Field(default=None, description="only conversations that used this model (glob allowed)")
+    status: Literal["active", "archived", "expired"] | None = Field(default=None, description="active, archived or expired")
+    tag: Text | None = Field(default=None, description="only conversations with this tag")
+    text: Text | None = Field(default=None, min_length=1, description="only conversations whose inputs or replies contain this text")
+    since: Text | None = Field(default=None, description="only conversations active at or after this ISO-8601 time")
+    limit: int = Field(default=50, gt=0, le=1000, description="page size")
+    offset: int = Field(default=0, ge=0, description="how many matches to skip")
+
+    @field_validator("since")
+    @classmethod
+    def _since(cls, value: str | None) -> str | None:
+        if value is not None:
+            from ksi_common.timefmt import parse_ts
+
+            try:
+                parse_ts(value)
+            except ValueError:
+                raise ValueError("must be an ISO-8601 time such as 2026-01-02T03:04:05Z") from None
+        return value
+
+
+class ConversationShow(ConversationRef):
+    inherited: bool = Field(default=True, description="include the exchanges shared with the fork chain")
+    offset: int = Field(default=0, ge=0, description="skip this many exchanges")
+    limit: int | None = Field(default=None, gt=0, description="at most this many exchanges")
+
+
+class ConversationStats(ConversationRef):
+    pass
+
+
+class ConversationUpdate(ConversationRef):
+    title: Text | None = Field(default=None, description="a title; null clears it")
+    tags: list[Text] | None = Field(default=None, description="the tags (replaces them)")
+    ttl: float | None = Field(default=None, gt=0, description="seconds of inactivity before it expires; null: never")
+    turn_cap: int | None = Field(default=None, gt=0, description="most exchanges it may hold; null: no cap")
+    status: Literal["active", "archived"] | None = Field(default=None, description="active or archived")
+
+
+class ConversationExport(ConversationRef):
+    format: Literal["markdown", "json", "jsonl"] = Field(default="markdown", description="markdown, json or jsonl")
+    inherited: bool = Field(default=True, description="include the exchanges shared with the fork chain")
+
+
+class ConversationImport(EventData):
+    data: str | dict[str, Any] | list[Any] = Field(description="a json or jsonl export (text or parsed)")
+    format: Literal["json", "jsonl"] | None = Field(default=None, description="json or jsonl; guessed when absent")
+    new_id: Text | None = Field(default=None, description="id of the new conversation (generated when absent)")
+    title: Text | None = Field(default=None, description="title of the new conversation (the export's when absent)")
+
+    @field_validator("new_id")
+    @classmethod
+    def _new_id(cls, value: str | None) -> str | None:
+        return _safe_id(value)
+
+
+class ConversationFork(ConversationRef):
+    at: int | None = Field(default=None, description="share exchanges 1..at (default: all of them)")
+    new_id: Text | None = Field(default=None, description="id of the fork (generated when absent)")
+    title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
+
+    @field_validator("new_id")
+    @classmethod
+    def _new_id(cls, value: str | None) -> str | None:
+        return _safe_id(value)
+
+
+class ConversationArchive(ConversationRef):
+    pass
+
+
+class ConversationDelete(ConversationRef):
+    pass

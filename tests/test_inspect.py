@@ -1,0 +1,207 @@
+"""Inspection commands (`ksi conversations`, `ksi conversation show|export`, `ksi response show`,
+`ksi logs`) run as real processes on a var dir whose daemon is stopped, torn lines included."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from ksi_common.errors import KsiError
+from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stub_openai import Reply
+
+TIMEOUT = 30.0
+
+
+def ksi(*args: str, cwd: Path, tty: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KSI_", "OPENAI_"))}
+    if not tty:
+        return subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    # a pseudo-terminal on stdout: the pretty output a person sees
+    leader, follower = os.openpty()
+    try:
+        process = subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env={**env, "COLUMNS": "160"},
+                                 stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 timeout=TIMEOUT, text=True)
+        os.close(follower)
+        follower = -1
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return subprocess.CompletedProcess(process.args, process.returncode, b"".join(chunks).decode(), process.stderr)
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+async def filled(short_tmp: Path, stub: Any) -> dict[str, Any]:
+    """A var dir written by a real daemon, which is stopped before the test looks at it."""
+    root = short_tmp / "files"
+    root.mkdir()
+    (root / "notes.txt").write_text("some notes")
+    made: dict[str, Any] = {"root": short_tmp, "var": short_tmp / "var"}
+    async with running_daemon(short_tmp, allowed_file_roots=[root], **stub_settings(stub)) as daemon, \
+            connected(daemon) as client:
+        made["first"] = await complete(client, prompt="first question", conversation_id="main", create=True,
+                                       files=[str(root / "notes.txt")])
+        made["second"] = await complete(client, model="echo/x", prompt="second question", conversation_id="main")
+        await client.request("conversation:update", {"conversation_id": "main", "title": "Main talk", "tags": ["demo"]})
+        stub.enqueue(Reply(status=400))
+        failed = await client.request("completion:async", {"prompt": "this fails", "conversation_id": "main",
+                                                            "model": "openai/stub-model"})
+        with pytest.raises(KsiError):
+            await client.request("completion:wait", {"request_id": failed["request_id"], "timeout": 30})
+        made["failed"] = (await client.request("completion:status", {"request_id": failed["request_id"]}))["response_id"]
+        await client.request("conversation:fork", {"conversation_id": "main", "at": 1, "new_id": "branch"})
+        made["branch"] = await complete(client, prompt="branching out", conversation_id="branch")
+        made["exports"] = {fmt: (await client.request("conversation:export",
+                                                      {"conversation_id": "branch", "format": fmt}))["content"]
+                           for fmt in ("markdown", "json", "jsonl")}
+        made["show"] = await client.request("conversation:show", {"conversation_id": "branch"})
+        made["list"] = await client.request("conversation:list", {})
+    assert not (made["var"] / "run" / "daemon.pid").exists()  # the daemon is gone
+    return made
+
+
+async def test_inspection_reads_var_with_the_daemon_stopped(filled: dict[str, Any]) -> None:
+    where = ["--var-dir", str(filled["var"])]
+    cwd = filled["root"]
+
+    listed = as_json(ksi("conversations", *where, cwd=cwd))
+    assert [c["conversation_id"] for c in listed["conversations"]] == ["branch", "main"]
+    assert listed == filled["list"] | {"conversations": listed["conversations"]}
+    def ids(*filters: str) -> list[str]:
+        return [c["conversation_id"] for c in as_json(ksi("conversations", *where, *filters, cwd=cwd))["conversations"]]
+
+    assert ids("--tag", "demo") == ["branch", "main"]  # a fork inherits its parent's tags
+    assert ids("--model", "echo/*") == ["main"]
+    assert ids("--search", "BRANCHING") == ["branch"]
+    assert ids("--limit", "1", "--offset", "1") == ["main"]
+
+    shown = as_json(ksi("conversation", "show", "branch", *where, cwd=cwd))
+    assert shown["exchanges"] == filled["show"]["exchanges"]
+    assert [(x["n"], x["inherited"]) for x in shown["exchanges"]] == [(1, True), (2, False)]
+    assert shown["exchanges"][0]["inputs"][0]["files"][0]["path"].endswith("notes.txt")
+
+    # one renderer: the CLI's export is the daemon's export
+    for fmt, content in filled["exports"].items():
+        result = ksi("conversation", "export", "branch", "--format", fmt, *where, cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == content, fmt
+
+    response = as_json(ksi("response", "show", filled["first"]["response_id"], *where, cwd=cwd))
+    assert response["inputs"][0]["content"] == "first question"
+    assert response["outcome"]["content"] == filled["first"]["content"]
+    failed = as_json(ksi("response", "show", filled["failed"], *where, cwd=cwd))
+    assert failed["outcome"]["type"] == "error" and failed["outcome"]["code"] == "provider_error"
+
+    for args, code in ((("conversation", "show", "nope"), "conversation_not_found"),
+                       (("conversation", "show", "../x"), "validation_error"),
+                       (("response", "show", "nope-123"), "validation_error")):
+        result = ksi(*args, *where, cwd=cwd)
+        assert result.returncode == 1
+        assert json.loads(result.stdout)["error"]["code"] == code
+
+
+async def test_pretty_output_on_a_terminal(filled: dict[str, Any]) -> None:
+    where = ["--var-dir", str(filled["var"])]
+    table = ksi("conversations", *where, cwd=filled["root"], tty=True)
+    assert table.returncode == 0, table.stderr
+    assert "Main talk" in table.stdout and "branch" in table.stdout and "openai/stub-model" in table.stdout
+    assert not table.stdout.lstrip().startswith("{")
+    shown = ksi("conversation", "show", "main", *where, cwd=filled["root"], tty=True)
+    assert "# Main talk" in shown.stdout and "**User**" in shown.stdout and "second question" in shown.stdout
+    forced = ksi("conversations", *where, "--json", cwd=filled["root"], tty=True)
+    assert json.loads(forced.stdout)["total"] == 2
+
+
+async def test_torn_last_lines_are_skipped(filled: dict[str, Any]) -> None:
+    var: Path = filled["var"]
+    where = ["--var-dir", str(var)]
+    index = var / "logs" / "conversations" / "main.jsonl"
+    with open(index, "ab") as handle:  # a crash in the middle of appending exchange 3
+        handle.write(b'{"v": 1, "n": 3, "response_id": "openai-stub-model-0000')
+    response = var / "logs" / "responses" / f"{filled['second']['response_id']}.jsonl"
+    data = response.read_bytes()
+    response.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1] + b'{"v": 1, "type": "assist')
+
+    shown = as_json(ksi("conversation", "show", "main", *where, cwd=filled["root"]))
+    assert [x["n"] for x in shown["exchanges"]] == [1, 2]
+    assert shown["exchanges"][1]["incomplete"] is True and shown["exchanges"][1]["reply"] is None
+    assert shown["exchanges"][1]["inputs"][0]["content"] == "second question"
+    markdown = ksi("conversation", "export", "main", "--format", "markdown", *where, cwd=filled["root"])
+    assert markdown.returncode == 0 and "no reply recorded" in markdown.stdout
+    torn = as_json(ksi("response", "show", filled["second"]["response_id"], *where, cwd=filled["root"]))
+    assert torn["outcome"] is None and torn["inputs"][0]["content"] == "second question"
+    listed = as_json(ksi("conversations", *where, "--search", "second question", cwd=filled["root"]))
+    assert [c["conversation_id"] for c in listed["conversations"]] == ["main"]
+    stats = as_json(ksi("conversation", "show", "branch", *where, cwd=filled["root"]))
+    assert len(stats["exchanges"]) == 2
+
+
+def write_log(path: Path, records: list[dict[str, Any] | str], torn: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("".join(line + "\n" for line in lines) + torn)
+
+
+def test_logs_filter_render_and_follow(short_tmp: Path) -> None:
+    var = short_tmp / "var"
+    log = var / "logs" / "daemon" / "daemon.log"
+    write_log(log, [
+        {"event": "daemon_started", "level": "info", "timestamp": "2026-01-01T00:00:00Z", "pid": 7},
+        {"event": "listener_failed", "level": "error", "timestamp": "2026-01-01T00:00:01Z", "event_name": "x"},
+        {"event": "slow_subscriber", "level": "warning", "timestamp": "2026-01-01T00:00:02Z"},
+        "a stray non-JSON line",
+    ], torn='{"event": "half a li')
+    where = ["--var-dir", str(var)]
+
+    everything = ksi("logs", *where, cwd=short_tmp)
+    records = [json.loads(line) for line in everything.stdout.splitlines()]
+    assert [r["event"] for r in records] == ["daemon_started", "listener_failed", "slow_subscriber",
+                                             "a stray non-JSON line"]
+    warnings = ksi("logs", *where, "--level", "warning", cwd=short_tmp)
+    assert [json.loads(line)["event"] for line in warnings.stdout.splitlines()] == ["listener_failed", "slow_subscriber"]
+    grep = ksi("logs", *where, "--grep", "SUBSCRIBER", cwd=short_tmp)
+    assert [json.loads(line)["event"] for line in grep.stdout.splitlines()] == ["slow_subscriber"]
+    pretty = ksi("logs", *where, "--level", "error", cwd=short_tmp, tty=True)
+    assert "2026-01-01T00:00:01Z ERROR" in pretty.stdout and "listener_failed event_name=x" in pretty.stdout
+    missing = ksi("logs", "--var-dir", str(short_tmp / "nowhere"), cwd=short_tmp)
+    assert missing.returncode == 1
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KSI_")}
+    follower = subprocess.Popen([sys.executable, "-m", "ksi_cli", "logs", *where, "--follow", "--grep", "later",
+                                 "-n", "0"], cwd=short_tmp, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # let it reach the end of the file
+        with open(log, "a") as handle:
+            handle.write('ne"}\n')  # completes the torn line: it does not match, so it is not shown
+            handle.write(json.dumps({"event": "later_event", "level": "info", "timestamp": "t"}) + "\n")
+        assert follower.stdout is not None
+        line = follower.stdout.readline()
+        assert json.loads(line)["event"] == "later_event"
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
