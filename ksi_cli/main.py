@@ -10,7 +10,9 @@ from typing import Any
 import click
 
 from ksi_cli import daemon_control
+from ksi_cli.agents import agents
 from ksi_cli.ask import ask
+from ksi_cli.chat import chat
 from ksi_cli.event_args import EventArgsError, parse_event_args
 from ksi_cli.inspect_commands import COMMANDS as INSPECT_COMMANDS
 from ksi_cli.locate import Location, locate
@@ -183,6 +185,8 @@ def run(var_dir: str | None, socket_path: str | None) -> None:
 
 
 cli.add_command(ask)
+cli.add_command(chat)
+cli.add_command(agents)
 for inspect_command in INSPECT_COMMANDS:
     cli.add_command(inspect_command)
 

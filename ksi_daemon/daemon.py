@@ -18,6 +18,8 @@ from ksi_daemon.context import EventContext
 from ksi_common.settings import Settings
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.agent import AgentService
+from ksi_daemon.services.agent_profiles import ProfileLibrary
 from ksi_daemon.services.completion import CompletionService
 from ksi_daemon.services.consortium import ConsortiumService
 from ksi_daemon.services.conversation import ConversationService
@@ -25,6 +27,7 @@ from ksi_daemon.services.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
+from ksi_daemon.storage.agents import AgentStore
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
@@ -81,6 +84,11 @@ class Daemon:
             settings, self.router, self.cache, self.responses, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
         )
+        self.agents = AgentService(
+            settings, self.router, self.completion, self.cache, AgentStore(self.layout, fsync),
+            ProfileLibrary(settings.profiles_dir),
+        )
+        self.completion.agents = self.agents
         self.monitor = MonitorService(self.router)
         self.system = SystemService(
             self.router,
@@ -90,10 +98,11 @@ class Daemon:
                 "subscriptions": self.monitor.count,
                 "completions": self.completion.health,
                 "consortia": self.consortium.health,
+                "agents": self.agents.count,
                 "litellm_loaded": lambda: self.litellm.loaded,
             },
         )
-        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium,
+        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
                                      self.conversations]
         self._preload: asyncio.Task[Any] | None = None
 
