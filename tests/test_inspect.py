@@ -205,3 +205,34 @@ def test_logs_filter_render_and_follow(short_tmp: Path) -> None:
     finally:
         follower.terminate()
         follower.wait(timeout=10)
+
+
+def test_hand_written_var_with_legacy_lines_and_agents(short_tmp: Path) -> None:
+    var = short_tmp / "var"
+    responses, conversations, metas = (var / "logs" / "responses", var / "logs" / "conversations",
+                                       var / "state" / "conversations")
+    for directory in (responses, conversations, metas):
+        directory.mkdir(parents=True)
+    for rid, question in (("legacy-000000000001", "old question"), ("m-000000000002", "agent question")):
+        lines = [{"type": "user", "content": question, "conversation_id": "x"},
+                 {"type": "assistant", "content": f"answer to {question}", "model": "m"}]
+        (responses / f"{rid}.jsonl").write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    # conversation "old": a bare-id legacy index and no metadata; "owned": an agent's own conversation;
+    # "visited": another agent answered in it (only its index says so)
+    (conversations / "old.jsonl").write_text("legacy-000000000001\n")
+    (metas / "owned.json").write_bytes(orjson.dumps({"conversation_id": "owned", "agent_id": "alpha",
+                                                     "last_activity": "2026-01-02T00:00:00Z"}))
+    (conversations / "visited.jsonl").write_bytes(orjson.dumps(
+        {"v": 1, "n": 1, "response_id": "m-000000000002", "model": "m", "agent_id": "beta",
+         "ts": "2026-01-03T00:00:00Z"}) + b"\n")
+    where = ["--var-dir", str(var)]
+
+    listed = as_json(ksi("conversations", *where, cwd=short_tmp))
+    assert [c["conversation_id"] for c in listed["conversations"]] == ["visited", "owned", "old"]
+    assert {c["conversation_id"]: c["exchanges"] for c in listed["conversations"]} == {"visited": 1, "owned": 0, "old": 1}
+    for agent, expected in (("alpha", ["owned"]), ("beta", ["visited"]), ("gamma", [])):
+        found = as_json(ksi("conversations", *where, "--agent", agent, cwd=short_tmp))
+        assert [c["conversation_id"] for c in found["conversations"]] == expected
+    shown = as_json(ksi("conversation", "show", "old", *where, cwd=short_tmp))
+    assert [(x["n"], x["inputs"][0]["content"], x["reply"]["content"]) for x in shown["exchanges"]] == [
+        (1, "old question", "answer to old question")]
