@@ -463,7 +463,7 @@ class CompletionService:
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
             timeout=data.timeout or self.settings.request_timeout, options=options,
             on_chunk=self._chunk_sink(state) if data.stream else None,
-            resume_session=self._resumable_session(memory, state.model),
+            resume_session=self._resumable_session(memory, state.model, system),
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
                      "consortium": data.consortium},
@@ -472,12 +472,13 @@ class CompletionService:
                         {**history.stats(), **attached.stats()}, files=attached.new_files)
 
     @staticmethod
-    def _resumable_session(memory: ConversationMemory, model: str) -> str | None:
-        """Resume a CLI session only when the previous exchange came from that same session."""
+    def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:
+        """Resume a CLI session only when the previous exchange came from that same session, and
+        under the same system prompt: a resumed session would never see a new one."""
         session = memory.meta.cli_session
         if not model.startswith(CLI_PREFIXES) or session is None:
             return None
-        if session.model != model or session.n != memory.total:
+        if session.model != model or session.n != memory.total or system != memory.meta.system:
             return None
         return session.session_id
 
