@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,11 @@ def fake(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     state = short_tmp / "fake"
     state.mkdir()
     fake = Fake(state)
-    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}")
+    # `#!/usr/bin/env python3` finds this interpreter directly, not a slow version-manager shim
+    interpreter = short_tmp / "bin"
+    interpreter.mkdir()
+    (interpreter / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(FAKES), str(interpreter), os.environ.get("PATH", "")]))
     monkeypatch.setenv("FAKE_CLAUDE_DIR", str(fake.sessions["claude"]))
     monkeypatch.setenv("FAKE_GEMINI_DIR", str(fake.sessions["gemini"]))
     monkeypatch.setenv("FAKE_CLI_LOG", str(fake.log))
@@ -196,6 +201,24 @@ async def test_another_claude_model_does_not_resume_the_session(cli_daemon: Daem
     assert resumed(calls[2]) is not None and claude_prompt(calls[2]) == "three"
 
 
+async def test_a_new_system_prompt_starts_a_fresh_seeded_session(cli_daemon: Daemon, fake: Fake) -> None:
+    async with connected(cli_daemon) as client:
+        await complete(client, model="claude-cli/sonnet", prompt="hello", system="Be formal.",
+                       conversation_id="sys", create=True)
+        await complete(client, prompt="same system again", system="Be formal.", conversation_id="sys")
+        await complete(client, prompt="now be casual", system="Be casual.", conversation_id="sys")
+        await complete(client, prompt="and keep it", conversation_id="sys")
+    calls = fake.calls("claude")
+    assert resumed(calls[1]) is not None  # the same system prompt changes nothing
+    # a resumed session would never see the new system prompt: start a fresh one that has it
+    assert resumed(calls[2]) is None
+    assert calls[2][calls[2].index("--append-system-prompt") + 1] == "Be casual."
+    assert "hello" in claude_prompt(calls[2]) and "same system again" in claude_prompt(calls[2])
+    assert resumed(calls[3]) is not None and claude_prompt(calls[3]) == "and keep it"
+    sessions = {resumed(calls[1]), resumed(calls[3])}
+    assert len(sessions) == 2
+
+
 async def test_the_claude_session_survives_a_daemon_restart(short_tmp: Path, fake: Fake) -> None:
     async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
         first = await complete(client, model="claude-cli/sonnet", prompt="hello", conversation_id="keep", create=True)
@@ -296,3 +319,59 @@ async def test_cli_history_reaches_stateless_models(cli_daemon: Daemon, fake: Fa
     assert "Earlier user inputs: I like tea" in echo["content"]
     assert "Messages received: 3" in echo["content"]
     assert first["content"].startswith("claude session ")
+
+
+# -- slow CLIs: timeouts and cancellation kill the process ---------------------------------------
+
+
+def pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0); it is gone once its state is Z
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+async def test_a_cli_that_does_not_answer_in_time_is_killed(short_tmp: Path, fake: Fake,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pid_file = short_tmp / "pids"
+    monkeypatch.setenv("FAKE_CLI_PIDFILE", str(pid_file))
+    monkeypatch.setenv("FAKE_CLI_SLEEP", "30")
+    async with running_daemon(short_tmp, retry_attempts=1) as daemon, connected(daemon) as client:
+        ack = await client.request("completion:async", {"model": "claude-cli/sonnet", "prompt": "hello",
+                                                        "timeout": 0.5, "conversation_id": "slow",
+                                                        "create": True})
+        reply = await client.send_frame("completion:wait", {"request_id": ack["request_id"], "timeout": 20})
+        assert not daemon.layout.index_file("slow").exists()
+    assert reply["error"]["code"] == "timeout"
+    assert len(pids(pid_file)) == 1
+    assert gone(pids(pid_file)[0])
+
+
+async def test_cancelling_a_cli_call_kills_the_process(short_tmp: Path, fake: Fake,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    pid_file = short_tmp / "pids"
+    monkeypatch.setenv("FAKE_CLI_PIDFILE", str(pid_file))
+    monkeypatch.setenv("FAKE_CLI_SLEEP", "30")
+    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        ack = await client.request("completion:async", {"model": "gemini-cli/default", "prompt": "hello"})
+        for _ in range(1000):
+            if pids(pid_file):
+                break
+            await asyncio.sleep(0.01)
+        assert pids(pid_file), "the CLI never started"
+        cancelled = await asyncio.wait_for(client.request("completion:cancel", {"request_id": ack["request_id"]}),
+                                           20)
+    assert cancelled["cancelled"] is True and cancelled["status"] == "cancelled"
+    assert gone(pids(pid_file)[0])
+    assert fake.session_files("gemini") == []
