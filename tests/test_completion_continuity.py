@@ -358,3 +358,18 @@ async def test_a_streamed_answer_is_pushed_in_chunks_and_kept_like_any_other(stu
                                          ("user", "and again")]
     else:
         assert "Earlier user inputs: stream this please" in after["content"]
+
+
+async def test_continuity_survives_eviction_from_memory(short_tmp: Path, stub: Any) -> None:
+    settings = stub_settings(stub, active_conversations=2)  # at most two conversations in memory
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        for turn in range(3):
+            for name in ("a", "b", "c"):
+                # create: true on an existing conversation simply continues it
+                await complete(client, prompt=f"{name}{turn}", conversation_id=name, create=True)
+        assert daemon.completion.health()["conversations_in_memory"] <= 2
+    for name in ("a", "b", "c"):
+        body = [request for request in stub.requests if request["messages"][-1]["content"] == f"{name}2"][0]
+        assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [f"{name}0", f"{name}1", f"{name}2"]
+        index = index_of(daemon, name)
+        assert [line["n"] for line in index] == [1, 2, 3]

@@ -133,10 +133,10 @@ async def test_bad_request_is_not_retried(stub_daemon: Daemon, stub: Any) -> Non
 
 
 async def test_a_slow_provider_times_out_per_attempt(short_tmp: Path, stub: Any) -> None:
-    stub.enqueue(Reply(delay=1.0), Reply(delay=1.0))
+    stub.enqueue(Reply(delay=0.5), Reply(delay=0.5))
     async with running_daemon(short_tmp, **stub_settings(stub, retry_attempts=2)) as daemon, \
             connected(daemon) as client:
-        error, status = await failing(client, prompt="are you there?", timeout=0.2)
+        error, status = await failing(client, prompt="are you there?", timeout=0.1)
         attempts = response_of(daemon, status["response_id"])[-1]["attempts"]
     assert error.code == "timeout"
     assert len(stub.requests) == 2
