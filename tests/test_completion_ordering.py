@@ -370,3 +370,41 @@ async def test_a_cancel_arriving_while_the_exchange_is_written_is_too_late(stub_
     lines = [orjson.loads(line) for line in
              stub_daemon.layout.response_file(second["response_id"]).read_bytes().splitlines()]
     assert [line["type"] for line in lines] == ["user", "assistant"]
+
+
+async def test_cancel_a_request_waiting_for_a_concurrency_slot(short_tmp: Path, stub: Any) -> None:
+    stub.hold = 0.3
+    async with running_daemon(short_tmp, **stub_settings(stub, max_concurrency=1)) as daemon, \
+            connected(daemon) as client:
+        busy = await client.request("completion:async", {"prompt": "busy", "conversation_id": "x", "create": True})
+        await until(lambda: stub.in_flight == 1, "the first request runs")
+        waiting = await client.request("completion:async", {"prompt": "waiting", "conversation_id": "y",
+                                                            "create": True})
+        status = await status_of(client, waiting["request_id"])
+        assert (status["status"], status["queue_position"]) == ("queued", 0)  # first of its conversation
+        cancelled = await client.request("completion:cancel", {"request_id": waiting["request_id"]})
+        assert cancelled["cancelled"] is True
+        await client.request("completion:wait", {"request_id": busy["request_id"], "timeout": TIMEOUT})
+        stub.hold = 0.0
+        later = await complete(client, prompt="later", conversation_id="y")
+        health = await client.request("system:health")
+    assert [user_inputs(body)[-1] for body in stub.requests] == ["busy", "later"]
+    assert user_inputs(stub.requests[-1]) == ["later"]
+    assert later["exchange"] == 1
+    assert health["completions"]["queued"] == 0 and health["completions"]["running"] == 0
+
+
+async def test_too_many_queued_requests_are_refused_with_a_retry_hint(short_tmp: Path, stub: Any) -> None:
+    stub.hold = 0.2
+    async with running_daemon(short_tmp, **stub_settings(stub, max_queued=3)) as daemon, \
+            connected(daemon) as client:
+        acks = [await client.request("completion:async", {"prompt": f"p{i}", "conversation_id": "full",
+                                                          "create": True}) for i in range(3)]
+        refused = await client.send_frame("completion:async", {"prompt": "one too many", "conversation_id": "full"})
+        for ack in acks:
+            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+        accepted = await complete(client, prompt="room again", conversation_id="full")
+    assert refused["error"]["code"] == "overloaded"
+    assert refused["error"]["details"]["retry_after"] > 0
+    assert "one too many" not in [user_inputs(body)[-1] for body in stub.requests]
+    assert accepted["exchange"] == 4
