@@ -184,6 +184,20 @@ async def test_reset_after_restart_and_of_an_unused_agent(short_tmp: Path) -> No
         assert info["previous_conversations"] == ["carol-1"] and info["exchanges"] == 1
 
 
+async def test_forks_follow_a_reset_conversation(client: KsiClient) -> None:
+    await client.request("agent:spawn", {"agent_id": "dora", "profile": "assistant"})
+    await send(client, "dora", "first")
+    await send(client, "dora", "second")
+    await client.request("conversation:fork", {"conversation_id": "dora", "at": 1, "new_id": "dora-fork"})
+    await client.request("agent:reset", {"agent_id": "dora"})
+    await send(client, "dora", "fresh start")  # the fresh conversation must not leak into the fork
+    ack = await client.request("completion:async", {"conversation_id": "dora-fork", "prompt": "in the fork"})
+    forked = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+    assert "Earlier user inputs: first\n" in forked["content"] + "\n"
+    shown = await client.request("conversation:show", {"conversation_id": "dora-fork"})
+    assert shown["conversation"]["parent_id"] == "dora-1"
+
+
 async def test_reset_cancels_queued_requests(stub_daemon: Daemon, stub: Any) -> None:
     async with connected(stub_daemon) as client:
         await client.request("agent:spawn", {"agent_id": "busy"})
