@@ -30,6 +30,23 @@ def _frame_error(code: ErrorCode, message: str, **details: Any) -> bytes:
     return wire.encode(wire.failure(None, None, KsiError(code, message, **details)))
 
 
+# orjson reads 1024 levels but writes only 254: a request must stay writable (pushes, logs, files)
+MAX_DEPTH = 128
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
 class Connection(asyncio.Protocol):
     """One client connection: pipelined requests, out-of-order replies, bounded pushes."""
 
@@ -145,6 +162,12 @@ class Connection(asyncio.Protocol):
         if not isinstance(data, dict):
             self.write(wire.encode(wire.failure(event, correlation_id, KsiError(
                 ErrorCode.INVALID_REQUEST, "`data` must be a JSON object", fields={"data": "must be an object"}))))
+            return
+        # counting brackets is cheap; only a line with that many of them is walked
+        if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
+            self.write(wire.encode(wire.failure(event, correlation_id, KsiError(
+                ErrorCode.INVALID_REQUEST, f"`data` nests deeper than {MAX_DEPTH} levels",
+                fields={"data": f"at most {MAX_DEPTH} levels of nesting"}, limit=MAX_DEPTH))))
             return
         context = EventContext.root(correlation_id=correlation_id, origin=self)
         task = asyncio.get_running_loop().create_task(self._serve(event, data, correlation_id, context))
