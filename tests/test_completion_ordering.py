@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import web
 
 from ksi_common.client import KsiClient
@@ -137,25 +138,48 @@ async def test_a_per_model_limit_holds(short_tmp: Path, stub: Any) -> None:
     assert stub.max_in_flight == 1
 
 
-async def test_a_model_at_its_limit_does_not_hold_up_other_models(short_tmp: Path, stub: Any) -> None:
-    stub.hold = 0.2
-    models = {"openai/stub-one": {"api_base": stub.api_base, "max_concurrency": 1}}
-    async with running_daemon(short_tmp, **stub_settings(stub, max_concurrency=2, models=models)) as daemon:
+async def test_a_model_at_its_limit_does_not_hold_up_other_models(short_tmp: Path, gated: Any) -> None:
+    models = {"openai/stub-one": {"api_base": gated.api_base, "max_concurrency": 1}}
+    async with running_daemon(short_tmp, **stub_settings(gated, max_concurrency=2, models=models)) as daemon:
         names = ["one0", "one1", "one2", "two"]
         async with connected(daemon) as client:  # warm conversations: submitted in arrival order
             for name in names:
                 await complete(client, model="echo/x", prompt="hello", conversation_id=name, create=True)
-        acks = await pipeline(daemon, [("completion:async", {"prompt": "hi", "conversation_id": name,
-                                                             "model": f"openai/stub-{name[:3]}"})
-                                       for name in names])
-        await wait_all(daemon, acks)
-    models_seen = [body["model"] for body in stub.requests]
-    # stub-one runs one at a time; the free global slot goes to stub-two while stub-one waits
-    assert "stub-two" in models_seen[:2], models_seen
-    assert stub.max_in_flight == 2
+        gated.gate.clear()
+        pipelined = asyncio.create_task(pipeline(daemon, [
+            ("completion:async", {"prompt": "hi", "conversation_id": name, "model": f"openai/stub-{name[:3]}"})
+            for name in names]))
+        # stub-one runs one at a time; the second global slot goes to stub-two meanwhile
+        await until(lambda: len(gated.arrived) == 2, "two requests reach the provider at once")
+        assert sorted(body["model"] for body in gated.arrived) == ["stub-one", "stub-two"]
+        gated.gate.set()
+        await wait_all(daemon, await pipelined)
+    assert [body["model"] for body in gated.requests].count("stub-one") == 3
 
 
 # -- queue lifecycle: status, wait, cancel, events ----------------------------------------------
+
+
+class GatedStub(StubOpenAI):
+    """The stub with a gate: requests are recorded as they arrive and answered once it is open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.arrived: list[dict[str, Any]] = []
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.arrived.append(await request.json())
+        await self.gate.wait()
+        return await super()._chat(request)
+
+
+@pytest.fixture
+async def gated() -> Any:
+    async with GatedStub() as server:
+        yield server
+        server.gate.set()
 
 
 class AbortAwareStub(StubOpenAI):
@@ -204,15 +228,16 @@ async def next_event(client: KsiClient, name: str) -> dict[str, Any]:
             return push
 
 
-async def test_status_reports_queued_running_and_done_with_positions(stub_daemon: Daemon, stub: Any) -> None:
-    stub.enqueue(Reply(delay=0.3))
-    async with connected(stub_daemon) as client:
+async def test_status_reports_queued_running_and_done_with_positions(short_tmp: Path, gated: Any) -> None:
+    stub = gated
+    stub.gate.clear()
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
         acks = [await client.request("completion:async", {"prompt": f"p{i}", "conversation_id": "st",
                                                           "create": True}) for i in range(3)]
         assert [ack["status"] for ack in acks] == ["queued"] * 3
         assert [ack["queue_position"] for ack in acks] == [0, 1, 2]
         ids = [ack["request_id"] for ack in acks]
-        await until(lambda: len(stub.requests) == 1, "the first request reaches the stub")
+        await until(lambda: len(stub.arrived) == 1, "the first request reaches the stub")
         first, second, third = [await status_of(client, request_id) for request_id in ids]
         assert (first["status"], first["queue_position"]) == ("running", 0)
         assert (second["status"], second["queue_position"]) == ("queued", 1)
@@ -224,6 +249,7 @@ async def test_status_reports_queued_running_and_done_with_positions(stub_daemon
         assert waited["status"] == "queued" and waited["queue_position"] == 1
         waited = await client.request("completion:wait", {"request_id": ids[0], "timeout": 0})
         assert (waited["status"], waited["queue_position"]) == ("running", 0)
+        stub.gate.set()
         results = [await client.request("completion:wait", {"request_id": i, "timeout": TIMEOUT}) for i in ids]
         done = await status_of(client, ids[2])
     assert [r["content"] for r in results] == ["stub answer to: p0", "stub answer to: p1", "stub answer to: p2"]
@@ -250,9 +276,11 @@ async def test_unknown_request_ids(stub_daemon: Daemon) -> None:
             assert reply["error"]["details"]["request_id"] == "req-doesnotexist"
 
 
-async def test_cancel_a_queued_request(stub_daemon: Daemon, stub: Any) -> None:
-    stub.enqueue(Reply(delay=0.3))
-    async with connected(stub_daemon) as client, connected(stub_daemon) as watcher:
+async def test_cancel_a_queued_request(short_tmp: Path, gated: Any) -> None:
+    stub = gated
+    stub.gate.clear()
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client, \
+            connected(daemon) as watcher:
         await watcher.request("monitor:subscribe", {"patterns": ["completion:*"]})
         first = await client.request("completion:async", {"prompt": "slow one", "conversation_id": "cq",
                                                           "create": True})
@@ -268,17 +296,19 @@ async def test_cancel_a_queued_request(stub_daemon: Daemon, stub: Any) -> None:
         assert push["data"]["request_id"] == second["request_id"]
         assert push["data"]["conversation_id"] == "cq"
         assert push["data"]["code"] == "cancelled"
+        assert len(stub.arrived) <= 1  # nothing got past the first request meanwhile
+        stub.gate.set()
         results = [await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
                    for ack in (first, third)]
         again = await client.request("completion:cancel", {"request_id": second["request_id"]})
         finished = await client.request("completion:cancel", {"request_id": first["request_id"]})
         status = await status_of(client, second["request_id"])
+        assert index_ids(daemon, "cq") == [r["response_id"] for r in results]
     assert again["cancelled"] is False and again["status"] == "cancelled"
     assert finished["cancelled"] is False and finished["status"] == "done"
     assert "response_id" not in status  # it never ran
     assert [user_inputs(body)[-1] for body in stub.requests] == ["slow one", "keep me"]
     assert user_inputs(stub.requests[-1]) == ["slow one", "keep me"]
-    assert index_ids(stub_daemon, "cq") == [r["response_id"] for r in results]
     assert results[1]["exchange"] == 2
 
 
@@ -372,20 +402,21 @@ async def test_a_cancel_arriving_while_the_exchange_is_written_is_too_late(stub_
     assert [line["type"] for line in lines] == ["user", "assistant"]
 
 
-async def test_cancel_a_request_waiting_for_a_concurrency_slot(short_tmp: Path, stub: Any) -> None:
-    stub.hold = 0.3
+async def test_cancel_a_request_waiting_for_a_concurrency_slot(short_tmp: Path, gated: Any) -> None:
+    stub = gated
+    stub.gate.clear()
     async with running_daemon(short_tmp, **stub_settings(stub, max_concurrency=1)) as daemon, \
             connected(daemon) as client:
         busy = await client.request("completion:async", {"prompt": "busy", "conversation_id": "x", "create": True})
-        await until(lambda: stub.in_flight == 1, "the first request runs")
+        await until(lambda: len(stub.arrived) == 1, "the first request runs")
         waiting = await client.request("completion:async", {"prompt": "waiting", "conversation_id": "y",
                                                             "create": True})
         status = await status_of(client, waiting["request_id"])
         assert (status["status"], status["queue_position"]) == ("queued", 0)  # first of its conversation
         cancelled = await client.request("completion:cancel", {"request_id": waiting["request_id"]})
         assert cancelled["cancelled"] is True
+        stub.gate.set()
         await client.request("completion:wait", {"request_id": busy["request_id"], "timeout": TIMEOUT})
-        stub.hold = 0.0
         later = await complete(client, prompt="later", conversation_id="y")
         health = await client.request("system:health")
     assert [user_inputs(body)[-1] for body in stub.requests] == ["busy", "later"]
@@ -394,13 +425,15 @@ async def test_cancel_a_request_waiting_for_a_concurrency_slot(short_tmp: Path, 
     assert health["completions"]["queued"] == 0 and health["completions"]["running"] == 0
 
 
-async def test_too_many_queued_requests_are_refused_with_a_retry_hint(short_tmp: Path, stub: Any) -> None:
-    stub.hold = 0.2
+async def test_too_many_queued_requests_are_refused_with_a_retry_hint(short_tmp: Path, gated: Any) -> None:
+    stub = gated
+    stub.gate.clear()
     async with running_daemon(short_tmp, **stub_settings(stub, max_queued=3)) as daemon, \
             connected(daemon) as client:
         acks = [await client.request("completion:async", {"prompt": f"p{i}", "conversation_id": "full",
                                                           "create": True}) for i in range(3)]
         refused = await client.send_frame("completion:async", {"prompt": "one too many", "conversation_id": "full"})
+        stub.gate.set()
         for ack in acks:
             await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
         accepted = await complete(client, prompt="room again", conversation_id="full")
