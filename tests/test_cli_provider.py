@@ -347,7 +347,7 @@ async def test_a_cli_that_does_not_answer_in_time_is_killed(short_tmp: Path, fak
     monkeypatch.setenv("FAKE_CLI_SLEEP", "30")
     async with running_daemon(short_tmp, retry_attempts=1) as daemon, connected(daemon) as client:
         ack = await client.request("completion:async", {"model": "claude-cli/sonnet", "prompt": "hello",
-                                                        "timeout": 0.5, "conversation_id": "slow",
+                                                        "timeout": 1.0, "conversation_id": "slow",
                                                         "create": True})
         reply = await client.send_frame("completion:wait", {"request_id": ack["request_id"], "timeout": 20})
         assert not daemon.layout.index_file("slow").exists()
