@@ -13,6 +13,7 @@ import pytest
 from ksi_common.client import KsiClient
 from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.transport import Connection
 from ksi_daemon.events import NoData
 from tests.conftest import running_daemon
 
@@ -403,3 +404,154 @@ async def test_blocking_socket_client_sees_one_reply_per_request(daemon: Daemon)
     assert len(replies) == 3
     codes = sorted((r.get("correlation_id") or "", r.get("error", {}).get("code", "ok")) for r in replies)
     assert codes == [("", "invalid_json"), ("a", "ok"), ("b", "ok")]
+
+
+# -- handlers run like any task: the first step is eager, the rest runs in the task --------
+
+
+async def test_handlers_run_inside_a_task(raw: Raw, daemon: Daemon) -> None:
+    seen: dict[str, Any] = {}
+
+    async def timed(_data: NoData, _context: EventContext) -> dict[str, Any]:
+        seen["task_before_await"] = asyncio.current_task()
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            pass
+        seen["task_after_await"] = asyncio.current_task()
+        async with asyncio.TaskGroup() as group:
+            child = group.create_task(asyncio.sleep(0, result=7))
+        return {"timed_out": True, "child": child.result()}
+
+    unregister = daemon.router.register("test:timed", timed, NoData, "uses asyncio.timeout")
+    try:
+        await raw.send({"event": "test:timed", "correlation_id": "t"})
+        reply = await raw.read()
+        assert reply["data"] == {"timed_out": True, "child": 7}
+        assert seen["task_before_await"] is not None
+        assert seen["task_before_await"] is seen["task_after_await"]
+    finally:
+        unregister()
+
+
+async def test_context_variables_do_not_leak_between_requests(raw: Raw, daemon: Daemon) -> None:
+    import contextvars
+
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="unset")
+
+    async def mark(_data: NoData, _context: EventContext) -> dict[str, Any]:
+        before = marker.get()
+        marker.set("set-by-handler")
+        return {"before": before}
+
+    unregister = daemon.router.register("test:mark", mark, NoData, "sets a context variable")
+    try:
+        for _ in range(3):
+            await raw.send({"event": "test:mark"})
+            assert (await raw.read())["data"] == {"before": "unset"}
+    finally:
+        unregister()
+
+
+async def test_cancelled_handler_replies_shutting_down(short_tmp: Path) -> None:
+    started = asyncio.Event()
+
+    async def forever(_data: NoData, _context: EventContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(60)
+        return {}
+
+    async with running_daemon(short_tmp, shutdown_timeout=0.1) as daemon:
+        daemon.router.register("test:forever", forever, NoData, "never ends")
+        raw = await Raw.open(daemon)
+        await raw.send({"event": "test:forever", "correlation_id": "f"})
+        await asyncio.wait_for(started.wait(), REPLY_TIMEOUT)
+        assert sum(len(conn.tasks) for conn in daemon.server.connections) == 1
+        await daemon.server.drain(0.05)
+        reply = await raw.read()
+        assert (reply["correlation_id"], error_of(reply)["code"]) == ("f", "shutting_down")
+        await raw.close()
+
+
+def run_from_callback(coro: Any) -> asyncio.Future[Any]:
+    """Start `coro` with Connection._start from a plain loop callback, as data_received does."""
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
+
+    def callback() -> None:
+        try:
+            assert asyncio.current_task() is None
+            outcome.set_result(Connection._start(coro))
+        except BaseException as exc:  # surface it in the test instead of hanging
+            outcome.set_exception(exc)
+
+    loop.call_soon(callback)
+    return asyncio.ensure_future(asyncio.wait_for(outcome, REPLY_TIMEOUT))
+
+
+async def test_start_finishing_in_its_first_step_needs_no_task() -> None:
+    seen = []
+
+    async def quick() -> None:
+        seen.append(asyncio.current_task())
+
+    assert await run_from_callback(quick()) is None
+    assert len(seen) == 1 and seen[0] is not None
+    await asyncio.sleep(0)  # the task, already done, ends quietly
+    assert seen[0].done() and seen[0].exception() is None
+
+
+async def test_start_cancelled_before_the_task_ran() -> None:
+    seen: list[Any] = []
+
+    async def waits() -> None:
+        seen.append(asyncio.current_task())
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
+
+    def callback() -> None:
+        try:
+            task = Connection._start(waits())
+            assert task is not None
+            task.cancel()  # before the task's own first step
+            outcome.set_result(task)
+        except BaseException as exc:
+            outcome.set_exception(exc)
+
+    loop.call_soon(callback)
+    task = await asyncio.wait_for(outcome, REPLY_TIMEOUT)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, REPLY_TIMEOUT)
+    assert seen == [task, "cancelled"]
+
+
+async def test_start_resumes_with_the_awaited_value() -> None:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+
+    async def waits() -> int:
+        first = await future
+        await asyncio.sleep(0)
+        return first * 2
+
+    task = await run_from_callback(waits())
+    assert task is not None and not task.done()
+    future.set_result(21)
+    assert await asyncio.wait_for(task, REPLY_TIMEOUT) == 42
+
+
+async def test_start_propagates_errors_after_the_first_step() -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
+
+    task = await run_from_callback(fails())
+    with pytest.raises(ValueError):
+        await asyncio.wait_for(task, REPLY_TIMEOUT)
