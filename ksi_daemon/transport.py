@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections.abc
+import contextvars
 import os
 import socket
 import struct
 import uuid
+from asyncio.tasks import _enter_task, _leave_task  # the hooks eager tasks use (3.7+)
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,64 @@ def _deeper_than(value: Any, limit: int) -> bool:
         elif isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
     return False
+
+
+class _FirstStepDone(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """A coroutine whose first step is run at once, inside the task that carries the rest.
+
+    A request that needs no waiting (health, help, every error reply, ...) is then answered in
+    the loop iteration that read it instead of one iteration later (Python 3.12's eager tasks
+    do the same; this works on 3.11 too). The task exists before that first step and is the
+    current task during it, so `asyncio.current_task()`, `asyncio.timeout()` and TaskGroup
+    behave as in any task; when the task starts it carries on where the first step stopped.
+    """
+
+    __slots__ = ("_coro", "_state", "_yielded", "_result")
+    _NEW, _SUSPENDED, _FINISHED, _RUNNING = range(4)
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self._state = self._NEW
+        self._yielded: Any = None
+        self._result: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self._state == self._FINISHED
+
+    def first_step(self) -> None:
+        try:
+            self._yielded = self._coro.send(None)
+        except StopIteration as stop:
+            self._result = stop.value
+            self._state = self._FINISHED
+        except BaseException:
+            self._state = self._FINISHED
+            raise
+        else:
+            self._state = self._SUSPENDED
+
+    def send(self, value: Any) -> Any:
+        state, self._state = self._state, self._RUNNING
+        if state == self._SUSPENDED:
+            return self._yielded  # the task now waits for what the first step waited for
+        if state == self._FINISHED:
+            raise StopIteration(self._result)
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        state, self._state = self._state, self._RUNNING
+        if state == self._FINISHED:
+            raise StopIteration(self._result)
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Any:
+        return self._coro.__await__()
 
 
 class Connection(asyncio.Protocol):
@@ -170,12 +231,30 @@ class Connection(asyncio.Protocol):
                 fields={"data": f"at most {MAX_DEPTH} levels of nesting"}, limit=MAX_DEPTH))))
             return
         context = EventContext.root(correlation_id=correlation_id, origin=self)
-        task = asyncio.get_running_loop().create_task(self._serve(event, data, correlation_id, context))
+        task = self._start(self._serve(event, data, correlation_id, context))
+        if task is None:
+            return  # answered already
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
         if len(self.tasks) >= self.server.max_inflight:
             self.paused_by_inflight = True
             self._update_reading()
+
+    @staticmethod
+    def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        """Run `coro` in a new task whose first step runs now; None when that step finished it."""
+        loop = asyncio.get_running_loop()
+        if asyncio.current_task(loop) is not None:  # not called from a loop callback: no shortcut
+            return loop.create_task(coro)
+        started = _FirstStepDone(coro)
+        context = contextvars.copy_context()
+        task = loop.create_task(started, context=context)  # type: ignore[arg-type]
+        _enter_task(loop, task)
+        try:
+            context.run(started.first_step)
+        finally:
+            _leave_task(loop, task)
+        return None if started.finished else task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
