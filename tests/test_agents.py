@@ -166,6 +166,26 @@ async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path
         assert second_reset["previous_conversation_id"] == "bob-2"
 
 
+async def test_deleting_after_a_reset_keeps_the_other_conversations_files(short_tmp: Path) -> None:
+    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        await client.request("agent:spawn", {"agent_id": "eve", "model": "echo/x"})
+        await send(client, "eve", "old message")
+        await client.request("agent:reset", {"agent_id": "eve"})
+        await send(client, "eve", "new message")
+        old_files = {e.response_id for e in read_index(short_tmp / "var/logs/conversations/eve-1.jsonl")}
+        new_files = {e.response_id for e in read_index(short_tmp / "var/logs/conversations/eve.jsonl")}
+
+        await client.request("conversation:delete", {"conversation_id": "eve"})
+        responses = short_tmp / "var/logs/responses"
+        assert all((responses / f"{rid}.jsonl").exists() for rid in old_files)
+        assert not any((responses / f"{rid}.jsonl").exists() for rid in new_files)
+        shown = await client.request("conversation:show", {"conversation_id": "eve-1"})
+        assert shown["exchanges"][0]["reply"]["content"].startswith("You said: old message")
+
+        await client.request("conversation:delete", {"conversation_id": "eve-1"})
+        assert not any((responses / f"{rid}.jsonl").exists() for rid in old_files)
+
+
 async def test_reset_after_restart_and_of_an_unused_agent(short_tmp: Path) -> None:
     async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
         await client.request("agent:spawn", {"agent_id": "carol", "profile": "assistant"})

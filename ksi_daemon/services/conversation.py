@@ -300,13 +300,13 @@ class ConversationService:
 
     def _remove_files(self, conversation_id: str) -> list[str]:
         """The index, the metadata and the response files that belong to this conversation."""
-        paths: list[Path] = []
-        for entry in self.reader.entries(conversation_id):
-            if is_safe_id(entry.response_id):
-                path = self.layout.response_file(entry.response_id)
-                if _owner(path) in (conversation_id, None):  # never a file another conversation owns
-                    paths.append(path)
-        paths += self.reader.response_files_of(conversation_id)
+        # A response file belongs to the conversation whose index lists it. Its lines keep the
+        # conversation id they were written under, which after an agent reset names another one.
+        kept = self._indexed_elsewhere(conversation_id)
+        paths = [self.layout.response_file(entry.response_id)
+                 for entry in self.reader.entries(conversation_id)
+                 if is_safe_id(entry.response_id) and entry.response_id not in kept]
+        paths += [p for p in self.reader.response_files_of(conversation_id) if p.stem not in kept]
         paths += [self.layout.index_file(conversation_id), self.layout.meta_file(conversation_id)]
         removed = []
         for path in dict.fromkeys(paths):
@@ -317,16 +317,13 @@ class ConversationService:
             removed.append(str(path.relative_to(self.layout.root)))
         return sorted(removed)
 
-
-def _owner(path: Path) -> str | None:
-    """The conversation a response file names on its first line (None: unnamed or unreadable)."""
-    try:
-        with open(path, "rb") as handle:
-            first = handle.readline()
-        line = orjson.loads(first)
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return line.get("conversation_id") if isinstance(line, dict) else None
+    def _indexed_elsewhere(self, conversation_id: str) -> set[str]:
+        """Response ids listed by the index of any other conversation."""
+        listed: set[str] = set()
+        for index in self.layout.conversations_dir.glob("*.jsonl"):
+            if index.stem != conversation_id:
+                listed.update(entry.response_id for entry in self.reader.entries(index.stem))
+        return listed
 
 
 def _int(value: Any, default: int) -> int:
