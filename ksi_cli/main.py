@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ksi_cli import daemon_control
+from ksi_cli.doctor import doctor
 from ksi_cli.agents import agents
 from ksi_cli.ask import ask
 from ksi_cli.chat import chat
@@ -189,6 +190,8 @@ cli.add_command(chat)
 cli.add_command(agents)
 for inspect_command in INSPECT_COMMANDS:
     cli.add_command(inspect_command)
+
+cli.add_command(doctor)
 
 
 def main() -> None:

@@ -1,0 +1,135 @@
+"""`ksi doctor`: check a var directory for what crashes leave behind, and repair what is safe."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ksi_cli.locate import Location, locate
+from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
+from ksi_common import doctor as checks
+from ksi_common.errors import KsiError
+
+_BLOCK = 64 * 1024
+
+
+def truncate_torn_tail(path: Path) -> int:
+    """Cut `path` after its last newline (the writer does the same on its next append); bytes cut."""
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        position = size
+        keep = 0
+        while position > 0:
+            start = max(0, position - _BLOCK)
+            handle.seek(start)
+            chunk = handle.read(position - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            position = start
+        handle.truncate(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return size - keep
+
+
+def hold_var_dir(location: Location) -> tuple[str | None, Any]:
+    """Take the daemon's lock so none starts during a repair: (None, lock), or (why not, None)
+    when a daemon runs on this var dir (its socket answers or it holds the lock)."""
+    layout = location.layout
+    if checks.socket_answers(location.socket):
+        return f"a daemon answers on {location.socket}", None
+    if not layout.run_dir.is_dir():
+        return None, None
+    import filelock
+
+    lock = filelock.FileLock(str(layout.lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        pid = checks.read_pid(layout)
+        return f"a daemon (pid {pid if pid is not None else '?'}) holds {layout.lock_file}", None
+    return None, lock
+
+
+def repair(report: checks.Report) -> list[dict[str, Any]]:
+    """Fix the repairable problems of `report`; never deletes a response file or an index line."""
+    done: list[dict[str, Any]] = []
+    for problem in report.problems:
+        if not problem.repairable:
+            continue
+        path = Path(problem.path)
+        if problem.kind == "run_dir_permissions":
+            path.chmod(0o700)
+            done.append({"kind": problem.kind, "path": str(path), "action": "chmod 0700"})
+        elif problem.kind == "torn_tail":
+            cut = truncate_torn_tail(path)
+            done.append({"kind": problem.kind, "path": str(path), "action": f"truncated {cut} torn bytes"})
+        elif problem.kind in ("stale_pid", "stale_socket"):
+            if problem.kind == "stale_socket" and checks.socket_answers(path):
+                continue  # it came alive meanwhile: not ours to remove
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            done.append({"kind": problem.kind, "path": str(path), "action": "removed"})
+    return done
+
+
+def _print_report(report: checks.Report, repaired: list[dict[str, Any]]) -> None:
+    click.secho(f"var dir: {report.var_dir}", bold=True)
+    counts = report.counts
+    click.echo(f"  {counts.get('indexes', 0)} indexes, {counts.get('index_entries', 0)} exchanges, "
+               f"{counts.get('responses', 0)} response files")
+    for item in repaired:
+        click.secho(f"  repaired  {item['kind']:<20} {item['path']}: {item['action']}", fg="green")
+    for problem in report.problems:
+        hint = "  (--repair fixes it)" if problem.repairable else ""
+        click.secho(f"  problem   {problem.kind:<20} {problem.path}: {problem.detail}{hint}", fg="red")
+    for orphan in report.orphans:
+        click.secho(f"  orphan    {orphan.kind:<20} {orphan.path}: {orphan.detail}", fg="yellow")
+    if report.ok:
+        click.secho("  ok: no problems" + (f" ({len(report.orphans)} orphans, reported only)"
+                                          if report.orphans else ""), fg="green")
+
+
+@click.command()
+@click.option("--var-dir", help="The var directory to check (default ./var).")
+@click.option("--socket", "socket_path", help="Unix socket of the daemon (default var/run/daemon.sock).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")
+@click.option("--repair", "repair_flag", is_flag=True,
+              help="Fix what is safe: cut torn last lines, remove a stale pid file or socket, chmod var/run 0700.")
+def doctor(var_dir: str | None, socket_path: str | None, as_json: bool, repair_flag: bool) -> None:
+    """Check the var directory: permissions, torn lines, dangling or orphan entries, stale pid/socket.
+
+    Exit 0 when no problem is left, 1 otherwise. Orphan response files are reported, never removed;
+    --repair refuses to run while a daemon uses the var directory.
+    """
+    location = locate(var_dir, socket_path)
+    if not location.var_dir.is_dir():
+        fail(KsiError("var_dir_missing", f"no var directory at {location.var_dir}",
+                      var_dir=str(location.var_dir)), as_json)
+    report = checks.check(location.var_dir, location.socket)
+    repaired: list[dict[str, Any]] = []
+    if repair_flag and any(p.repairable for p in report.problems):
+        running, lock = hold_var_dir(location)
+        if running is not None:
+            fail(KsiError("daemon_running", f"refusing to repair while {running}; stop it first",
+                          var_dir=str(location.var_dir)), as_json)
+        try:
+            repaired = repair(report)
+        finally:
+            if lock is not None:
+                lock.release()
+        report = checks.check(location.var_dir, location.socket)
+    if wants_json(as_json):
+        click.echo(json.dumps({**report.to_dict(), "repaired": repaired}, ensure_ascii=False))
+    else:
+        _print_report(report, repaired)
+    sys.exit(EXIT_OK if report.ok else EXIT_ERROR)
