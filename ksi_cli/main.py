@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -9,13 +10,7 @@ from typing import Any
 
 import click
 
-from ksi_cli import daemon_control
-from ksi_cli.doctor import doctor
-from ksi_cli.agents import agents
-from ksi_cli.ask import ask
-from ksi_cli.chat import chat
 from ksi_cli.event_args import EventArgsError, parse_event_args
-from ksi_cli.inspect_commands import COMMANDS as INSPECT_COMMANDS
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, fail, show
 from ksi_common import __version__, oneshot
@@ -34,7 +29,38 @@ def json_option(command: Any) -> Any:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")(command)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Commands defined in other modules are imported only when used or listed.
+
+    `ksi send` pays for its own imports only, not for inspection, doctor, chat or agents
+    (together they tripled its start-up). A command added in another module goes in LAZY."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in LAZY:
+            module, attribute = LAZY[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, cmd_name)
+        return command
+
+
+# command name -> (module, attribute)
+LAZY: dict[str, tuple[str, str]] = {
+    "ask": ("ksi_cli.ask", "ask"),
+    "chat": ("ksi_cli.chat", "chat"),
+    "agents": ("ksi_cli.agents", "agents"),
+    "doctor": ("ksi_cli.doctor", "doctor"),
+    "conversations": ("ksi_cli.inspect_commands", "conversations"),
+    "conversation": ("ksi_cli.inspect_commands", "conversation"),
+    "response": ("ksi_cli.inspect_commands", "response"),
+    "logs": ("ksi_cli.inspect_commands", "logs"),
+}
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ksi")
 def cli() -> None:
     """KSI: a local daemon for LLM agents whose conversations continue by id."""
@@ -134,6 +160,7 @@ def daemon() -> None:
 @location_options
 def start(var_dir: str | None, socket_path: str | None) -> None:
     """Start the daemon in the background; returns once its socket answers."""
+    from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
     try:
         _pid, message = daemon_control.start(locate(var_dir, socket_path))
     except RuntimeError as exc:
@@ -147,6 +174,7 @@ def start(var_dir: str | None, socket_path: str | None) -> None:
 @click.option("--timeout", type=float, default=15.0, show_default=True, help="Grace period before SIGTERM.")
 def stop(var_dir: str | None, socket_path: str | None, timeout: float) -> None:
     """Stop the daemon gracefully (SIGTERM after the timeout)."""
+    from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
     click.echo(daemon_control.stop(locate(var_dir, socket_path), timeout))
 
 
@@ -154,6 +182,7 @@ def stop(var_dir: str | None, socket_path: str | None, timeout: float) -> None:
 @location_options
 def restart(var_dir: str | None, socket_path: str | None) -> None:
     """Stop the daemon if it runs, then start it."""
+    from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
     location = locate(var_dir, socket_path)
     click.echo(daemon_control.stop(location))
     try:
@@ -169,6 +198,7 @@ def restart(var_dir: str | None, socket_path: str | None) -> None:
 @json_option
 def status(var_dir: str | None, socket_path: str | None, as_json: bool) -> None:
     """Exit 0 and show health when the daemon answers, exit 3 when it does not."""
+    from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
     info = daemon_control.health(locate(var_dir, socket_path))
     if info is None:
         click.echo("daemon is not running", err=True)
@@ -184,14 +214,6 @@ def run(var_dir: str | None, socket_path: str | None) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "ksi_daemon",
                               "--var-dir", str(location.var_dir), "--socket", str(location.socket)])
 
-
-cli.add_command(ask)
-cli.add_command(chat)
-cli.add_command(agents)
-for inspect_command in INSPECT_COMMANDS:
-    cli.add_command(inspect_command)
-
-cli.add_command(doctor)
 
 
 def main() -> None:

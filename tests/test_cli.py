@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
 
 from ksi_cli.event_args import EventArgsError, parse_event_args
+from ksi_cli.main import LAZY, cli
 from ksi_common import __version__, oneshot
 from ksi_common.errors import KsiError
 from tests.conftest import PROVIDER_PREFIXES
@@ -247,7 +249,8 @@ except SystemExit as exc:
     code = exc.code
 heavy = sorted(name for name in sys.modules
                if name.split(".")[0] in ("litellm", "ksi_daemon", "pydantic", "pydantic_settings", "openai"))
-print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+ours = sorted(name for name in sys.modules if name.startswith(("ksi_cli.", "ksi_common.")))
+print(json.dumps({"code": code, "heavy": heavy, "ours": ours}), file=sys.stderr)
 """
 
 
@@ -261,6 +264,22 @@ def test_client_path_stays_light(running: tuple[Place, int]) -> None:
     assert report["code"] == 0
     assert json.loads(result.stdout)["pid"] == pid  # it really talked to the daemon
     assert report["heavy"] == []
+    # the other commands' modules are loaded only when those commands run
+    lazy_modules = {module for module, _attribute in LAZY.values()} | {"ksi_cli.daemon_control"}
+    assert not lazy_modules & set(report["ours"]), report["ours"]
+
+
+def test_every_command_is_reachable() -> None:
+    from ksi_cli.inspect_commands import COMMANDS
+
+    context = click.Context(cli)
+    names = cli.list_commands(context)
+    for name in names:
+        assert cli.get_command(context, name) is not None, name
+    for command in COMMANDS:
+        assert command.name in names
+        assert cli.get_command(context, command.name) is command
+    assert {"send", "daemon", "config", "discover", "help", *LAZY} <= set(names)
 
 
 # -- without a daemon ---------------------------------------------------------------
