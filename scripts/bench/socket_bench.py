@@ -230,6 +230,8 @@ def throughput(path: Path, line: bytes, processes: int, per_process: int, window
     total = sum(item["replies"] for item in outcome)
     return {
         "requests_per_s": total / duration,
+        # what one fully used core of the server would do: robust to other load on the machine
+        "requests_per_server_cpu_s": total / (cpu * duration) if cpu else None,
         "connections": processes * per_process,
         "client_processes": processes,
         "in_flight_per_connection": window,
@@ -439,12 +441,14 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
                      f"CPU {rt['echo_cpu_us_per_request']:.0f} us/req",
          "pass": ratio <= 1.5},
         {"what": "throughput, 20 conns, 1 in flight each", "goal": ">= 10,000 req/s",
-         "measured": f"{rr['daemon']['requests_per_s']:,.0f} req/s (daemon CPU {rr['daemon']['server_cpu_cores']:.2f} cores)",
+         "measured": f"{rr['daemon']['requests_per_s']:,.0f} req/s (daemon CPU {rr['daemon']['server_cpu_cores']:.2f} cores; "
+                     f"{rr['daemon']['requests_per_server_cpu_s']:,.0f} per daemon CPU-second)",
          "baseline": f"echo {rr['echo']['requests_per_s']:,.0f} req/s",
          "pass": rr["daemon"]["requests_per_s"] >= 10_000 and rr["daemon"]["all_replies_valid"]},
         {"what": f"throughput, 20 conns, pipelined x{pl['daemon']['in_flight_per_connection']}",
          "goal": ">= 10,000 req/s",
-         "measured": f"{pl['daemon']['requests_per_s']:,.0f} req/s (daemon CPU {pl['daemon']['server_cpu_cores']:.2f} cores)",
+         "measured": f"{pl['daemon']['requests_per_s']:,.0f} req/s (daemon CPU {pl['daemon']['server_cpu_cores']:.2f} cores; "
+                     f"{pl['daemon']['requests_per_server_cpu_s']:,.0f} per daemon CPU-second)",
          "baseline": f"echo {pl['echo']['requests_per_s']:,.0f} req/s",
          "pass": pl["daemon"]["requests_per_s"] >= 10_000 and pl["daemon"]["all_replies_valid"]},
         {"what": "daemon start until socket answers (median of 5, preload on)", "goal": "< 0.5 s",
