@@ -206,6 +206,8 @@ async def drive(daemon: DaemonProcess, ledger: Ledger, queue: list[tuple[str, st
                 if error.code != "daemon_unreachable":
                     ledger.failed[request_id] = error.code
                 return
+            except ConnectionError:  # killed while the request was being written
+                return
             if "content" in result:
                 ledger.delivered[request_id] = result
 
@@ -236,6 +238,7 @@ async def drive(daemon: DaemonProcess, ledger: Ledger, queue: list[tuple[str, st
                 # every frame the daemon wrote before dying is still read, up to the end of file
                 await asyncio.gather(sending, watching, *waiters, return_exceptions=True)
         finally:
+            await asyncio.gather(*waiters, return_exceptions=True)  # those started meanwhile too
             sending.cancel()
             watching.cancel()
             await asyncio.gather(sending, watching, return_exceptions=True)
