@@ -131,7 +131,7 @@ async def test_a_line_over_the_limit_behind_paused_requests_is_still_refused(sho
     # with reading paused at the in-flight limit, complete lines wait in the buffer: they must not
     # be taken for one over-long line, and a real over-long line is still refused
     async with running_daemon(short_tmp, max_inflight_per_connection=2, line_limit=4096) as daemon:
-        probe = Concurrency(delay=0.05)
+        probe = Concurrency(delay=0.005)
         unregister = daemon.router.register("test:slow", probe.handle, NoData, "slow test handler")
         try:
             replies = await _pipeline(daemon.settings.socket, 200)  # ~12 KB of small lines
