@@ -1,0 +1,375 @@
+"""What preparing turn N+1 of a conversation costs, for N = 10 .. 10,000 exchanges.
+
+    .venv/bin/python scripts/bench/history_cost.py [--sizes 10,100,1000,10000] [--window 8192]
+
+Conversations are built directly on disk in the real formats with the daemon's own storage
+classes (ResponseLog.write for each response file, ConversationStore.append_exchange for each
+index line, ConversationStore.save_meta), then turn N+1 is prepared in this process with the
+real ConversationCache + select_history + build_messages from ksi_daemon/services, the way
+CompletionService._prepare does it (budget = window - output reserve - system - new input -
+note reserve; no provider call):
+
+  warm       the conversation is already in memory (the daemon's steady state): time to
+             prepare the next turn's messages, median of many;
+  cold       a fresh cache, as after a restart; the files are in the OS page cache;
+  cold disk  the same after evicting this conversation's files from the page cache
+             (os.sync + posix_fadvise DONTNEED), so they come from the disk;
+  naive      the baseline of the seed notes (/work/shared/seeds/001_*): every turn reads the
+             whole index and every response file it lists, and sends all of it.
+
+Bytes read are the process's own read() bytes (/proc/self/io rchar, worker threads included);
+files opened are counted by wrapping open(). Token counts use the daemon's fallback estimate
+(ceil(chars / 4)) so litellm is not imported; the budget logic is the same either way.
+Goals (DESIGN.md section 7): warm flat in N; cold bounded by the token budget, not by N.
+Prints a table and writes scripts/bench/results/history_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import builtins
+import io
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RESULTS = HERE / "results" / "history_cost.json"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ksi_common.ids import new_response_id  # noqa: E402
+from ksi_common.layout import VarLayout  # noqa: E402
+from ksi_common.records import IndexEntry, read_index, read_response  # noqa: E402
+from ksi_common.timefmt import utc_now  # noqa: E402
+from ksi_daemon.services.history import (  # noqa: E402
+    MESSAGE_OVERHEAD,
+    NOTE_RESERVE,
+    build_messages,
+    select_history,
+)
+from ksi_daemon.services.memory import ConversationCache, exchange_from_response  # noqa: E402
+from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore  # noqa: E402
+from ksi_daemon.storage.responses import ResponseLog  # noqa: E402
+
+MODEL = "openai/gpt-4o-mini"
+SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."
+NEW_INPUT = "Given everything we discussed so far, what should I do next, and why?"
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which "
+         "but have an they you were her she there one all we can their has been if more when will "
+         "would who so no model token budget context window history memory daemon conversation "
+         "request response index file disk cache restart continuity provider answer question").split()
+
+
+def count_tokens(text: str) -> int:
+    """The daemon's estimate before litellm's tokenizer is loaded."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+# -- building conversations on disk -----------------------------------------------------------
+def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) -> dict[str, Any]:
+    """`exchanges` exchanges written the way the daemon writes them (fsync off, for speed)."""
+    rng = random.Random(seed)
+    store = ConversationStore(layout, fsync=False)
+    responses = ResponseLog(layout, fsync=False)
+    for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    tokens = 0
+    started = time.perf_counter()
+    for n in range(1, exchanges + 1):
+        response_id = new_response_id(MODEL)
+        request_id = f"req-{n:012x}"
+        ts = utc_now()
+        user = sentence(rng, rng.randint(20, 80))
+        reply = " ".join(sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8)))
+        tokens_in = count_tokens(user) + MESSAGE_OVERHEAD
+        tokens_out = count_tokens(reply) + MESSAGE_OVERHEAD
+        responses.write(response_id, [
+            {"v": 1, "type": "user", "content": user, "ts": ts, "request_id": request_id,
+             "conversation_id": conversation_id},
+            {"v": 1, "type": "assistant", "content": reply, "model": MODEL, "provider": "openai",
+             "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                       "total_tokens": tokens_in + tokens_out},
+             "cost": None, "finish_reason": "stop", "duration_ms": 812.5,
+             "provider_response_id": f"chatcmpl-{n:010x}", "attempts": [], "ts": ts,
+             "request_id": request_id, "conversation_id": conversation_id},
+        ])
+        store.append_exchange(conversation_id, IndexEntry(
+            n=n, response_id=response_id, ts=ts, model=MODEL, provider="openai",
+            tokens_in=tokens_in, tokens_out=tokens_out))
+        tokens += tokens_in + tokens_out
+    store.save_meta(ConversationMeta(conversation_id=conversation_id, system=SYSTEM, exchanges=exchanges,
+                                     models=[MODEL]))
+    index = layout.index_file(conversation_id)
+    return {"exchanges": exchanges, "history_tokens": tokens, "index_bytes": index.stat().st_size,
+            "build_s": time.perf_counter() - started}
+
+
+# -- measuring --------------------------------------------------------------------------------
+class ReadCounter:
+    """Bytes read by this process (all threads) and files opened, between start() and stop()."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self._open = builtins.open
+        base = self._read_proc()
+        self._calibration = self._read_proc()[0] - base[0]  # reading /proc itself costs a little
+
+    @staticmethod
+    def _read_proc() -> tuple[int, int]:
+        with open("/proc/self/io", "rb") as handle:
+            fields = dict(line.split(b": ") for line in handle.read().splitlines())
+        return int(fields[b"rchar"]), int(fields[b"syscr"])
+
+    def __enter__(self) -> ReadCounter:
+        original = self._open
+
+        def counting_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+            self.opened += 1
+            return original(file, *args, **kwargs)
+
+        builtins.open = counting_open  # type: ignore[assignment]
+        io.open = counting_open  # type: ignore[assignment]  # pathlib's read_bytes goes through io.open
+        self.opened = 0
+        self._start = self._read_proc()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._read_proc()
+        builtins.open = self._open
+        io.open = self._open
+        self.bytes = end[0] - self._start[0] - self._calibration
+        self.reads = end[1] - self._start[1] - 1
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop these files from the OS page cache, so the next read comes from the disk."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def conversation_files(layout: VarLayout, conversation_id: str) -> list[Path]:
+    index = layout.index_file(conversation_id)
+    return [index, layout.meta_file(conversation_id),
+            *(layout.response_file(e.response_id) for e in read_index(index))]
+
+
+class Preparer:
+    """The history part of CompletionService._prepare, on a cache of its own."""
+
+    def __init__(self, layout: VarLayout, window: int, reserve: int, max_depth: int = 32) -> None:
+        store = ConversationStore(layout, fsync=False)
+        self.cache = ConversationCache(store, ResponseLog(layout, fsync=False), capacity=1000)
+        self.window = window
+        self.reserve = reserve
+        self.max_depth = max_depth
+
+    async def prepare(self, conversation_id: str, text: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        memory = await self.cache.require(conversation_id)
+        system = memory.meta.system
+        user_messages = [{"role": "user", "content": text}]
+        input_tokens = count_tokens(text) + MESSAGE_OVERHEAD
+        system_tokens = count_tokens(system) + MESSAGE_OVERHEAD if system else 0
+        budget = self.window - self.reserve - system_tokens - input_tokens - NOTE_RESERVE
+        memory = await self.cache.require(conversation_id, budget)
+        history = await select_history(self.cache, memory, budget, self.max_depth)
+        return build_messages(system, history, user_messages), history.stats()
+
+
+def naive_prepare(layout: VarLayout, conversation_id: str, text: str) -> list[dict[str, Any]]:
+    """The seed notes' loader: the whole index, then every response file it lists, every turn."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for entry in read_index(layout.index_file(conversation_id)):
+        record = read_response(layout.response_file(entry.response_id))
+        if record is None:
+            continue
+        exchange = exchange_from_response(record)
+        messages.extend(exchange.chat_messages())
+    messages.append({"role": "user", "content": text})
+    return messages
+
+
+async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namespace, size: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    files = conversation_files(layout, conversation_id)
+
+    # cold: a fresh cache per run, files in the page cache (first run discarded: it warms the OS)
+    cold: list[dict[str, Any]] = []
+    for attempt in range(args.cold_runs + 1):
+        preparer = Preparer(layout, args.window, args.reserve)
+        with ReadCounter() as counter:
+            started = time.perf_counter()
+            messages, stats = await preparer.prepare(conversation_id, NEW_INPUT)
+            elapsed = time.perf_counter() - started
+        if attempt:
+            cold.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened,
+                         "reads": counter.reads})
+    result["cold"] = {"ms": statistics.median(c["ms"] for c in cold), "bytes": cold[-1]["bytes"],
+                      "files": cold[-1]["files"], "reads": cold[-1]["reads"], "runs": cold}
+    result["sent"] = {**stats, "messages": len(messages),
+                      "tokens_est": sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)}
+
+    # cold from the disk: the same, after evicting this conversation's files from the page cache
+    disk: list[dict[str, Any]] = []
+    for _ in range(args.disk_runs):
+        evict(files)
+        preparer = Preparer(layout, args.window, args.reserve)
+        with ReadCounter() as counter:
+            started = time.perf_counter()
+            await preparer.prepare(conversation_id, NEW_INPUT)
+            elapsed = time.perf_counter() - started
+        disk.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened})
+    result["cold_disk"] = {"ms": statistics.median(d["ms"] for d in disk), "runs": disk}
+
+    # warm: the conversation in memory; prepare the next turn again and again
+    preparer = Preparer(layout, args.window, args.reserve)
+    await preparer.prepare(conversation_id, NEW_INPUT)
+    times = []
+    with ReadCounter() as counter:
+        for _ in range(args.warm_runs):
+            started = time.perf_counter_ns()
+            await preparer.prepare(conversation_id, NEW_INPUT)
+            times.append((time.perf_counter_ns() - started) / 1000)
+    result["warm"] = {"us": statistics.median(times), "p90_us": sorted(times)[int(0.9 * (len(times) - 1))],
+                      "bytes_per_turn": counter.bytes / args.warm_runs, "files": counter.opened}
+
+    # the naive baseline: everything re-read every turn (page cache warm after the first)
+    runs = max(2, min(args.naive_runs, 20_000 // max(size, 1)))
+    naive = []
+    for attempt in range(runs + 1):
+        with ReadCounter() as counter:
+            started = time.perf_counter()
+            messages = naive_prepare(layout, conversation_id, NEW_INPUT)
+            elapsed = time.perf_counter() - started
+        if attempt:
+            naive.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened})
+    result["naive"] = {"ms": statistics.median(n["ms"] for n in naive), "bytes": naive[-1]["bytes"],
+                       "files": naive[-1]["files"], "messages": len(messages),
+                       "tokens_est": sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages),
+                       "runs": naive}
+    return result
+
+
+# -- report -----------------------------------------------------------------------------------
+def kib(value: float) -> str:
+    return f"{value / 1024:.1f}K" if value < 1024 * 1024 else f"{value / 1024 / 1024:.1f}M"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    budget = report["window"] - report["reserve"]
+    print(f"\nhistory cost: preparing turn N+1; window {report['window']} tokens, output reserve "
+          f"{report['reserve']} (history budget about {budget - NOTE_RESERVE} tokens less system and input); "
+          f"each exchange about {report['tokens_per_exchange']:.0f} tokens\n")
+    header = (f"{'N':>6} | {'warm us':>8} {'rd':>4} | {'cold ms':>8} {'read':>7} {'files':>5} | "
+              f"{'disk ms':>8} | {'naive ms':>9} {'read':>7} {'files':>6} | {'sent ex':>7} {'naive msgs':>10}")
+    print(header)
+    print("-" * len(header))
+    for size, row in report["sizes"].items():
+        print(f"{int(size):>6} | {row['warm']['us']:8.1f} {row['warm']['bytes_per_turn']:4.0f} | "
+              f"{row['cold']['ms']:8.2f} {kib(row['cold']['bytes']):>7} {row['cold']['files']:5d} | "
+              f"{row['cold_disk']['ms']:8.2f} | {row['naive']['ms']:9.2f} {kib(row['naive']['bytes']):>7} "
+              f"{row['naive']['files']:6d} | {row['sent']['exchanges_sent']:7d} {row['naive']['messages']:10d}")
+    print("\nwarm us: median time to prepare the next turn with the conversation in memory; rd: bytes read per turn")
+    print("cold: fresh cache (as after a restart), files in the page cache; disk: same, files evicted first")
+    print("naive: whole index + every response file, every turn (and it would send all of it: 'naive msgs')")
+    for line in report["verdicts"]:
+        print(line)
+
+
+def verdicts(report: dict[str, Any]) -> list[str]:
+    rows = report["sizes"]
+    sizes = sorted(rows, key=int)
+    small, large = rows[sizes[0]], rows[sizes[-1]]
+    # sizes whose history exceeds the budget: the turn sends the same amount of history
+    bound = [s for s in sizes if rows[s]["sent"]["exchanges_total"] > rows[s]["sent"]["exchanges_sent"]]
+    lines = []
+    if len(bound) >= 2:
+        ratio = rows[bound[-1]]["warm"]["us"] / rows[bound[0]]["warm"]["us"]
+        reads = max(rows[s]["warm"]["bytes_per_turn"] for s in sizes)
+        lines.append(f"goal warm flat in N: N={bound[-1]} vs N={bound[0]} (both beyond the budget) = {ratio:.2f}x, "
+                     f"{reads:.0f} bytes read per warm turn at most -> {'ok' if ratio < 1.5 and reads == 0 else 'MISSED'}"
+                     f" (N={sizes[0]}: {small['warm']['us']:.1f} us, it sends only "
+                     f"{small['sent']['exchanges_sent']} exchanges)")
+    if len(bound) >= 2:
+        a, b = rows[bound[-2]], rows[bound[-1]]
+        byte_ratio = b["cold"]["bytes"] / a["cold"]["bytes"]
+        time_ratio = b["cold"]["ms"] / a["cold"]["ms"]
+        lines.append(
+            f"goal cold bounded by the budget: N={bound[-2]} -> N={bound[-1]}: bytes read x{byte_ratio:.2f}, "
+            f"time x{time_ratio:.2f}, files {a['cold']['files']} -> {b['cold']['files']} "
+            f"-> {'ok' if byte_ratio < 1.25 and time_ratio < 1.5 else 'MISSED'}")
+    lines.append(f"naive baseline at N={sizes[-1]}: {large['naive']['ms']:.1f} ms and {kib(large['naive']['bytes'])} "
+                 f"read per turn vs cold {large['cold']['ms']:.2f} ms / {kib(large['cold']['bytes'])} "
+                 f"and warm {large['warm']['us']:.1f} us / 0 B")
+    return lines
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="history-", dir=args.dir))
+    layout = VarLayout(root / "var")
+    report: dict[str, Any] = {"window": args.window, "reserve": args.reserve, "sizes": {},
+                              "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                          "platform": platform.platform(), "loadavg": os.getloadavg()},
+                              "data_dir": str(root)}
+    try:
+        built = {}
+        for size in sizes:
+            built[size] = build(layout, f"conv-bench-{size}", size, seed=size)
+            print(f"  built {size} exchanges in {built[size]['build_s']:.1f}s", file=sys.stderr, flush=True)
+        report["tokens_per_exchange"] = statistics.mean(b["history_tokens"] / b["exchanges"] for b in built.values())
+        for size in sizes:
+            row = await measure(layout, f"conv-bench-{size}", args, size)
+            row["built"] = built[size]
+            report["sizes"][str(size)] = row
+            print(f"  measured {size}", file=sys.stderr, flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    report["verdicts"] = verdicts(report)
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10,100,1000,10000", help="exchanges per conversation")
+    parser.add_argument("--window", type=int, default=8192, help="context window in tokens (default 8192)")
+    parser.add_argument("--reserve", type=int, default=1024, help="output reserve in tokens (default 1024)")
+    parser.add_argument("--warm-runs", type=int, default=500)
+    parser.add_argument("--cold-runs", type=int, default=20)
+    parser.add_argument("--disk-runs", type=int, default=5)
+    parser.add_argument("--naive-runs", type=int, default=20)
+    parser.add_argument("--dir", default=str(HERE / "results"), help="where to build the conversations")
+    parser.add_argument("--keep", action="store_true", help="keep the built conversations")
+    args = parser.parse_args()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    report = asyncio.run(run(args))
+    print_table(report)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
