@@ -7,6 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from dotenv import load_dotenv
+
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
@@ -19,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, help="Unix socket path")
     parser.add_argument("--quiet", action="store_true", help="log to the file only")
     args = parser.parse_args(argv)
+    # Provider credentials and bases (OPENAI_API_KEY, ...) may live in .env; litellm's own
+    # .env loading is off in production mode, so the daemon loads it. The environment wins.
+    load_dotenv(".env", override=False)
     overrides = {}
     if args.var_dir:
         overrides["var_dir"] = args.var_dir

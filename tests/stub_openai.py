@@ -36,6 +36,7 @@ class StubOpenAI:
     def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer) -> None:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.script: deque[Reply] = deque()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -78,6 +79,7 @@ class StubOpenAI:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
