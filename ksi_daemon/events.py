@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id
 
 
 def _as_text(value: Any) -> Any:
@@ -19,7 +20,23 @@ def _as_text(value: Any) -> Any:
     return value
 
 
+def _safe_id(value: str) -> str:
+    if not is_safe_id(value):
+        raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
 Text = Annotated[str, BeforeValidator(_as_text)]
+# an id that may become part of a file name
+SafeId = Annotated[str, BeforeValidator(_as_text), AfterValidator(_safe_id)]
+# text that must hold more than white space
+NonBlank = Annotated[str, BeforeValidator(_as_text), AfterValidator(_not_blank)]
 
 
 class EventData(BaseModel):

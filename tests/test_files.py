@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from ksi_common.errors import KsiError
-from ksi_daemon.daemon import Daemon
 from ksi_daemon.services.attachments import FOOTER, HEADER, Attachments
 from tests.conftest import complete, connected, running_daemon, stub_settings
 

@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ksi_common.ids import check_id
-from ksi_daemon.events import EventData, Text
+from ksi_daemon.events import EventData, NonBlank, SafeId, Text
 
 
 class InputMessage(EventData):
@@ -15,21 +14,12 @@ class InputMessage(EventData):
     content: Text = Field(min_length=1)
 
 
-def _safe_id(value: str | None, field: str) -> str | None:
-    if value is not None:
-        try:
-            check_id(value, field)
-        except Exception:
-            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'") from None
-    return value
-
-
 class CompletionAsync(EventData):
-    prompt: Text | None = Field(default=None, description="the new user input (or use messages)")
+    prompt: NonBlank | None = Field(default=None, description="the new user input (or use messages)")
     messages: list[InputMessage] | None = Field(default=None, description="new input messages, user or system roles")
     model: Text | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
-    conversation_id: Text | None = Field(default=None, description="continue this conversation; absent starts a new one")
-    agent_id: Text | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
+    conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
+    agent_id: SafeId | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
     create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
     system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
     temperature: float | None = Field(default=None, ge=0, le=2, description="sampling temperature")
@@ -42,23 +32,6 @@ class CompletionAsync(EventData):
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
     options: dict[str, Any] = Field(default_factory=dict, description="other provider options (top_p, stop, seed, ...)")
     consortium: dict[str, Any] | None = Field(default=None, description="an inline consortium definition")
-
-    @field_validator("conversation_id")
-    @classmethod
-    def _conversation_id(cls, value: str | None) -> str | None:
-        return _safe_id(value, "conversation_id")
-
-    @field_validator("agent_id")
-    @classmethod
-    def _agent_id(cls, value: str | None) -> str | None:
-        return _safe_id(value, "agent_id")
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("prompt must not be empty")
-        return value
 
     @field_validator("options")
     @classmethod

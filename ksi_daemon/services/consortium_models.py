@@ -8,8 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.ids import is_safe_id
-from ksi_daemon.events import EventData, Text, validate
+from ksi_daemon.events import EventData, SafeId, Text, validate
 
 CONSORTIUM_PREFIX = "consortium/"
 INLINE_NAME = "inline"  # `consortium: {...}` on a request makes its model `consortium/inline`
@@ -148,37 +147,20 @@ def parse_definition(raw: Any, field: str = "consortium") -> ConsortiumDefinitio
                        fields=fields) from None
 
 
-def _check_name(value: str, field: str) -> str:
-    if not is_safe_id(value):
-        raise ValueError(f"{field} must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}} without '..'")
-    return value
-
-
 class ConsortiumSave(ConsortiumDefinition):
-    name: Text = Field(description="the consortium's name; use it as model consortium/NAME")
+    name: SafeId = Field(description="the consortium's name; use it as model consortium/NAME")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        _check_name(value, "name")
         if value == INLINE_NAME:
             raise ValueError(f"{INLINE_NAME!r} is reserved for inline definitions")
         return value
 
 
 class ConsortiumRef(EventData):
-    name: Text = Field(description="a saved consortium's name")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _check_name(value, "name")
+    name: SafeId = Field(description="a saved consortium's name")
 
 
 class ConsortiumTrace(EventData):
-    run_id: Text = Field(description="the run_id a consortium completion's result carries")
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id(cls, value: str) -> str:
-        return _check_name(value, "run_id")
+    run_id: SafeId = Field(description="the run_id a consortium completion's result carries")

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-import orjson
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError

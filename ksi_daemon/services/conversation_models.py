@@ -6,26 +6,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from ksi_common.ids import check_id
-from ksi_daemon.events import EventData, Text
-
-
-def _safe_id(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            check_id(value, "id")
-        except Exception:
-            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'") from None
-    return value
+from ksi_daemon.events import EventData, SafeId, Text
 
 
 class ConversationRef(EventData):
-    conversation_id: Text = Field(description="the conversation")
-
-    @field_validator("conversation_id")
-    @classmethod
-    def _conversation_id(cls, value: str) -> str:
-        return _safe_id(value) or value
+    conversation_id: SafeId = Field(description="the conversation")
 
 
 class ConversationList(EventData):
@@ -77,24 +62,14 @@ class ConversationExport(ConversationRef):
 class ConversationImport(EventData):
     data: str | dict[str, Any] | list[Any] = Field(description="a json or jsonl export (text or parsed)")
     format: Literal["json", "jsonl"] | None = Field(default=None, description="json or jsonl; guessed when absent")
-    new_id: Text | None = Field(default=None, description="id of the new conversation (generated when absent)")
+    new_id: SafeId | None = Field(default=None, description="id of the new conversation (generated when absent)")
     title: Text | None = Field(default=None, description="title of the new conversation (the export's when absent)")
-
-    @field_validator("new_id")
-    @classmethod
-    def _new_id(cls, value: str | None) -> str | None:
-        return _safe_id(value)
 
 
 class ConversationFork(ConversationRef):
     at: int | None = Field(default=None, description="share exchanges 1..at (default: all of them)")
-    new_id: Text | None = Field(default=None, description="id of the fork (generated when absent)")
+    new_id: SafeId | None = Field(default=None, description="id of the fork (generated when absent)")
     title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
-
-    @field_validator("new_id")
-    @classmethod
-    def _new_id(cls, value: str | None) -> str | None:
-        return _safe_id(value)
 
 
 class ConversationArchive(ConversationRef):
