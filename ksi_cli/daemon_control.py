@@ -11,6 +11,7 @@ import time
 from ksi_cli.locate import Location
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.liveness import pid_alive, read_pid
 
 
 def health(location: Location, timeout: float = 2.0) -> dict | None:
@@ -18,29 +19,6 @@ def health(location: Location, timeout: float = 2.0) -> dict | None:
         return oneshot.request(location.socket, "system:health", timeout=timeout)
     except KsiError:
         return None
-
-
-def read_pid(location: Location) -> int | None:
-    try:
-        return int(location.layout.pid_file.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A daemon that exited but is not yet reaped (its parent is an init that reaps
-    # slowly) still answers kill(0): it is a zombie, and it is gone for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
@@ -72,7 +50,7 @@ def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
 
 def stop(location: Location, timeout: float = 15.0) -> str:
     """Ask for a graceful shutdown; SIGTERM after `timeout`, SIGKILL as the last resort."""
-    pid = read_pid(location)
+    pid = read_pid(location.layout)
     info = health(location)
     if info is None and pid is None:
         return "daemon is not running"
@@ -85,11 +63,11 @@ def stop(location: Location, timeout: float = 15.0) -> str:
     for sig, grace in ((None, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
         if pid is None:
             break
-        if sig is not None and _alive(pid):
+        if sig is not None and pid_alive(pid):
             os.kill(pid, sig)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.02)
-        if not _alive(pid):
+        if not pid_alive(pid):
             return f"daemon stopped (pid {pid})"
     return f"daemon (pid {pid}) did not stop"

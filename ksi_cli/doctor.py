@@ -14,6 +14,7 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
 from ksi_common.errors import KsiError
+from ksi_common.liveness import read_pid, socket_answers
 
 _BLOCK = 64 * 1024
 
@@ -43,7 +44,7 @@ def hold_var_dir(location: Location) -> tuple[str | None, Any]:
     """Take the daemon's lock so none starts during a repair: (None, lock), or (why not, None)
     when a daemon runs on this var dir (its socket answers or it holds the lock)."""
     layout = location.layout
-    if checks.socket_answers(location.socket):
+    if socket_answers(location.socket):
         return f"a daemon answers on {location.socket}", None
     if not layout.run_dir.is_dir():
         return None, None
@@ -53,7 +54,7 @@ def hold_var_dir(location: Location) -> tuple[str | None, Any]:
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        pid = checks.read_pid(layout)
+        pid = read_pid(layout)
         return f"a daemon (pid {pid if pid is not None else '?'}) holds {layout.lock_file}", None
     return None, lock
 
@@ -72,7 +73,7 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
             cut = truncate_torn_tail(path)
             done.append({"kind": problem.kind, "path": str(path), "action": f"truncated {cut} torn bytes"})
         elif problem.kind in ("stale_pid", "stale_socket"):
-            if problem.kind == "stale_socket" and checks.socket_answers(path):
+            if problem.kind == "stale_socket" and socket_answers(path):
                 continue  # it came alive meanwhile: not ours to remove
             try:
                 path.unlink()

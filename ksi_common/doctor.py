@@ -5,8 +5,6 @@ Shared by `ksi doctor` and the crash tests; it never writes and never imports th
 
 from __future__ import annotations
 
-import os
-import socket
 import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -15,6 +13,7 @@ from typing import Any
 
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
+from ksi_common.liveness import pid_alive, read_pid, socket_answers
 from ksi_common.records import read_index, read_response
 
 # problems `--repair` may fix without losing anything
@@ -57,45 +56,6 @@ class Report:
             "orphans": [o.to_dict() for o in self.orphans],
             "counts": self.counts,
         }
-
-
-def pid_alive(pid: int) -> bool:
-    """True when `pid` runs (a zombie counts as gone)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
-def socket_answers(path: Path, timeout: float = 1.0) -> bool:
-    """True when something accepts connections on the Unix socket `path`."""
-    if not path.exists():
-        return False
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
-
-
-def read_pid(layout: VarLayout) -> int | None:
-    try:
-        return int(layout.pid_file.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 def _jsonl_files(directory: Path) -> Iterator[Path]:

@@ -25,6 +25,7 @@ from ksi_cli.event_args import EventArgsError, parse_event_args
 from ksi_cli.main import LAZY, cli
 from ksi_common import __version__, oneshot
 from ksi_common.errors import KsiError
+from ksi_common.liveness import pid_alive
 from tests.conftest import PROVIDER_PREFIXES
 
 TIMEOUT = 30.0
@@ -84,19 +85,6 @@ def started_pid(result: subprocess.CompletedProcess[str]) -> int:
     match = re.search(r"pid (\d+)", result.stdout)
     assert match, result.stdout
     return int(match.group(1))
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie child of ours still answers kill(0): look at its state
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def wait_gone(pid: int, timeout: float = 10.0) -> bool:
