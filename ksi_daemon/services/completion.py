@@ -15,23 +15,34 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id, new_response_id
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
-from ksi_common.timefmt import format_ts, parse_ts, utc_now
+from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
-from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
+from ksi_daemon.providers.base import (
+    Provider,
+    ProviderCall,
+    ProviderFailure,
+    ProviderReply,
+)
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services import exchange_records as records
+from ksi_daemon.services.attachments import Attachments
 from ksi_daemon.services.completion_models import (
     CompletionAsync,
     CompletionCancel,
     CompletionStatus,
     CompletionWait,
 )
-from ksi_daemon.services.attachments import Attachments
-from ksi_daemon.services.history import MESSAGE_OVERHEAD, NOTE_RESERVE, build_messages, select_history
+from ksi_daemon.services.history import (
+    MESSAGE_OVERHEAD,
+    NOTE_RESERVE,
+    build_messages,
+    select_history,
+)
 from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.requests import FINISHED, RequestRegistry, RequestState
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.scheduler import Job, Scheduler
-from ksi_daemon.storage.conversations import CliSession, ConversationMeta, SystemChange
+from ksi_daemon.storage.conversations import ConversationMeta
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
 
@@ -340,7 +351,7 @@ class CompletionService:
         state.response_id = new_response_id(state.model)
         self.journal.record(state.request_id, state.conversation_id, "running", response_id=state.response_id)
         attempts: list[dict[str, Any]] = []
-        inputs = self._input_lines(state)
+        inputs = records.input_lines(state)
         try:
             prepared = await self._prepare(state)
             inputs = prepared.inputs
@@ -389,51 +400,15 @@ class CompletionService:
         except TimeoutError:
             raise ProviderFailure(ErrorCode.TIMEOUT, f"no answer within {timeout}s", retryable=True) from None
 
-    def _input_lines(self, state: RequestState) -> list[dict[str, Any]]:
-        data = state.request
-        lines = []
-        for message in data.input_messages():
-            line: dict[str, Any] = {
-                "v": 1,
-                "type": "feedback" if data.is_feedback and message["role"] == "user" else message["role"],
-                "content": message["content"],
-                "ts": state.created,
-                "request_id": state.request_id,
-                "conversation_id": state.conversation_id,
-            }
-            if state.agent_id:
-                line["agent_id"] = state.agent_id
-            if state.from_agent:
-                line["from_agent"] = state.from_agent
-            if data.metadata:
-                line["metadata"] = data.metadata
-            lines.append(line)
-        if data.files:  # resolved at admission; size and sha256 are added when they are read
-            for line in reversed(lines):
-                if line["type"] in ("user", "feedback"):
-                    line["files"] = [{"path": path} for path in data.files]
-                    break
-        if data.system is not None:
-            lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
-                             "request_id": state.request_id, "conversation_id": state.conversation_id})
-        return lines
-
     async def _prepare(self, state: RequestState) -> Prepared:
         data = state.request
         await self.facts.ready()
         memory = await self.cache.require(state.conversation_id)
         self._check_open(memory)
-        inputs = self._input_lines(state)
+        inputs = records.input_lines(state)
         new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
         system = new_system if new_system is not None else memory.meta.system
-        user_messages = []
-        for line in inputs:
-            if line["type"] == "system":
-                continue
-            content = line["content"]
-            if line.get("from_agent"):
-                content = f"[from {line['from_agent']}] {content}"
-            user_messages.append({"role": "user", "content": content})
+        user_messages = records.user_messages(inputs)
         count = self.facts.count_tokens
         input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
         system_tokens = count(system) + MESSAGE_OVERHEAD if system else 0
@@ -501,41 +476,16 @@ class CompletionService:
         memory = prepared.memory
         assert state.response_id is not None
         duration_ms = state.duration_ms()
-        outcome = {
-            "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
-            "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
-            "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
-            "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": utc_now(),
-            "request_id": state.request_id, "conversation_id": state.conversation_id,
-        }
-        if reply.session_id:
-            outcome["session_id"] = reply.session_id
-        if reply.session_note:
-            outcome["session_note"] = reply.session_note
-        for key, value in reply.extra.items():
-            outcome.setdefault(key, value)
-        tokens_out = self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD
+        outcome = records.outcome_line(state, reply, attempts, duration_ms)
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
-            tokens_out=tokens_out, is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
+            tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
+            is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
-        meta = memory.meta.model_copy(deep=True)
-        meta.exchanges += 1
-        meta.tokens_in += reply.usage.get("prompt_tokens", 0)
-        meta.tokens_out += reply.usage.get("completion_tokens", 0)
-        meta.cost += reply.cost or 0.0
-        meta.last_activity = format_ts(self.clock())  # the service clock, so TTLs slide with activity
-        if state.model not in meta.models:
-            meta.models.append(state.model)
-        elif meta.models[-1] != state.model:
-            meta.models.remove(state.model)
-            meta.models.append(state.model)
-        if prepared.system_changed:
-            meta.system_changes.append(SystemChange(from_n=entry.n, system=prepared.system, ts=outcome["ts"]))
-            meta.system = prepared.system
-        meta.cli_session = (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
-                            if reply.session_id else None)
+        # the service clock, so TTLs slide with activity
+        meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system, prepared.system_changed,
+                                    format_ts(self.clock()))
 
         def persist() -> None:
             self.responses.write(state.response_id, [*prepared.inputs, outcome])
@@ -553,35 +503,14 @@ class CompletionService:
         persisting.result()  # a failed write fails the request
         memory.meta = meta
         memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
-        result: dict[str, Any] = {
-            "request_id": state.request_id,
-            "response_id": state.response_id,
-            "conversation_id": state.conversation_id,
-            "agent_id": state.agent_id,
-            "model": state.model,
-            "content": reply.content,
-            "finish_reason": reply.finish_reason,
-            "usage": reply.usage,
-            "cost": reply.cost,
-            "history": prepared.history_stats,
-            "attempts": len(attempts),
-            "duration_ms": duration_ms,
-            "exchange": entry.n,
-        }
-        if reply.session_note:
-            result["session_note"] = reply.session_note
-        for key, value in reply.extra.items():
-            result.setdefault(key, value)
-        return result
+        return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms)
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:
         """Failed requests are logged in responses/ but never indexed."""
         if state.response_id is None:
             return
-        line = {"v": 1, "type": "error", "code": error.code, "message": error.message, "details": error.details,
-                "model": state.model, "attempts": attempts, "duration_ms": state.duration_ms(), "ts": utc_now(),
-                "request_id": state.request_id, "conversation_id": state.conversation_id}
+        line = records.error_line(state, error, attempts)
         try:
             await asyncio.shield(asyncio.to_thread(self.responses.write, state.response_id, [*inputs, line]))
         except Exception:

@@ -1,0 +1,125 @@
+"""What one exchange writes: its response-file lines, its metadata update and its result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ksi_common.errors import KsiError
+from ksi_common.records import IndexEntry
+from ksi_common.timefmt import utc_now
+from ksi_daemon.providers.base import ProviderReply
+from ksi_daemon.services.requests import RequestState
+from ksi_daemon.storage.conversations import CliSession, ConversationMeta, SystemChange
+
+
+def input_lines(state: RequestState) -> list[dict[str, Any]]:
+    """The request's raw inputs as response-file lines (never the expanded history)."""
+    data = state.request
+    lines = []
+    for message in data.input_messages():
+        line: dict[str, Any] = {
+            "v": 1,
+            "type": "feedback" if data.is_feedback and message["role"] == "user" else message["role"],
+            "content": message["content"],
+            "ts": state.created,
+            "request_id": state.request_id,
+            "conversation_id": state.conversation_id,
+        }
+        if state.agent_id:
+            line["agent_id"] = state.agent_id
+        if state.from_agent:
+            line["from_agent"] = state.from_agent
+        if data.metadata:
+            line["metadata"] = data.metadata
+        lines.append(line)
+    if data.files:  # resolved at admission; size and sha256 are added when they are read
+        for line in reversed(lines):
+            if line["type"] in ("user", "feedback"):
+                line["files"] = [{"path": path} for path in data.files]
+                break
+    if data.system is not None:
+        lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
+                         "request_id": state.request_id, "conversation_id": state.conversation_id})
+    return lines
+
+
+def user_messages(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The new input as the model sees it: user turns, a message from an agent marked as such."""
+    messages = []
+    for line in inputs:
+        if line["type"] == "system":
+            continue
+        content = line["content"]
+        if line.get("from_agent"):
+            content = f"[from {line['from_agent']}] {content}"
+        messages.append({"role": "user", "content": content})
+    return messages
+
+
+def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[str, Any]],
+                 duration_ms: float) -> dict[str, Any]:
+    line: dict[str, Any] = {
+        "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
+        "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
+        "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
+        "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": utc_now(),
+        "request_id": state.request_id, "conversation_id": state.conversation_id,
+    }
+    if reply.session_id:
+        line["session_id"] = reply.session_id
+    if reply.session_note:
+        line["session_note"] = reply.session_note
+    for key, value in reply.extra.items():
+        line.setdefault(key, value)
+    return line
+
+
+def error_line(state: RequestState, error: KsiError, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"v": 1, "type": "error", "code": error.code, "message": error.message, "details": error.details,
+            "model": state.model, "attempts": attempts, "duration_ms": state.duration_ms(), "ts": utc_now(),
+            "request_id": state.request_id, "conversation_id": state.conversation_id}
+
+
+def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderReply, entry: IndexEntry,
+                 new_system: str | None, system_changed: bool, now: str) -> ConversationMeta:
+    """The conversation's metadata after this exchange (a copy; the caller saves it)."""
+    meta = meta.model_copy(deep=True)
+    meta.exchanges += 1
+    meta.tokens_in += reply.usage.get("prompt_tokens", 0)
+    meta.tokens_out += reply.usage.get("completion_tokens", 0)
+    meta.cost += reply.cost or 0.0
+    meta.last_activity = now
+    if state.model in meta.models:
+        meta.models.remove(state.model)
+    meta.models.append(state.model)  # the last one used is last
+    if system_changed:
+        meta.system_changes.append(SystemChange(from_n=entry.n, system=new_system, ts=entry.ts or now))
+        meta.system = new_system
+    meta.cli_session = (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
+                        if reply.session_id else None)
+    return meta
+
+
+def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, history: dict[str, Any],
+                attempts: int, duration_ms: float) -> dict[str, Any]:
+    """The data of completion:result (and of a successful completion:wait)."""
+    result: dict[str, Any] = {
+        "request_id": state.request_id,
+        "response_id": state.response_id,
+        "conversation_id": state.conversation_id,
+        "agent_id": state.agent_id,
+        "model": state.model,
+        "content": reply.content,
+        "finish_reason": reply.finish_reason,
+        "usage": reply.usage,
+        "cost": reply.cost,
+        "history": history,
+        "attempts": attempts,
+        "duration_ms": duration_ms,
+        "exchange": entry.n,
+    }
+    if reply.session_note:
+        result["session_note"] = reply.session_note
+    for key, value in reply.extra.items():
+        result.setdefault(key, value)
+    return result
