@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import PROVIDER_PREFIXES, running_daemon
+from tests.conftest import PROVIDER_PREFIXES, running_daemon, stub_settings
 
 TIMEOUT = 60.0
 
@@ -164,6 +164,18 @@ async def test_error_on_terminal_shows_the_code(short_tmp: Path) -> None:
         run = await ksi_on_terminal(short_tmp, "ask", "-c", "conv-nope", "hello", *where(short_tmp))
     assert run.code == 1
     assert "error [conversation_not_found]" in run.err
+
+
+async def test_no_answer_within_the_timeout_exits_1(short_tmp: Path, stub: Any) -> None:
+    stub.hold = 2.0
+    async with running_daemon(short_tmp, **stub_settings(stub)):
+        run = await ksi(short_tmp, "ask", "--timeout", "0.3", "slow question", *where(short_tmp))
+        assert run.code == 1
+        error = run.json()["error"]
+        assert error["code"] == "timeout"
+        assert error["details"]["status"] in ("queued", "running")
+        assert "completion:wait --request-id" in run.err
+    assert not (short_tmp / "var" / "state" / "client.json").exists()
 
 
 async def test_continue_without_a_record_is_a_usage_error(short_tmp: Path) -> None:

@@ -167,6 +167,7 @@ class DirectWorker:
 ABLATIONS = {
     "instant_provider": "the provider answers at once, no litellm call: the daemon alone",
     "no_cost_lookup": "skip the daemon's litellm.completion_cost fallback for unpriced models",
+    "gc_freeze": "gc.freeze() right after litellm loads (full collections skip its ~300k objects)",
     "no_meta_save": "ConversationStore.save_meta does nothing (metadata file not rewritten)",
     "no_response_file": "ResponseLog.write does nothing (no response file created)",
     "no_index_append": "ConversationStore.append_exchange does nothing",
@@ -230,6 +231,17 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
                                  provider_response_id="chatcmpl-instant")
 
         LiteLLMProvider.complete = complete  # type: ignore[method-assign]
+    if "gc_freeze" in ablate:
+        import gc
+
+        original_load = LiteLLMProvider.load
+
+        def load(self: Any) -> Any:
+            module = original_load(self)
+            gc.freeze()
+            return module
+
+        LiteLLMProvider.load = load  # type: ignore[method-assign]
     if "no_cost_lookup" in ablate:
         original_reply = LiteLLMProvider._reply
 
@@ -340,8 +352,10 @@ class DaemonRun:
             try:
                 await self.client.request("system:shutdown")
             except Exception:
-                pass
+                self.process.terminate()
             await self.client.close()
+        elif self.process.poll() is None:
+            self.process.terminate()
         try:
             await asyncio.to_thread(self.process.wait, 30)
         except subprocess.TimeoutExpired:
@@ -377,11 +391,18 @@ def start_stub() -> tuple[subprocess.Popen[str], str]:
 
 async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir: Path,
                         args: argparse.Namespace) -> dict[str, DaemonRun]:
-    daemons = {name: DaemonRun(api_base, workdir=workdir, **spec) for name, spec in specs.items()}
-    for number, daemon in enumerate(daemons.values()):
-        await daemon.connect()
-        for shape, _base in SHAPES:  # litellm loaded, model facts cached, HTTP client pooled
-            await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{number}")
+    daemons: dict[str, DaemonRun] = {}
+    try:
+        for name, spec in specs.items():
+            daemons[name] = DaemonRun(api_base, workdir=workdir, **spec)
+        for number, daemon in enumerate(daemons.values()):
+            await daemon.connect()
+            for shape, _base in SHAPES:  # litellm loaded, model facts cached, HTTP client pooled
+                await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{number}")
+    except BaseException:
+        for daemon in daemons.values():
+            await daemon.stop()
+        raise
     return daemons
 
 
@@ -449,6 +470,7 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
     specs: dict[str, dict[str, Any]] = {
         "reference": {"fsync": "never", "hooked": True},
         "no_cost_lookup": {"fsync": "never", "ablate": ("no_cost_lookup",)},
+        "gc_freeze": {"fsync": "never", "ablate": ("gc_freeze",)},
         # the daemon alone (provider answers at once), then without one part each
         "alone": {"fsync": "never", "ablate": ("instant_provider",)},
         "alone, fsync always": {"fsync": "always", "ablate": ("instant_provider",)},
@@ -571,6 +593,7 @@ def print_profile(report: dict[str, Any]) -> None:
     print("-" * len(header))
     rows = [("reference", None, "nothing: the full daemon calling litellm"),
             ("no_cost_lookup", "reference", ABLATIONS["no_cost_lookup"]),
+            ("gc_freeze", "reference", ABLATIONS["gc_freeze"]),
             ("alone", None, ABLATIONS["instant_provider"]),
             ("alone, fsync always", "alone", "the daemon alone with fsync always (saving < 0 = fsync's cost)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
@@ -602,7 +625,7 @@ def main() -> int:
     parser.add_argument("--role", choices=("bench", "stub", "direct"), default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--api-base", help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=300, help="completions per measured batch (default 300)")
-    parser.add_argument("--warmup", type=int, default=30, help="completions per shape before measuring (default 30)")
+    parser.add_argument("--warmup", type=int, default=100, help="completions per shape before measuring (default 100)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--conversations", type=int, default=10, help="conversations of the 'continue' shape")
     parser.add_argument("--profile", action="store_true", help="also show where the daemon's CPU goes")
