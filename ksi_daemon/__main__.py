@@ -9,10 +9,10 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ksi_common.settings import Settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
-from ksi_common.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:

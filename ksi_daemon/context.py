@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-
 _PROCESS_PREFIX = f"evt-{os.urandom(4).hex()}-"
 _SEQUENCE = itertools.count(1)
 

@@ -14,8 +14,8 @@ import filelock
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.context import EventContext
 from ksi_common.settings import Settings
+from ksi_daemon.context import EventContext
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.agent import AgentService
@@ -26,8 +26,8 @@ from ksi_daemon.services.conversation import ConversationService
 from ksi_daemon.services.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
-from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.agents import AgentStore
+from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog

@@ -123,7 +123,7 @@ async def test_eight_clients_and_a_shared_conversation_lose_and_reorder_nothing(
         assert [line["response_id"] for line in index] == [r["response_id"] for r in results]
         assert [r["exchange"] for r in results] == [line["n"] for line in index]
     assert len(by_conversation["shared"]) == clients * shared_turns
-    for i, (own, shared_results) in enumerate(outcomes):
+    for i, (_own, shared_results) in enumerate(outcomes):
         index = read_jsonl(stub_daemon.layout.index_file(f"own-{i}"))
         assert len(index) == turns
         inputs = [read_jsonl(stub_daemon.layout.response_file(line["response_id"]))[0]["content"] for line in index]

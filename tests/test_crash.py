@@ -276,6 +276,7 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
              for k in range(per_conversation) for c in range(conversations)][:total]
     started = time.perf_counter()
     survived = 0
+    indexed: dict[str, tuple[str, str, str]] = {}
     async with SlowStub(rng, 0.005, 0.08) as stub:
         daemon = DaemonProcess(root, daemon_env(stub.api_base, **(extra_env or {})))
         for number in range(1, rounds + 1):

@@ -21,7 +21,6 @@ from ksi_daemon.providers.base import SESSION_METADATA_KEY
 from ksi_daemon.providers.base import message_text as _text
 
 
-
 def seeded_prompt(messages: list[dict[str, Any]]) -> str:
     """History and new input as one prompt, for a fresh session that must know the past."""
     turns = [m for m in messages if m.get("role") != "system"]

@@ -7,8 +7,8 @@ import math
 import os
 import threading
 import time
-from email.utils import parsedate_to_datetime
 from collections.abc import Callable
+from email.utils import parsedate_to_datetime
 from types import ModuleType
 from typing import Any
 

@@ -10,8 +10,8 @@ from typing import Any
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.timefmt import utc_now
 from ksi_common.settings import Settings
+from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
 from ksi_daemon.events import validate
 from ksi_daemon.router import Router, Unregister

@@ -472,11 +472,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     cells = [[row["what"], row["goal"], row["measured"], row["baseline"], "PASS" if row["pass"] else "FAIL"]
              for row in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths))
+    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     print(line)
     print("-+-".join("-" * w for w in widths))
     for cell in cells:
-        print(" | ".join(c.ljust(w) for c, w in zip(cell, widths)))
+        print(" | ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)))
 
 
 def main() -> int:
