@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
 
     @property
+    def fsync_enabled(self) -> bool:
+        return self.fsync == "always"
+
+    @property
     def layout(self) -> VarLayout:
         return VarLayout(self.var_dir)
 

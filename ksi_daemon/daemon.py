@@ -64,7 +64,7 @@ class Daemon:
             max_inflight=settings.max_inflight_per_connection,
             allow_uids=settings.allow_uids,
         )
-        fsync = settings.fsync == "always"
+        fsync = settings.fsync_enabled
         self.store = ConversationStore(self.layout, fsync)
         self.responses = ResponseLog(self.layout, fsync)
         self.litellm = LiteLLMProvider(settings)

@@ -373,3 +373,21 @@ async def test_continuity_survives_eviction_from_memory(short_tmp: Path, stub: A
         assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [f"{name}0", f"{name}1", f"{name}2"]
         index = index_of(daemon, name)
         assert [line["n"] for line in index] == [1, 2, 3]
+
+
+async def test_unsynced_writes_keep_continuity_and_the_journal(short_tmp: Path) -> None:
+    """With fsync never the exchange is written on the loop: same files, same history."""
+    async with running_daemon(short_tmp, fsync="never") as daemon, connected(daemon) as client:
+        first = await complete(client, model="echo/x", prompt="My name is Alice")
+        second = await complete(client, conversation_id=first["conversation_id"], prompt="What is my name?")
+    assert "Earlier user inputs: My name is Alice" in second["content"]
+    async with running_daemon(short_tmp, fsync="never") as daemon, connected(daemon) as client:
+        third = await complete(client, conversation_id=first["conversation_id"], prompt="Still there?")
+        status = await client.request("completion:status", {"request_id": third["request_id"]})
+    assert "Earlier user inputs: My name is Alice | What is my name?" in third["content"]
+    assert status["status"] == "done"
+    index = (short_tmp / "var/logs/conversations" / f"{first['conversation_id']}.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["n"] for line in index] == [1, 2, 3]
+    journal = [orjson.loads(line) for line in (short_tmp / "var/state/requests.jsonl").read_bytes().splitlines()]
+    assert [line["status"] for line in journal if line["request_id"] == third["request_id"]] == [
+        "queued", "running", "done"]

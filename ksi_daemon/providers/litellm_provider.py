@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
 import threading
@@ -41,6 +42,7 @@ class LiteLLMProvider:
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
         self._windows: dict[str, int] = {}
+        self._unpriced: set[str] = set()
         self._encoder: Any = None
 
     # -- loading ------------------------------------------------------------
@@ -73,6 +75,9 @@ class LiteLLMProvider:
 
                 self._encoder = encoding
                 self._module = litellm
+                # litellm leaves ~400k long-lived objects; without this every full collection
+                # walks them again, a measurable share of the daemon's CPU per completion
+                gc.freeze()
                 log.info("litellm_loaded", seconds=round(time.perf_counter() - started, 3))
         return self._module
 
@@ -219,10 +224,11 @@ class LiteLLMProvider:
             raise self._too_large(size)
         hidden = getattr(response, "_hidden_params", {}) or {}
         cost = hidden.get("response_cost")
-        if cost is None:
+        if cost is None and call.model not in self._unpriced:
             try:
                 cost = litellm.completion_cost(completion_response=response)
-            except Exception:
+            except Exception:  # litellm has no price for it: do not ask again on every reply
+                self._unpriced.add(call.model)
                 cost = None
         session_id = None
         session_note = None

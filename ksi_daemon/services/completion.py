@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -151,6 +151,7 @@ class CompletionService:
 
     async def stop(self, timeout: float) -> None:
         await self.scheduler.stop(timeout)
+        self.journal.close()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -494,16 +495,24 @@ class CompletionService:
 
         # Too late to cancel once the write has begun: the index line would be on disk but not in
         # memory. A cancel arriving now is absorbed; the request completes and is reported done.
-        persisting = asyncio.ensure_future(asyncio.to_thread(persist))
-        while not persisting.done():
-            try:
-                await asyncio.shield(persisting)
-            except asyncio.CancelledError:
-                continue
-        persisting.result()  # a failed write fails the request
+        if not self.settings.fsync_enabled:
+            persist()  # a few small unsynced writes: cheaper on the loop than a hop to a thread
+        else:
+            await self._uncancellable(asyncio.to_thread(persist))
         memory.meta = meta
         memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms)
+
+    @staticmethod
+    async def _uncancellable(work: Awaitable[None]) -> None:
+        """Await `work` to its end: a cancel arriving meanwhile is absorbed (a failure is raised)."""
+        running = asyncio.ensure_future(work)
+        while not running.done():
+            try:
+                await asyncio.shield(running)
+            except asyncio.CancelledError:
+                continue
+        running.result()
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:

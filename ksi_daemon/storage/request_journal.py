@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from itertools import islice
 from typing import Any
 
@@ -18,16 +19,28 @@ class RequestJournal:
     def __init__(self, layout: VarLayout) -> None:
         self.layout = layout
         self.path = layout.requests_file
+        self._fd: int | None = None  # kept open: three lines a request, a reopen each is waste
 
     def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None) -> None:
         line = {"v": 1, "request_id": request_id, "conversation_id": conversation_id,
                 "status": status, "ts": utc_now()}
         if response_id is not None:
             line["response_id"] = response_id
-        append_lines(self.path, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE), fsync=False)
+        payload = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        if self._fd is None:
+            append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        else:
+            os.write(self._fd, payload)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def recover(self) -> list[dict[str, Any]]:
         """Requests that never finished; the journal is compacted to just those, now failed."""
+        self.close()  # the file is replaced below
         last: dict[str, dict[str, Any]] = {}
         for line in read_records(self.path):
             if "request_id" in line:  # later lines win; the `running` line's response_id is kept
