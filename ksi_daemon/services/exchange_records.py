@@ -83,7 +83,9 @@ def error_line(state: RequestState, error: KsiError, attempts: list[dict[str, An
 def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderReply, entry: IndexEntry,
                  new_system: str | None, system_changed: bool, now: str) -> ConversationMeta:
     """The conversation's metadata after this exchange (a copy; the caller saves it)."""
-    meta = meta.model_copy(deep=True)
+    # a shallow copy (a deep one costs more than the rest of the bookkeeping); the lists it
+    # changes are copied
+    meta = meta.model_copy(update={"models": list(meta.models), "system_changes": list(meta.system_changes)})
     meta.exchanges += 1
     meta.tokens_in += reply.usage.get("prompt_tokens", 0)
     meta.tokens_out += reply.usage.get("completion_tokens", 0)

@@ -76,8 +76,13 @@ class ConversationStore:
         return ConversationMeta.model_validate(raw)
 
     def save_meta(self, meta: ConversationMeta) -> None:
-        self.layout.conversation_meta_dir.mkdir(parents=True, exist_ok=True)
-        replace_json(self.layout.meta_file(meta.conversation_id), meta.model_dump(mode="json"))
+        path = self.layout.meta_file(meta.conversation_id)
+        value = meta.model_dump(mode="json")
+        try:
+            replace_json(path, value)
+        except FileNotFoundError:  # the first conversation of a fresh var dir
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_json(path, value)
 
     def append_exchange(self, conversation_id: str, entry: IndexEntry) -> None:
         append_lines(self.index_path(conversation_id), jsonl([entry.to_record()]), self.fsync)

@@ -9,6 +9,12 @@ from typing import Any
 import orjson
 
 
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -26,7 +32,7 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
         if size and os.pread(fd, 1, size - 1) != b"\n":
             _truncate_torn_tail(fd, size)
         os.lseek(fd, 0, os.SEEK_END)
-        os.write(fd, payload)
+        _write_all(fd, payload)
         if fsync:
             os.fsync(fd)
     finally:
@@ -53,7 +59,7 @@ def write_new(path: Path, payload: bytes, fsync: bool) -> None:
     """Write a whole new file; it never overwrites an existing one."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, payload)
+        _write_all(fd, payload)
         if fsync:
             os.fsync(fd)
     finally:
@@ -65,11 +71,13 @@ def write_new(path: Path, payload: bytes, fsync: bool) -> None:
 def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
     """Replace a small JSON state file atomically (write aside, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
         if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
