@@ -13,7 +13,7 @@ from asyncio.tasks import _enter_task, _leave_task  # the hooks eager tasks use 
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import structlog
@@ -125,7 +125,8 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # a stream transport (uvloop's does not subclass asyncio.Transport, but behaves as one)
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
         if not self.server.peer_allowed(transport):
