@@ -114,6 +114,8 @@ class ConsortiumRun:
         self.usage: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
         self.cost: float | None = None
         self.calls = 0
+        # members finish in parallel: their trace lines are appended one at a time, in order
+        self._trace_lock = asyncio.Lock()
         self.timeout = call.timeout or parts.default_timeout
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + self.timeout
@@ -364,7 +366,8 @@ class ConsortiumRun:
     async def _trace(self, record: dict[str, Any], durable: bool = False) -> None:
         line = {"v": 1, "ts": utc_now(), "run_id": self.run_id, **record}
         try:
-            await asyncio.to_thread(self.parts.traces.append, self.run_id, line, durable)
+            async with self._trace_lock:
+                await asyncio.to_thread(self.parts.traces.append, self.run_id, line, durable)
         except Exception:
             log.exception("consortium_trace_failed", run_id=self.run_id)
 

@@ -24,7 +24,10 @@ def _sync_dir(directory: Path) -> None:
 
 
 def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
-    """Append whole lines; a torn last line left by a crash is cut off first."""
+    """Append whole lines; a torn last line left by a crash is cut off first.
+
+    One appender per file at a time: a concurrent one could be taken for a torn line.
+    """
     created = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
