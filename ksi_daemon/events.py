@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
-from pydantic.fields import FieldInfo
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
@@ -65,10 +65,21 @@ def validate(model: type[EventData], data: Any) -> EventData:
         ) from None
 
 
-def _type_name(field: FieldInfo) -> str:
-    annotation = field.annotation
-    text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "").replace("ksi_daemon.", "")
+def type_name(annotation: Any) -> str:
+    """A readable type: `str | None`, `list[InputMessage]`, `"user" | "system"`."""
+    if annotation is type(None):
+        return "None"
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is not None:
+        inner = ", ".join(type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]" if inner else getattr(origin, "__name__", "")
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def describe_fields(model: type[EventData]) -> dict[str, dict[str, Any]]:
@@ -76,7 +87,7 @@ def describe_fields(model: type[EventData]) -> dict[str, dict[str, Any]]:
     described = {}
     for name, field in model.model_fields.items():
         entry: dict[str, Any] = {
-            "type": _type_name(field),
+            "type": type_name(field.annotation),
             "required": field.is_required(),
             "description": field.description or "",
         }

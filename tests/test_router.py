@@ -337,8 +337,12 @@ async def test_help_describes_fields(client: KsiClient) -> None:
     patterns = reply["fields"]["patterns"]
     assert patterns["required"] is False
     assert patterns["default"] == ["*"]
-    assert "list" in patterns["type"]
+    assert patterns["type"] == "list[str]"
     assert patterns["description"]
+    fields = (await client.request("system:help", {"event": "completion:async"}))["fields"]
+    assert fields["prompt"]["type"] == "str | None"
+    assert fields["messages"]["type"] == "list[InputMessage] | None"
+    assert fields["metadata"]["type"] == "dict[str, Any]"
     reply = await client.request("system:help", {"event": "system:help"})
     assert reply["fields"]["event"]["required"] is True
     assert reply["fields"]["event"]["type"] == "str"
