@@ -282,3 +282,21 @@ async def test_events_from_terminated_or_unknown_agents_are_ignored(short_tmp: P
         await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
         await settle(daemon)
         assert len(stub.requests) == 1 and index_of(daemon, "b") == []
+
+
+async def test_a_spawned_agent_gets_no_more_permissions_than_its_spawner(short_tmp: Path, stub: StubOpenAI) -> None:
+    profiles = {"spawner.yaml": "system: You spawn.\nallowed_events: ['agent:spawn', 'agent:info']\n",
+                "wide.yaml": "system: Wide.\nallowed_events: ['*', 'agent:info', 'system:shutdown']\n"}
+    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+        for name, text in profiles.items():
+            (short_tmp / "profiles" / name).write_text(text)
+        await spawn(client, "boss", "spawner")
+        stub.enqueue(event("agent:spawn", agent_id="child", profile="wide"))
+        await client.request("agent:send_message", {"agent_id": "boss", "message": "spawn one", "wait": True})
+        await settle(daemon)
+        child = await client.request("agent:info", {"agent_id": "child"})
+        direct = await client.request("agent:spawn", {"agent_id": "direct", "profile": "wide"})
+        direct_info = await client.request("agent:info", {"agent_id": direct["agent_id"]})
+    assert child["spawned_by"] == "boss"
+    assert child["allowed_events"] == ["agent:info"]
+    assert direct_info["allowed_events"] == ["*", "agent:info", "system:shutdown"]

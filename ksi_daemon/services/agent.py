@@ -122,6 +122,10 @@ class AgentService:
                                f"a conversation {agent_id} already exists; an agent's id names its conversation",
                                fields={"agent_id": "a conversation with this id already exists"})
             record = self._new_record(agent_id, data, profile, spawned_by=context.agent_id)
+            parent = self.records.get(context.agent_id) if context.agent_id else None
+            if parent is not None:
+                # an agent cannot hand a child more than it may do itself
+                record.allowed_events = [p for p in record.allowed_events if is_allowed(p, parent.allowed_events)]
             # the record first: an agent whose conversation is missing gets it on its first message
             await asyncio.to_thread(self.store.save, record)
             self.records[agent_id] = record
