@@ -279,9 +279,11 @@ async def test_client_that_never_reads_does_not_stall_others(daemon: Daemon) -> 
     # Write without draining: the daemon stops reading once its replies back up.
     for _ in range(20):
         deaf.writer.write(request)
-    await asyncio.sleep(0.2)
-    # its replies backed up: the daemon paused that connection instead of buffering without end
-    assert any(conn.paused_by_writer for conn in daemon.server.connections)
+    # its replies back up: the daemon pauses that connection instead of buffering without end
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while not any(conn.paused_by_writer for conn in daemon.server.connections):
+        assert asyncio.get_running_loop().time() < deadline, "the deaf connection was never paused"
+        await asyncio.sleep(0.02)
     await assert_healthy(daemon)
     deaf.writer.transport.abort()
     await asyncio.sleep(0.05)
