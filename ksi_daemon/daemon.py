@@ -18,12 +18,12 @@ from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.agent import AgentService
-from ksi_daemon.services.agent_profiles import ProfileLibrary
-from ksi_daemon.services.completion import CompletionService
-from ksi_daemon.services.consortium import ConsortiumService
-from ksi_daemon.services.conversation import ConversationService
-from ksi_daemon.services.memory import ConversationCache
+from ksi_daemon.services.agents.service import AgentService
+from ksi_daemon.services.agents.profiles import ProfileLibrary
+from ksi_daemon.services.completion.service import CompletionService
+from ksi_daemon.services.consortium.service import ConsortiumService
+from ksi_daemon.services.conversations.service import ConversationService
+from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.storage.agents import AgentStore

@@ -14,7 +14,7 @@ from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_common.records import read_index
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.agent_profiles import ProfileLibrary, shipped_profiles_dir
+from ksi_daemon.services.agents.profiles import ProfileLibrary, shipped_profiles_dir
 from tests.conftest import connected, running_daemon, stub_settings
 from tests.stub_openai import Reply
 

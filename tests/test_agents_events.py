@@ -16,7 +16,7 @@ from ksi_common.client import KsiClient
 from ksi_common.records import read_index
 from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.agent_events import FEEDBACK_HEADER, extract_events, is_allowed
+from ksi_daemon.services.agents.events import FEEDBACK_HEADER, extract_events, is_allowed
 from tests.conftest import connected, running_daemon, stub_settings
 from tests.stub_openai import StubOpenAI
 

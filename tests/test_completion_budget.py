@@ -12,7 +12,7 @@ import pytest
 
 from ksi_common.errors import KsiError
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.history import MESSAGE_OVERHEAD, NOTE_RESERVE
+from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, NOTE_RESERVE
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply
 

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from ksi_common.errors import KsiError
-from ksi_daemon.services.consortium_arbiter import Judged, read_verdict, refinement_turns
-from ksi_daemon.services.consortium_models import ConsortiumDefinition, Member, parse_definition
-from ksi_daemon.services.consortium_run import split_messages, with_member_system
+from ksi_daemon.services.consortium.arbiter import Judged, read_verdict, refinement_turns
+from ksi_daemon.services.consortium.models import ConsortiumDefinition, Member, parse_definition
+from ksi_daemon.services.consortium.run import split_messages, with_member_system
 
 
 @pytest.mark.parametrize(("text", "model", "count"), [

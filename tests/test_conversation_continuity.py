@@ -12,7 +12,7 @@ import orjson
 from ksi_common.client import KsiClient
 from ksi_common.records import IndexEntry
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.history import answerers_note
+from ksi_daemon.services.conversations.history import answerers_note
 from tests.conftest import complete, connected
 
 NOTE = "[Note: earlier replies came from:"

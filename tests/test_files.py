@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from ksi_common.errors import KsiError
-from ksi_daemon.services.attachments import FOOTER, HEADER, Attachments
+from ksi_daemon.services.completion.attachments import FOOTER, HEADER, Attachments
 from tests.conftest import complete, connected, running_daemon, stub_settings
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry
-from ksi_daemon.services.history import build_messages, select_history
-from ksi_daemon.services.memory import ConversationCache
+from ksi_daemon.services.conversations.history import build_messages, select_history
+from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
 from ksi_daemon.storage.responses import ResponseLog
 

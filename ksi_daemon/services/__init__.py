@@ -1,1 +1,1 @@
-"""One module per event namespace; each service registers its handlers when asked to."""
+"""One package per domain (completion, conversations, agents, consortium) plus the small system and monitor services; each registers its handlers when asked to."""

@@ -54,13 +54,13 @@ from ksi_common.ids import new_response_id  # noqa: E402
 from ksi_common.layout import VarLayout  # noqa: E402
 from ksi_common.records import IndexEntry, read_index, read_response  # noqa: E402
 from ksi_common.timefmt import utc_now  # noqa: E402
-from ksi_daemon.services.history import (  # noqa: E402
+from ksi_daemon.services.conversations.history import (  # noqa: E402
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
     select_history,
 )
-from ksi_daemon.services.memory import ConversationCache, exchange_from_response  # noqa: E402
+from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response  # noqa: E402
 from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore  # noqa: E402
 from ksi_daemon.storage.responses import ResponseLog  # noqa: E402
 

@@ -25,7 +25,7 @@ from ksi_common.timefmt import format_ts
 from ksi_common.transcripts import VarReader, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.conversation_models import (
+from ksi_daemon.services.conversations.models import (
     ConversationArchive,
     ConversationDelete,
     ConversationExport,
@@ -36,8 +36,8 @@ from ksi_daemon.services.conversation_models import (
     ConversationStats,
     ConversationUpdate,
 )
-from ksi_daemon.services.history import fork_chain
-from ksi_daemon.services.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.history import fork_chain
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.storage.conversations import ConversationMeta
 from ksi_daemon.storage.responses import ResponseLog
 

@@ -16,14 +16,14 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
-from ksi_daemon.services.consortium_arbiter import (
+from ksi_daemon.services.consortium.arbiter import (
     Judged,
     MemberAnswer,
     arbiter_messages,
     read_verdict,
     refinement_turns,
 )
-from ksi_daemon.services.consortium_models import ConsortiumDefinition
+from ksi_daemon.services.consortium.models import ConsortiumDefinition
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.storage.consortia import TraceLog
 from ksi_daemon.storage.responses import ResponseLog

@@ -24,24 +24,24 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services import exchange_records as records
-from ksi_daemon.services.attachments import Attachments
-from ksi_daemon.services.completion_models import (
+from ksi_daemon.services.completion import exchange_records as records
+from ksi_daemon.services.completion.attachments import Attachments
+from ksi_daemon.services.completion.models import (
     CompletionAsync,
     CompletionCancel,
     CompletionStatus,
     CompletionWait,
 )
-from ksi_daemon.services.history import (
+from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
     select_history,
 )
-from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.requests import FINISHED, RequestRegistry, RequestState
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
-from ksi_daemon.services.scheduler import Job, Scheduler
+from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.storage.conversations import ConversationMeta
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.services.memory import Exchange
+from ksi_daemon.services.conversations.memory import Exchange
 
 HEADER = "Attached files (read when this message was sent; each file appears once, its newest reference wins):"
 FOOTER = "[end of attached files]"

@@ -18,7 +18,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderReply
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.consortium_models import (
+from ksi_daemon.services.consortium.models import (
     CONSORTIUM_PREFIX,
     INLINE_NAME,
     ConsortiumDefinition,
@@ -27,7 +27,7 @@ from ksi_daemon.services.consortium_models import (
     ConsortiumTrace,
     parse_definition,
 )
-from ksi_daemon.services.consortium_run import ConsortiumRun, RunParts
+from ksi_daemon.services.consortium.run import ConsortiumRun, RunParts
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy
 from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.responses import ResponseLog

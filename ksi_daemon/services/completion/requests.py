@@ -11,8 +11,8 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import EventContext
-from ksi_daemon.services.completion_models import CompletionAsync
-from ksi_daemon.services.scheduler import Job
+from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.scheduler import Job
 
 FINISHED = ("done", "failed", "cancelled")
 

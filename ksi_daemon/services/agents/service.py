@@ -15,8 +15,8 @@ from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
 from ksi_daemon.events import validate
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.agent_events import FoundEvent, Malformed, Outcome, extract_events, feedback_text, is_allowed
-from ksi_daemon.services.agent_models import (
+from ksi_daemon.services.agents.events import FoundEvent, Malformed, Outcome, extract_events, feedback_text, is_allowed
+from ksi_daemon.services.agents.models import (
     AgentInfo,
     AgentList,
     AgentProfiles,
@@ -25,11 +25,11 @@ from ksi_daemon.services.agent_models import (
     AgentSpawn,
     AgentTerminate,
 )
-from ksi_daemon.services.agent_profiles import Profile, ProfileLibrary
-from ksi_daemon.services.completion import AgentDefaults, CompletionService
-from ksi_daemon.services.completion_models import CompletionAsync
-from ksi_daemon.services.memory import ConversationCache
-from ksi_daemon.services.requests import RequestState
+from ksi_daemon.services.agents.profiles import Profile, ProfileLibrary
+from ksi_daemon.services.completion.service import AgentDefaults, CompletionService
+from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.storage.agents import AgentRecord, AgentStore, archive_conversation, repoint_forks
 from ksi_daemon.storage.conversations import ConversationMeta
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry
-from ksi_daemon.services.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
 ANSWERER_LABELS_SHOWN = 4  # the answerers note stays short: at most this many models/agents...

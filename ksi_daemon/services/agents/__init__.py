@@ -1,0 +1,1 @@
+"""Agents: profiles, spawned agents, their messages and the events their replies may emit."""

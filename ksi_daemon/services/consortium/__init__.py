@@ -1,0 +1,1 @@
+"""Consortium: saved member sets, parallel member calls, the arbiter and run traces."""
