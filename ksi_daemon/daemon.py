@@ -31,7 +31,7 @@ from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
-from ksi_daemon.transport import SocketServer
+from ksi_daemon.transports.unix import SocketServer
 
 log = structlog.get_logger("ksi.daemon")
 

@@ -14,7 +14,7 @@ from ksi_common.client import KsiClient
 from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.events import NoData
-from ksi_daemon.transport import Connection
+from ksi_daemon.transports.unix import Connection
 from tests.conftest import running_daemon
 
 REPLY_TIMEOUT = 10.0
