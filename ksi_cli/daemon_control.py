@@ -21,7 +21,7 @@ def health(location: Location, timeout: float = 2.0) -> dict | None:
         return None
 
 
-def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
+def start(location: Location, wait: float = 15.0, http_addr: str | None = None) -> tuple[int, str]:
     """Spawn the daemon detached and return (pid, message) once the socket answers."""
     running = health(location)
     if running:
@@ -30,6 +30,8 @@ def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "ksi_daemon", "--quiet",
                "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
+    if http_addr:
+        command += ["--http", http_addr]
     with open(log_dir / "stderr.log", "ab") as stderr:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -42,7 +44,8 @@ def start(location: Location, wait: float = 15.0) -> tuple[int, str]:
             tail = (log_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
             raise RuntimeError(f"the daemon exited with code {code}: {' '.join(tail)}")
         if (info := health(location, timeout=1.0)) is not None:
-            return int(info["pid"]), f"daemon started (pid {info['pid']}) on {location.socket}"
+            where = f"{location.socket} and {info['http']}" if info.get("http") else str(location.socket)
+            return int(info["pid"]), f"daemon started (pid {info['pid']}) on {where}"
         time.sleep(0.02)
     process.terminate()
     raise RuntimeError(f"the daemon did not answer on {location.socket} within {wait}s")

@@ -57,6 +57,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "conversation": ("ksi_cli.inspect_commands", "conversation"),
     "response": ("ksi_cli.inspect_commands", "response"),
     "logs": ("ksi_cli.inspect_commands", "logs"),
+    "http": ("ksi_cli.http_commands", "http"),
 }
 
 
@@ -156,13 +157,19 @@ def daemon() -> None:
     """Start, stop and query the background daemon."""
 
 
+def http_option(command: Any) -> Any:
+    return click.option("--http", "http_addr", metavar="[HOST:]PORT",
+                        help="Also serve the HTTP front (OpenAI-compatible API) here; default KSI_HTTP_ADDR.")(command)
+
+
 @daemon.command()
 @location_options
-def start(var_dir: str | None, socket_path: str | None) -> None:
+@http_option
+def start(var_dir: str | None, socket_path: str | None, http_addr: str | None) -> None:
     """Start the daemon in the background; returns once its socket answers."""
     from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
     try:
-        _pid, message = daemon_control.start(locate(var_dir, socket_path))
+        _pid, message = daemon_control.start(locate(var_dir, socket_path), http_addr=http_addr)
     except RuntimeError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(EXIT_ERROR)
@@ -208,11 +215,13 @@ def status(var_dir: str | None, socket_path: str | None, as_json: bool) -> None:
 
 @daemon.command()
 @location_options
-def run(var_dir: str | None, socket_path: str | None) -> None:
+@http_option
+def run(var_dir: str | None, socket_path: str | None, http_addr: str | None) -> None:
     """Run the daemon in the foreground (Ctrl-C stops it)."""
     location = locate(var_dir, socket_path)
+    extra = ["--http", http_addr] if http_addr else []
     os.execv(sys.executable, [sys.executable, "-m", "ksi_daemon",
-                              "--var-dir", str(location.var_dir), "--socket", str(location.socket)])
+                              "--var-dir", str(location.var_dir), "--socket", str(location.socket), *extra])
 
 
 

@@ -34,6 +34,11 @@ class ErrorCode(StrEnum):
     FORK_CYCLE = "fork_cycle"
     OVERLOADED = "overloaded"
     DAEMON_RESTART = "daemon_restart"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    RESPONSE_NOT_FOUND = "response_not_found"
+    UNAUTHORIZED = "unauthorized"  # HTTP: a missing or wrong bearer token
+    NOT_FOUND = "not_found"  # HTTP: no such route
+    METHOD_NOT_ALLOWED = "method_not_allowed"
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
 

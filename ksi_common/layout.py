@@ -75,5 +75,9 @@ class VarLayout:
     def meta_file(self, conversation_id: str) -> Path:
         return self.conversation_meta_dir / f"{conversation_id}.json"
 
+    @property
+    def http_token_file(self) -> Path:
+        return self.state_dir / "http_token"
+
     def client_state_file(self) -> Path:
         return self.state_dir / "client.json"

@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # credentials the daemon itself reads; never echoed back
     api_key: SecretStr | None = None
 
+    # the HTTP front (OpenAI-compatible API, MCP, console): off unless an address is given
+    http_addr: str | None = None  # [HOST:]PORT; HOST defaults to 127.0.0.1
+    http_token: SecretStr | None = None  # else generated into the var dir on first start
+
     @property
     def fsync_enabled(self) -> bool:
         return self.fsync == "always"
@@ -98,5 +102,6 @@ class Settings(BaseSettings):
         """The effective settings with secrets masked, for `ksi config` and health."""
         view = self.model_dump(mode="json")
         view["api_key"] = "***" if self.api_key else None
+        view["http_token"] = "***" if self.http_token else None
         view["socket_path"] = str(self.socket)
         return view

@@ -13,12 +13,14 @@ from ksi_common.settings import Settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
+from ksi_daemon.transports.http.binding import UnsafeHttpBind
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ksi-daemon", description="Run the KSI daemon in the foreground.")
     parser.add_argument("--var-dir", type=Path, help="runtime data directory (default ./var)")
     parser.add_argument("--socket", type=Path, help="Unix socket path")
+    parser.add_argument("--http", metavar="[HOST:]PORT", help="serve the HTTP front here (default KSI_HTTP_ADDR)")
     parser.add_argument("--quiet", action="store_true", help="log to the file only")
     args = parser.parse_args(argv)
     # Provider credentials and bases (OPENAI_API_KEY, ...) may live in .env; litellm's own
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["var_dir"] = args.var_dir
     if args.socket:
         overrides["socket_path"] = args.socket
+    if args.http:
+        overrides["http_addr"] = args.http
     settings = Settings(**overrides)
     configure_logging(
         settings.layout.daemon_log,
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         asyncio.run(run_daemon(settings))
-    except (DaemonAlreadyRunning, UnsafeVarDir) as exc:
+    except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
     except KeyboardInterrupt:

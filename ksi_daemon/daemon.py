@@ -8,7 +8,7 @@ import signal
 import stat
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import structlog
@@ -31,7 +31,11 @@ from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.transports.http.binding import NoHttpFront
 from ksi_daemon.transports.unix import SocketServer
+
+if TYPE_CHECKING:
+    from ksi_daemon.transports.http.front import HttpFront
 
 log = structlog.get_logger("ksi.daemon")
 
@@ -100,8 +104,10 @@ class Daemon:
                 "consortia": self.consortium.health,
                 "agents": self.agents.count,
                 "litellm_loaded": lambda: self.litellm.loaded,
+                "http": lambda: self.http.url,
             },
         )
+        self.http = self._http_front()
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
                                      self.conversations]
         self._preload: asyncio.Task[Any] | None = None
@@ -116,6 +122,7 @@ class Daemon:
             if hasattr(service, "start"):
                 await service.start()
         await self.server.start()
+        await self.http.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         if self.settings.litellm_preload:
             # litellm's multi-second import happens after the socket answers, off the loop
@@ -148,6 +155,7 @@ class Daemon:
                 except Exception:
                     log.exception("service_stop_failed", service=type(service).__name__)
         await self.server.drain(self.settings.shutdown_timeout)
+        await self.http.stop()
         await self.server.close()
         for unregister in self._unregister:
             unregister()
@@ -160,6 +168,19 @@ class Daemon:
             self._lock.release()
             self._lock = None
         log.info("daemon_stopped")
+
+    def _http_front(self) -> HttpFront | NoHttpFront:
+        """The HTTP front with every HTTP door's routes, or a do-nothing one when no address is set."""
+        if not self.settings.http_addr:
+            return NoHttpFront()
+        # imported here: starlette and uvicorn load only when HTTP is served
+        from ksi_daemon.transports.http.front import HttpFront
+        from ksi_daemon.transports.http.openai import openai_routes
+
+        groups = [
+            openai_routes(self._handle_request, self.settings),
+        ]
+        return HttpFront(self.settings, groups)
 
     async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
         if self.shutting_down and event != "system:health":

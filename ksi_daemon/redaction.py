@@ -24,6 +24,8 @@ def known_secrets(settings: Settings | None = None, environ: Mapping[str, str] |
     if settings is not None:
         if settings.api_key is not None:
             values.append(settings.api_key.get_secret_value())
+        if settings.http_token is not None:
+            values.append(settings.http_token.get_secret_value())
         for model in settings.models.values():
             if model.api_key_env and environ.get(model.api_key_env):
                 values.append(environ[model.api_key_env])

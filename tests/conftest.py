@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,31 @@ async def complete(client: KsiClient, timeout: float = 30.0, **data: Any) -> dic
     """completion:async then completion:wait; returns the result data (raises KsiError on failure)."""
     ack = await client.request("completion:async", data)
     return await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": timeout})
+
+
+HTTP_TOKEN = "ksi-test-token-0123456789"
+
+
+@dataclass(frozen=True)
+class HttpDaemon:
+    """A daemon serving HTTP on a free loopback port: `base_url` (no trailing slash) and its `token`."""
+
+    daemon: Daemon
+    base_url: str
+    token: str
+
+
+@asynccontextmanager
+async def running_http_daemon(root: Path, **overrides: Any) -> AsyncIterator[HttpDaemon]:
+    """A real in-process daemon whose HTTP front listens on 127.0.0.1, port chosen by the kernel."""
+    overrides.setdefault("http_addr", "127.0.0.1:0")
+    overrides.setdefault("http_token", HTTP_TOKEN)
+    async with running_daemon(root, **overrides) as running:
+        yield HttpDaemon(running, running.http.url, running.http.token)
+
+
+@pytest.fixture
+async def http_daemon(short_tmp: Path, stub: Any) -> AsyncIterator[HttpDaemon]:
+    """HTTP on a free port, `openai/stub*` models routed to the local stub (the default model)."""
+    async with running_http_daemon(short_tmp, **stub_settings(stub)) as running:
+        yield running

@@ -1,0 +1,76 @@
+"""KSI errors as HTTP: the status for each code and OpenAI's error object, with KSI's code in it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+
+_STATUS: dict[str, int] = {
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.VALIDATION_ERROR: 400,
+    ErrorCode.CONTEXT_WINDOW_EXCEEDED: 400,
+    ErrorCode.PATH_NOT_ALLOWED: 400,
+    ErrorCode.FORK_CYCLE: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.CONVERSATION_EXPIRED: 404,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.AGENT_EXISTS: 409,
+    ErrorCode.AGENT_TERMINATED: 409,
+    ErrorCode.CONVERSATION_FULL: 409,
+    ErrorCode.CONVERSATION_ARCHIVED: 409,
+    ErrorCode.CANCELLED: 409,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.PROVIDER_ERROR: 502,
+    ErrorCode.PROVIDER_UNAVAILABLE: 503,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.DAEMON_RESTART: 503,
+    ErrorCode.TIMEOUT: 504,
+    # codes other doors and backends add; named here so the mapping is one table
+    "conversation_exists": 409,
+    "too_many_connections": 429,
+    "storage_full": 503,
+    "storage_error": 503,
+    "storage_unavailable": 503,
+}
+
+_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+         409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def status_for(code: str) -> int:
+    """The HTTP status of a KSI error code; unknown `*_not_found` codes are 404, other unknown ones 400."""
+    if code in _STATUS:
+        return _STATUS[code]
+    return 404 if code.endswith("_not_found") else 400
+
+
+def retry_after(error: KsiError) -> str | None:
+    """Whole seconds for a `Retry-After` header, from the error's hint (at least 1)."""
+    if status_for(error.code) != 429 and error.code not in ("provider_unavailable", "shutting_down"):
+        return None
+    hint = error.details.get("retry_after")
+    seconds = hint if isinstance(hint, int | float) and not isinstance(hint, bool) else 1
+    return str(max(1, math.ceil(seconds)))
+
+
+def error_body(error: KsiError) -> dict[str, Any]:
+    """OpenAI's error object; `param` names the first invalid field when KSI knows it."""
+    status = status_for(error.code)
+    fields = error.details.get("fields")
+    param = next(iter(fields), None) if isinstance(fields, dict) and fields else error.details.get("param")
+    body: dict[str, Any] = {
+        "message": error.message,
+        "type": _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+        "param": param if isinstance(param, str) else None,
+        "code": error.code,
+    }
+    if error.details:
+        body["details"] = error.details
+    return {"error": body}

@@ -1,0 +1,104 @@
+"""The HTTP front: served on the daemon's loop, token auth on every route, login cookie, lifecycle."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ksi_common.errors import ErrorCode
+from ksi_daemon.transports.http.binding import HttpBinding, UnsafeHttpBind
+from tests.conftest import HTTP_TOKEN, HttpDaemon, make_settings, running_daemon, running_http_daemon
+
+
+async def test_requests_without_the_token_get_401_in_openai_shape(http_daemon: HttpDaemon) -> None:
+    async with httpx.AsyncClient(base_url=http_daemon.base_url) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {HTTP_TOKEN}"}):
+            reply = await http.get("/v1/models", headers=headers)
+            assert reply.status_code == 401
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+            assert reply.json()["error"]["code"] == ErrorCode.UNAUTHORIZED
+            assert reply.json()["error"]["type"] == "authentication_error"
+        # unknown routes are behind the token too: no probing what exists
+        assert (await http.get("/nothing-here")).status_code == 401
+        ok = await http.get("/v1/models", headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
+        assert ok.status_code == 200
+        assert ok.json()["object"] == "list"
+
+
+async def test_login_sets_a_cookie_that_authenticates_a_browser(http_daemon: HttpDaemon) -> None:
+    async with httpx.AsyncClient(base_url=http_daemon.base_url) as http:
+        wrong = await http.get("/login", params={"token": "nope"})
+        assert wrong.status_code == 401
+        assert "set-cookie" not in wrong.headers
+        login = await http.get("/login", params={"token": HTTP_TOKEN})
+        assert login.status_code == 303
+        assert login.headers["location"] == "/"
+        cookie = login.headers["set-cookie"]
+        assert cookie.startswith("ksi_token=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert (await http.get("/v1/models")).status_code == 200  # the client keeps the cookie
+
+
+async def test_unknown_route_is_404_in_openai_shape(http_daemon: HttpDaemon) -> None:
+    async with httpx.AsyncClient(base_url=http_daemon.base_url,
+                                 headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as http:
+        reply = await http.get("/v1/nothing")
+        assert reply.status_code == 404
+        assert reply.json()["error"]["code"] == "not_found"
+        assert (await http.delete("/v1/models")).json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_generated_token_is_owner_only_and_stable_across_restarts(short_tmp: Path) -> None:
+    async with running_http_daemon(short_tmp, http_token=None) as first:
+        token = first.token
+        path = first.daemon.settings.layout.http_token_file
+        assert path.read_text().strip() == token and len(token) > 30
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        async with httpx.AsyncClient(base_url=first.base_url) as http:
+            assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {token}"})).status_code == 200
+    async with running_http_daemon(short_tmp, http_token=None) as second:
+        assert second.token == token
+
+
+def test_non_loopback_bind_needs_an_explicit_token(short_tmp: Path) -> None:
+    from ksi_daemon.daemon import Daemon
+
+    with pytest.raises(UnsafeHttpBind, match="explicit token"):
+        Daemon(make_settings(short_tmp, http_addr="0.0.0.0:0"))
+    Daemon(make_settings(short_tmp, http_addr="0.0.0.0:0", http_token="a-long-explicit-token"))
+    assert not (short_tmp / "var").exists() or not any((short_tmp / "var").rglob("http_token"))
+
+
+@pytest.mark.parametrize(("addr", "host", "port", "loopback"), [
+    ("8765", "127.0.0.1", 8765, True),
+    ("localhost:1", "localhost", 1, True),
+    ("[::1]:80", "::1", 80, True),
+    ("10.0.0.1:80", "10.0.0.1", 80, False),
+    ("example.org:80", "example.org", 80, False),
+])
+def test_http_addr_parsing(addr: str, host: str, port: int, loopback: bool) -> None:
+    binding = HttpBinding.parse(addr)
+    assert (binding.host, binding.port, binding.loopback) == (host, port, loopback)
+
+
+@pytest.mark.parametrize("addr", ["", "host:", "1:2:x", "70000"])
+def test_bad_http_addr_is_refused(addr: str) -> None:
+    with pytest.raises(UnsafeHttpBind):
+        HttpBinding.parse(addr)
+
+
+async def test_without_http_addr_nothing_listens(short_tmp: Path) -> None:
+    async with running_daemon(short_tmp) as daemon:
+        assert daemon.http.url is None
+        health: dict[str, Any] = await daemon.router.request("system:health", {}, _root())
+        assert health["http"] is None
+
+
+def _root() -> Any:
+    from ksi_daemon.context import EventContext
+
+    return EventContext.root()
