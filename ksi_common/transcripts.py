@@ -274,7 +274,8 @@ class VarReader:
             if agent_id and summary["agent_id"] != agent_id and not any(
                     e.agent_id == agent_id for e in self.entries(conversation_id)):
                 continue
-            if text and not self._contains(conversation_id, text):
+            if text and text.casefold() not in (summary["title"] or "").casefold() \
+                    and not self._contains(conversation_id, text):
                 continue
             matched.append(summary)
         matched.sort(key=lambda s: (_ts(s["last_activity"]) or 0.0, s["conversation_id"]), reverse=True)

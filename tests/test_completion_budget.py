@@ -119,7 +119,8 @@ async def test_nothing_is_omitted_while_everything_fits(stub_daemon_small: Daemo
     async with connected(stub_daemon_small) as client:
         first = await complete(client, model=SMALL, prompt="hi", conversation_id="fits", create=True)
         last = await complete(client, model=SMALL, prompt="again", conversation_id="fits")
-    assert last["history"] == {"exchanges_total": 1, "exchanges_sent": 1, "tokens_sent": last["history"]["tokens_sent"]}
+    assert last["history"] == {"exchanges_total": 1, "exchanges_sent": 1, "exchanges_omitted": 0,
+                               "tokens_sent": last["history"]["tokens_sent"]}
     assert chat(stub.messages()) == [("user", "hi"), ("assistant", first["content"]), ("user", "again")]
 
 

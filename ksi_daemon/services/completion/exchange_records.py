@@ -103,8 +103,9 @@ def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderRep
 
 
 def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, history: dict[str, Any],
-                attempts: int, duration_ms: float) -> dict[str, Any]:
-    """The data of completion:result (and of a successful completion:wait)."""
+                attempts: int, duration_ms: float, turns_left: int | None = None) -> dict[str, Any]:
+    """The data of completion:result (and of a successful completion:wait); `turns_left` is how
+    many more exchanges the conversation's cap allows (None: no cap)."""
     result: dict[str, Any] = {
         "request_id": state.request_id,
         "response_id": state.response_id,
@@ -119,6 +120,7 @@ def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, hi
         "attempts": attempts,
         "duration_ms": duration_ms,
         "exchange": entry.n,
+        "turns_left": turns_left,
     }
     if reply.session_note:
         result["session_note"] = reply.session_note

@@ -501,7 +501,9 @@ class CompletionService:
             await self._uncancellable(asyncio.to_thread(persist))
         memory.meta = meta
         memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
-        return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms)
+        turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
+        return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
+                                   turns_left)
 
     @staticmethod
     async def _uncancellable(work: Awaitable[None]) -> None:

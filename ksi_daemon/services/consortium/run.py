@@ -197,7 +197,8 @@ class ConsortiumRun:
             raise
         final = judged[-1]
         summary = {"name": self.name, "run_id": self.run_id, "iterations": len(judged),
-                   "confidence": final.confidence, "judging": d.judging, "arbiter_parse": parse,
+                   "confidence": final.confidence, "dissent": final.dissent, "judging": d.judging,
+                   "arbiter_parse": parse,
                    "members_answered": len(rounds[-1]) if rounds else 0, "calls": self.calls}
         if fallback:
             summary["fallback"] = fallback

@@ -27,7 +27,8 @@ class History:
         return max(0, self.total - len(self.exchanges))
 
     def stats(self) -> dict[str, int]:
-        return {"exchanges_total": self.total, "exchanges_sent": len(self.exchanges), "tokens_sent": self.tokens}
+        return {"exchanges_total": self.total, "exchanges_sent": len(self.exchanges),
+                "exchanges_omitted": self.omitted, "tokens_sent": self.tokens}
 
 
 async def fork_chain(

@@ -18,7 +18,7 @@ class ConversationList(EventData):
     model: Text | None = Field(default=None, description="only conversations that used this model (glob allowed)")
     status: Literal["active", "archived", "expired"] | None = Field(default=None, description="active, archived or expired")
     tag: Text | None = Field(default=None, description="only conversations with this tag")
-    text: Text | None = Field(default=None, min_length=1, description="only conversations whose inputs or replies contain this text")
+    text: Text | None = Field(default=None, min_length=1, description="only conversations whose title, inputs or replies contain this text (any case)")
     since: Text | None = Field(default=None, description="only conversations active at or after this ISO-8601 time")
     limit: int = Field(default=50, gt=0, le=1000, description="page size")
     offset: int = Field(default=0, ge=0, description="how many matches to skip")

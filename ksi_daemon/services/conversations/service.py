@@ -101,6 +101,11 @@ class ConversationService:
                        "Delete a conversation's index, metadata and response files, and nothing else."),
         ]
 
+    def _changed(self, conversation_id: str, change: str, context: EventContext) -> None:
+        """Tell listeners (MCP resource subscriptions, monitors) a conversation changed, once it has."""
+        self.router.emit("conversation:changed", {"conversation_id": conversation_id, "change": change},
+                         context.child())
+
     def _summary(self, meta: ConversationMeta) -> dict[str, Any]:
         return summarize(meta.model_dump(mode="json"), self.clock())
 
@@ -141,7 +146,7 @@ class ConversationService:
             memory.meta = meta
         return meta
 
-    async def handle_update(self, data: ConversationUpdate, _context: EventContext) -> dict[str, Any]:
+    async def handle_update(self, data: ConversationUpdate, context: EventContext) -> dict[str, Any]:
         changes: dict[str, Any] = {}
         for name in data.model_fields_set - {"conversation_id"}:
             value = getattr(data, name)
@@ -152,14 +157,16 @@ class ConversationService:
             changes[name] = value  # an explicit null clears title, ttl or turn_cap
         meta = await self._change(data.conversation_id, changes)
         log.info("conversation_updated", conversation_id=data.conversation_id, fields=sorted(changes))
+        self._changed(data.conversation_id, "updated", context)
         return {"conversation": self._summary(meta), "updated": sorted(changes)}
 
-    async def handle_archive(self, data: ConversationArchive, _context: EventContext) -> dict[str, Any]:
+    async def handle_archive(self, data: ConversationArchive, context: EventContext) -> dict[str, Any]:
         meta = await self._change(data.conversation_id, {"status": "archived"})
+        self._changed(data.conversation_id, "archived", context)
         return {"conversation": self._summary(meta)}
 
     # -- fork -----------------------------------------------------------------
-    async def handle_fork(self, data: ConversationFork, _context: EventContext) -> dict[str, Any]:
+    async def handle_fork(self, data: ConversationFork, context: EventContext) -> dict[str, Any]:
         parent = await self.cache.require(data.conversation_id)
         chain = await fork_chain(self.cache, parent, self.settings.max_fork_depth)  # fork_cycle surfaces here
         count = parent.total
@@ -182,6 +189,7 @@ class ConversationService:
         await asyncio.to_thread(self.store.save_meta, meta)
         self.cache.create(meta)
         log.info("conversation_forked", conversation_id=fork_id, parent_id=parent.conversation_id, at=at)
+        self._changed(fork_id, "created", context)
         return {"conversation_id": fork_id, "parent_id": parent.conversation_id, "fork_at": at,
                 "conversation": self._summary(meta)}
 
@@ -199,13 +207,14 @@ class ConversationService:
                            fields={field_name: "a conversation with this id exists"})
 
     # -- import ---------------------------------------------------------------
-    async def handle_import(self, data: ConversationImport, _context: EventContext) -> dict[str, Any]:
+    async def handle_import(self, data: ConversationImport, context: EventContext) -> dict[str, Any]:
         document = parse_export(data.data, data.format)
         conversation_id = data.new_id or new_id("conv-")
         await self._check_free(conversation_id, "new_id")
         now = format_ts(self.clock())
         meta, skipped = await asyncio.to_thread(self._write_import, document, conversation_id, now, data.title)
         log.info("conversation_imported", conversation_id=conversation_id, exchanges=meta.exchanges)
+        self._changed(conversation_id, "created", context)
         return {"conversation_id": conversation_id, "exchanges": meta.exchanges, "skipped": skipped,
                 "imported_from": document["conversation"].get("conversation_id"),
                 "conversation": self._summary(meta)}
@@ -277,7 +286,7 @@ class ConversationService:
         return meta, skipped
 
     # -- delete ---------------------------------------------------------------
-    async def handle_delete(self, data: ConversationDelete, _context: EventContext) -> dict[str, Any]:
+    async def handle_delete(self, data: ConversationDelete, context: EventContext) -> dict[str, Any]:
         conversation_id = data.conversation_id
         memory = await self.cache.require(conversation_id)
         previous = memory.meta
@@ -293,6 +302,7 @@ class ConversationService:
         self.cache.forget(conversation_id)
         forks = await asyncio.to_thread(self.reader.forks_of, conversation_id)
         log.info("conversation_deleted", conversation_id=conversation_id, files=len(removed))
+        self._changed(conversation_id, "deleted", context)
         return {"conversation_id": conversation_id, "deleted": True, "removed": removed,
                 "cancelled_requests": cancelled, "orphaned_forks": forks}
 
