@@ -58,6 +58,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "response": ("ksi_cli.inspect_commands", "response"),
     "logs": ("ksi_cli.inspect_commands", "logs"),
     "http": ("ksi_cli.http_commands", "http"),
+    "mcp": ("ksi_cli.mcp_command", "mcp"),
 }
 
 
