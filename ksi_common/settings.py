@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +11,12 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ksi_common.layout import VarLayout
+
+
+def mask_url(url: str) -> str:
+    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db` (and any `password=`)."""
+    masked = re.sub(r"(//[^/@:]*):[^/]*@", r"\1:***@", url)
+    return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", masked)
 
 
 class ModelSettings(BaseModel):
@@ -52,6 +59,8 @@ class Settings(BaseSettings):
     finished_requests_kept: int = Field(default=10_000, gt=0)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     fsync: Literal["always", "never"] = "always"
+    storage: Literal["jsonl", "postgres"] = "jsonl"  # the backend, by name (ksi_daemon.storage.backends)
+    database_url: SecretStr | None = None  # postgresql://... for storage=postgres; never shown unmasked
     litellm_preload: bool = True
     cli_timeout: float = Field(default=300.0, gt=0)
 
@@ -103,5 +112,6 @@ class Settings(BaseSettings):
         view = self.model_dump(mode="json")
         view["api_key"] = "***" if self.api_key else None
         view["http_token"] = "***" if self.http_token else None
+        view["database_url"] = mask_url(self.database_url.get_secret_value()) if self.database_url else None
         view["socket_path"] = str(self.socket)
         return view

@@ -5,39 +5,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from ksi_common.ids import is_safe_id
 from ksi_common.layout import VarLayout
-from ksi_common.timefmt import utc_now
+from ksi_daemon.storage.models import AgentRecord
 from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
 from ksi_daemon.storage.files import read_json, replace_json
 
 log = structlog.get_logger("ksi.storage.agents")
-
-
-class AgentRecord(BaseModel):
-    """What an agent is: a snapshot of its profile taken at spawn, its state and its conversations."""
-
-    v: int = 1
-    agent_id: str
-    conversation_id: str
-    profile: str | None = None
-    model: str | None = None  # None: the daemon's default model at the time of each request
-    system: str | None = None
-    temperature: float | None = None
-    allowed_events: list[str] = Field(default_factory=list)
-    options: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    status: Literal["active", "terminated"] = "active"
-    created: str = Field(default_factory=utc_now)
-    last_activity: str = Field(default_factory=utc_now)
-    terminated_at: str | None = None
-    spawned_by: str | None = None
-    previous_conversations: list[str] = Field(default_factory=list)  # kept by agent:reset, oldest first
 
 
 class AgentStore:

@@ -3,52 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
 
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, read_index, read_index_tail
-from ksi_common.timefmt import utc_now
+from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange  # noqa: F401  (re-exported)
 from ksi_daemon.storage.files import append_lines, jsonl, read_json, replace_json
-
-
-class SystemChange(BaseModel):
-    from_n: int
-    system: str | None
-    ts: str
-
-
-class CliSession(BaseModel):
-    """The CLI session that holds this conversation up to exchange `n`."""
-
-    model: str
-    session_id: str
-    n: int
-
-
-class ConversationMeta(BaseModel):
-    v: int = 1
-    conversation_id: str
-    created: str = Field(default_factory=utc_now)
-    last_activity: str = Field(default_factory=utc_now)
-    title: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    status: Literal["active", "archived"] = "active"
-    agent_id: str | None = None
-    system: str | None = None
-    system_changes: list[SystemChange] = Field(default_factory=list)
-    parent_id: str | None = None
-    fork_at: int | None = None
-    ttl: float | None = None
-    turn_cap: int | None = None
-    cli_session: CliSession | None = None
-    exchanges: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    models: list[str] = Field(default_factory=list)
-    extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class ConversationStore:

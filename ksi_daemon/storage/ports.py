@@ -1,0 +1,211 @@
+"""The storage ports: what services may ask of storage, in domain types (never a path).
+
+Every backend (JSONL under `var/`, PostgreSQL) implements these Protocols; the composition root
+picks one by name (`backends.py`) and services see only the ports. Every method is a coroutine:
+a backend does its blocking work off the event loop (JSONL) or over an async driver (PostgreSQL).
+
+Several daemons may share one backend (PostgreSQL), so the writes that could collide are
+conditional: appending exchange n fails when n is taken (`ExchangeConflict`, the caller reloads
+the head and retries), and creating a conversation or an agent is an exclusive create
+(`ConversationExists`, `AgentExists`). A cache asks `head()` whether the history moved under it
+when `shared` says another daemon may write.
+
+Read-only access, shared with the `ksi` inspection commands, is `ksi_common.reading.StoredReader`;
+a conversation store is also such a reader, so the daemon and the CLI read through the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ksi_common.reading import StoredReader
+from ksi_common.records import IndexEntry, ResponseRecord
+from ksi_daemon.storage.models import AgentRecord, ConversationMeta
+
+
+class ExchangeConflict(Exception):
+    """Exchange `n` is taken (another writer appended first): reload the head and retry."""
+
+    def __init__(self, conversation_id: str, n: int, head: int) -> None:
+        super().__init__(f"exchange {n} of {conversation_id} is taken; the head is {head}")
+        self.conversation_id = conversation_id
+        self.n = n
+        self.head = head
+
+
+class ConversationExists(Exception):
+    """An exclusive create found the conversation already there."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id} already exists")
+        self.conversation_id = conversation_id
+
+
+class AgentExists(Exception):
+    """An exclusive create found the agent record already there."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent {agent_id} already exists")
+        self.agent_id = agent_id
+
+
+class ConversationStore(StoredReader, Protocol):
+    """Conversations: metadata, the exchange index, and the lifecycle moves of both."""
+
+    @property
+    def shared(self) -> bool:
+        """True when another daemon may write the same conversations (caches must check `head`)."""
+        ...
+
+    async def exists(self, conversation_id: str) -> bool:
+        """Whether the conversation has metadata or an index."""
+        ...
+
+    async def create(self, meta: ConversationMeta) -> None:
+        """Exclusive create: raises `ConversationExists` when the id is taken (metadata or index)."""
+        ...
+
+    async def load_meta(self, conversation_id: str) -> ConversationMeta | None:
+        """The metadata; an index without metadata gets a minimal record; None when neither exists."""
+        ...
+
+    async def save_meta(self, meta: ConversationMeta) -> None:
+        """Replace the metadata of an existing conversation (last writer wins)."""
+        ...
+
+    async def head(self, conversation_id: str) -> int:
+        """The number of the last indexed exchange (0 when none); cheap: no history is read."""
+        ...
+
+    async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
+                              response: list[dict[str, Any]] | None = None,
+                              meta: ConversationMeta | None = None) -> None:
+        """Conditional append of one exchange, durable before it returns: first its response
+        record (`response`, the record's lines, when given: kept as is if an earlier attempt of
+        this append wrote it), then the index line of `entry`, then `meta` replaces the metadata.
+
+        Refused with `ExchangeConflict` when an exchange numbered `entry.n` or later is already
+        indexed: no index line and no metadata are written; the caller reloads the head and
+        the metadata, renumbers, and calls again with the same response.
+        """
+        ...
+
+    async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
+        """The newest non-feedback entries whose token counts fit the budget (oldest first) and the
+        head; the cost follows the budget, not the length of the conversation."""
+        ...
+
+    async def move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
+        """Move a whole conversation (index and metadata) to `new_id`, noting `note` in its
+        metadata's `extra`; forks of it follow it. Returns the forks repointed. Response records
+        are untouched (they are named by response id)."""
+        ...
+
+    async def delete(self, conversation_id: str) -> list[str]:
+        """Delete the index, the metadata and the response records that belong to the
+        conversation and to no other index. Returns what was removed, as names of the stored
+        items (JSONL: paths relative to the var dir)."""
+        ...
+
+    async def import_conversation(self, meta: ConversationMeta,
+                                  exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
+        """Create a conversation whole from imported exchanges (entry, response-record lines):
+        exclusive like `create`; its response records are new ones."""
+        ...
+
+
+class ResponseStore(Protocol):
+    """Response records: one per request, the raw inputs then the outcome, written whole once."""
+
+    async def write(self, response_id: str, lines: list[dict[str, Any]]) -> None:
+        """Write a new record, durable before it returns; never overwrites an existing one."""
+        ...
+
+    async def read(self, response_id: str) -> ResponseRecord | None: ...
+
+    async def read_many(self, response_ids: list[str]) -> list[ResponseRecord | None]:
+        """Records in the order asked, None for a missing one; one round trip where it can."""
+        ...
+
+
+class AgentStore(Protocol):
+    async def create(self, record: AgentRecord) -> None:
+        """Exclusive create: raises `AgentExists` when a record with this id exists."""
+        ...
+
+    async def save(self, record: AgentRecord) -> None:
+        """Replace the record of an existing agent."""
+        ...
+
+    async def load(self, agent_id: str) -> AgentRecord | None: ...
+
+    async def load_all(self) -> list[AgentRecord]:
+        """Every readable record; a damaged one is logged and skipped, never fatal."""
+        ...
+
+
+class ConsortiumStore(Protocol):
+    """Saved consortium definitions, by name (names are validated by the caller)."""
+
+    async def save(self, name: str, definition: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Write or replace a definition; returns the stored record and whether one was replaced."""
+        ...
+
+    async def load(self, name: str) -> dict[str, Any] | None: ...
+
+    async def load_all(self) -> dict[str, dict[str, Any]]: ...
+
+    async def remove(self, name: str) -> bool: ...
+
+
+class TraceStore(Protocol):
+    """Consortium run traces: one append-only sequence of lines per run."""
+
+    async def append(self, run_id: str, line: dict[str, Any], durable: bool = False) -> None: ...
+
+    async def read(self, run_id: str) -> list[dict[str, Any]] | None:
+        """The run's lines in order; None for an unknown run."""
+        ...
+
+
+class RequestJournal(Protocol):
+    """Request states, so work interrupted by a crash is reported after a restart.
+
+    `record` is called on the hot path and must not block the loop: an implementation may
+    buffer and write in the background (lines of one request stay in order). Each daemon has
+    its own journal: a shared backend keys it by the daemon's identity.
+    """
+
+    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None) -> None: ...
+
+    async def unfinished(self) -> list[dict[str, Any]]:
+        """The last state of every request (queued or running) the previous run left unfinished,
+        plus the ones kept from earlier recoveries (`code` or `recovered` set)."""
+        ...
+
+    async def replace(self, lines: list[dict[str, Any]]) -> None:
+        """Compact the journal to exactly `lines` (the recovered requests)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Storage(Protocol):
+    """One backend: every store, opened and closed together."""
+
+    conversations: ConversationStore
+    responses: ResponseStore
+    agents: AgentStore
+    consortia: ConsortiumStore
+    traces: TraceStore
+    journal: RequestJournal
+
+    async def open(self) -> None:
+        """Connect and prepare (directories, schema); raises `KsiError(storage_unavailable)`."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What `system:health` and `ksi config` show (secrets masked)."""
+        ...
