@@ -14,7 +14,7 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
 from ksi_common.errors import KsiError
-from ksi_common.liveness import read_pid, socket_answers
+from ksi_common.liveness import read_pid, socket_answers, socket_path_state
 
 _BLOCK = 64 * 1024
 
@@ -73,8 +73,8 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
             cut = truncate_torn_tail(path)
             done.append({"kind": problem.kind, "path": str(path), "action": f"truncated {cut} torn bytes"})
         elif problem.kind in ("stale_pid", "stale_socket"):
-            if problem.kind == "stale_socket" and socket_answers(path):
-                continue  # it came alive meanwhile: not ours to remove
+            if problem.kind == "stale_socket" and socket_path_state(path) != "stale":
+                continue  # it came alive or was replaced meanwhile: not ours to remove
             try:
                 path.unlink()
             except FileNotFoundError:

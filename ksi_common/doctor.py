@@ -13,7 +13,7 @@ from typing import Any
 
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
-from ksi_common.liveness import pid_alive, read_pid, socket_answers
+from ksi_common.liveness import pid_alive, read_pid, socket_path_state
 from ksi_common.records import read_index, read_response
 
 # problems `--repair` may fix without losing anything
@@ -77,7 +77,11 @@ def check_run_dir(layout: VarLayout, socket_path: Path | None = None) -> list[Fi
         findings.append(Finding("stale_pid", str(layout.pid_file),
                                 f"pid {pid if pid is not None else '?'} is not running", True, {"pid": pid}))
     sock = socket_path or layout.default_socket
-    if (sock.exists() or sock.is_symlink()) and not socket_answers(sock):
+    state = socket_path_state(sock)
+    if state == "foreign":
+        findings.append(Finding("socket_path_occupied", str(sock),
+                                "not a socket; the daemon will not start on it, and nothing here removes it"))
+    elif state == "stale" and (pid is None or not pid_alive(pid)):
         findings.append(Finding("stale_socket", str(sock), "nothing answers on this socket", True))
     return findings
 

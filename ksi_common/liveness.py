@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from pathlib import Path
+from typing import Literal
 
 from ksi_common.layout import VarLayout
 
@@ -46,3 +48,18 @@ def read_pid(layout: VarLayout) -> int | None:
         return int(layout.pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+SocketPathState = Literal["absent", "live", "stale", "foreign"]
+
+
+def socket_path_state(path: Path) -> SocketPathState:
+    """What is at a socket path: nothing, a socket that answers, a socket nobody listens on
+    (stale: safe to remove), or something that is not a socket (never ours to remove)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "absent"
+    if not stat.S_ISSOCK(mode):
+        return "foreign"
+    return "live" if socket_answers(path) else "stale"

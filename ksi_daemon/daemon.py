@@ -14,6 +14,7 @@ import filelock
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.liveness import socket_path_state
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
@@ -46,6 +47,10 @@ class DaemonAlreadyRunning(RuntimeError):
 
 class UnsafeVarDir(RuntimeError):
     pass
+
+
+class UnsafeSocketPath(UnsafeVarDir):
+    """Something that is not a stale KSI socket sits at the socket path: it is never removed."""
 
 
 class Daemon:
@@ -116,6 +121,11 @@ class Daemon:
     async def start(self) -> None:
         self._prepare_dirs()
         self._acquire_lock()
+        try:
+            self._clear_stale_files()
+        except BaseException:
+            self._release_lock()
+            raise
         for service in self._services:
             self._unregister.extend(service.register())
         for service in self._services:
@@ -164,10 +174,13 @@ class Daemon:
             self.layout.pid_file.unlink()
         except FileNotFoundError:
             pass
+        self._release_lock()
+        log.info("daemon_stopped")
+
+    def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-        log.info("daemon_stopped")
 
     def _http_front(self) -> HttpFront | NoHttpFront:
         """The HTTP front with every HTTP door's routes, or a do-nothing one when no address is set."""
@@ -214,11 +227,23 @@ class Daemon:
                 f"another daemon (pid {pid}) is already running on {self.layout.root}"
             ) from None
         self._lock = lock
-        # The lock is ours, so any pid file or socket left here belongs to a dead daemon.
-        for stale in (self.layout.pid_file, self.settings.socket):
-            if stale.exists() or stale.is_symlink():
-                log.warning("stale_file_removed", path=str(stale))
-                stale.unlink()
+
+    def _clear_stale_files(self) -> None:
+        """The lock is ours, so a pid file here belongs to a dead daemon. The socket path may lie
+        outside the var dir (a shared directory): only a socket nobody answers on is removed."""
+        pid_file = self.layout.pid_file
+        if pid_file.exists() or pid_file.is_symlink():
+            log.warning("stale_file_removed", path=str(pid_file))
+            pid_file.unlink()
+        sock = self.settings.socket
+        state = socket_path_state(sock)
+        if state == "foreign":
+            raise UnsafeSocketPath(f"{sock} exists and is not a socket; refusing to replace it")
+        if state == "live":
+            raise DaemonAlreadyRunning(f"another daemon already answers on {sock}")
+        if state == "stale":
+            log.warning("stale_file_removed", path=str(sock))
+            sock.unlink()
 
 
 async def run_daemon(settings: Settings) -> None:

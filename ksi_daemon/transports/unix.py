@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
+import errno
 import os
 import socket
 import struct
@@ -350,10 +351,13 @@ class SocketServer:
         return False
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.path.parent, 0o700)
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()
+        # A directory we create is private; one that exists (a shared one named by --socket) is
+        # not ours to change: the socket file itself is 0600 and peers are checked by uid.
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, mode=0o700)
+            os.chmod(self.path.parent, 0o700)
+        if os.path.lexists(self.path):
+            raise OSError(errno.EEXIST, "the socket path is taken", str(self.path))
         old_umask = os.umask(0o177)
         try:
             self._server = await asyncio.get_running_loop().create_unix_server(
