@@ -27,6 +27,9 @@ class ModelSettings(BaseModel):
     context_window: int | None = Field(default=None, gt=0)
     output_reserve: int | None = Field(default=None, ge=0)
     max_concurrency: int | None = Field(default=None, gt=0)
+    # provider options a request may set for this model although they pick a host or credentials
+    # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
+    allow_options: list[str] = Field(default_factory=list)
 
 
 class Settings(BaseSettings):

@@ -17,6 +17,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
+from ksi_daemon.providers.options import check_options
 from ksi_daemon.providers.base import SESSION_METADATA_KEY, ProviderCall, ProviderFailure, ProviderReply
 from ksi_daemon.redaction import Redactor, known_secrets
 
@@ -143,6 +144,10 @@ class LiteLLMProvider:
 
     # -- calls --------------------------------------------------------------
     def _call_kwargs(self, call: ProviderCall) -> dict[str, Any]:
+        overrides = self.settings.model_settings(call.model)
+        # checked when the request was accepted; again here for every model a call reaches
+        # (consortium members run under the options of the consortium's request)
+        check_options(call.model, call.options, overrides.allow_options)
         kwargs: dict[str, Any] = dict(call.options)
         kwargs.update(model=call.model, messages=call.messages, max_retries=0)
         if call.temperature is not None:
@@ -151,7 +156,6 @@ class LiteLLMProvider:
             kwargs["max_tokens"] = call.max_tokens
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
-        overrides = self.settings.model_settings(call.model)
         if overrides.api_base:
             kwargs.setdefault("api_base", overrides.api_base)
         if overrides.api_key_env and os.environ.get(overrides.api_key_env):

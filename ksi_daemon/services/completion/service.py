@@ -17,6 +17,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
+from ksi_daemon.providers.options import check_options, is_routing_option
 from ksi_daemon.providers.base import (
     Provider,
     ProviderCall,
@@ -261,7 +262,7 @@ class CompletionService:
         if chosen is not None:
             await self._check_answerer(chosen, data)  # before a new conversation is written
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
-        memory = await self._conversation_for(conversation_id, data, agent)
+        memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
         if memory.meta.turn_cap is not None:
             pending = self.requests.count_live(memory.conversation_id)
@@ -272,6 +273,7 @@ class CompletionService:
         model = chosen or self._last_model(memory) or self.settings.default_model
         if chosen is None:
             await self._check_answerer(model, data)
+        self._check_options(model, data)
         self._check_capacity()  # again: other requests may have been queued while this one waited
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
@@ -289,8 +291,17 @@ class CompletionService:
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
 
+    def _check_options(self, model: str, data: CompletionAsync) -> None:
+        check_options(model, data.options, self.settings.model_settings(model).allow_options)
+
     async def _conversation_for(self, conversation_id: str | None, data: CompletionAsync,
-                                agent: AgentDefaults | None) -> ConversationMemory:
+                                agent: AgentDefaults | None, chosen: str | None) -> ConversationMemory:
+        if any(is_routing_option(name) for name in data.options) and (
+                conversation_id is None or self.cache.cached(conversation_id) is None):
+            # a new conversation answers with the chosen or the default model: refuse its options
+            # before anything is written (an existing one is checked against its own last model)
+            if conversation_id is None or not await asyncio.to_thread(self.cache.store.exists, conversation_id):
+                self._check_options(chosen or self.settings.default_model, data)
         if conversation_id is None:
             return await self.create_conversation(new_id("conv-"), agent_id=data.agent_id, system=agent.system if agent else None)
         memory = await self.cache.get(conversation_id)
