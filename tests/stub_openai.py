@@ -25,6 +25,8 @@ class Reply:
     delay: float = 0.0
     drip: float | None = None  # seconds between bytes of the body
     close: bool = False  # drop the connection without answering
+    cut: bool = False  # a stream that stops after its text: no finish reason, no [DONE]
+    endless: bool = False  # a 200 body that never ends (until the client stops reading)
 
 
 def default_answer(messages: list[dict[str, Any]]) -> str:
@@ -92,11 +94,13 @@ class StubOpenAI:
                 assert request.transport is not None
                 request.transport.close()
                 return web.Response(status=500)
+            if reply.endless:
+                return await self._endless(request)
             if reply.status != 200 or reply.body is not None:
                 return await self._raw(request, reply)
             text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
             if body.get("stream"):
-                return await self._stream(request, body, text)
+                return await self._stream(request, body, text, cut=reply.cut)
             return web.json_response(self._completion(body, text))
         finally:
             self.in_flight -= 1
@@ -129,7 +133,21 @@ class StubOpenAI:
                       "total_tokens": prompt_tokens + len(text.split())},
         }
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], text: str) -> web.StreamResponse:
+    @staticmethod
+    async def _endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"id": "chatcmpl-endless", "choices": [{"index": 0, "message": {"content": "')
+        block = b"x" * 65536
+        try:
+            while True:
+                await response.write(block)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
+                      cut: bool = False) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
@@ -140,6 +158,9 @@ class StubOpenAI:
                      "model": body.get("model", "stub"),
                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if cut:
+            await response.write_eof()
+            return response
         final = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
                  "model": body.get("model", "stub"),
                  "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],

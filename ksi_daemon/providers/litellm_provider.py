@@ -13,10 +13,12 @@ from email.utils import parsedate_to_datetime
 from types import ModuleType
 from typing import Any
 
+import httpx
 import structlog
 
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
+from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.options import check_options
 from ksi_daemon.providers.base import SESSION_METADATA_KEY, ProviderCall, ProviderFailure, ProviderReply
 from ksi_daemon.redaction import Redactor, known_secrets
@@ -66,6 +68,10 @@ class LiteLLMProvider:
                 litellm.disable_hf_tokenizer_download = True
                 litellm.telemetry = False
                 litellm.drop_params = True
+                # calls through the openai SDK (every OpenAI-compatible server) read their answer
+                # through this client, which stops at the size limit
+                litellm.aclient_session = httpx.AsyncClient(
+                    transport=BodyLimitTransport(self.settings.max_response_bytes), follow_redirects=False)
                 litellm.custom_provider_map = [
                     *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
                     *self._custom_providers(),
@@ -209,8 +215,18 @@ class LiteLLMProvider:
             if chunk_usage:
                 usage = _usage_dict(chunk_usage)
         content = "".join(parts)
+        # litellm's stream wrapper adds a "stop" of its own when the provider sent none; what the
+        # provider itself sent is kept on the wrapper
+        sent = (getattr(stream, "received_finish_reason", None), getattr(stream, "intermittent_finish_reason", None))
+        if not any(sent):
+            finish_reason = None
+        if finish_reason is None:
+            # a stream cut short (a dropped connection, a proxy timeout) ends like a finished one,
+            # only without the finish reason: its text is a fragment, never a whole answer
+            raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's stream ended without a finish reason",
+                                  retryable=True, reason="truncated", received_bytes=received)
         return ProviderReply(
-            content=content, model=call.model, finish_reason=finish_reason or "stop", usage=usage,
+            content=content, model=call.model, finish_reason=finish_reason, usage=usage,
             cost=None, provider=provider_of(call.model), provider_response_id=response_id,
         )
 
@@ -221,7 +237,11 @@ class LiteLLMProvider:
                                reason="response_too_large", limit=limit, received_bytes=size)
 
     def _reply(self, litellm: ModuleType, call: ProviderCall, response: Any) -> ProviderReply:
-        choice = response.choices[0]
+        choices = getattr(response, "choices", None)
+        if not choices or getattr(choices[0], "message", None) is None:
+            raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider answered without a choice",
+                                  retryable=True, reason="no_choices")
+        choice = choices[0]
         content = choice.message.content or ""
         size = len(content.encode())
         if size > self.settings.max_response_bytes:
@@ -281,11 +301,27 @@ def _retry_after(exc: Exception) -> float | None:
             return None
 
 
+def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
+    """The size-limit refusal behind `exc`, which the SDK and litellm wrap in their own errors."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ResponseTooLarge):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] = str) -> ProviderFailure:
     """A litellm exception as a ProviderFailure with the design's error code, secrets hidden."""
     errors = litellm.exceptions
     message = redact(str(getattr(exc, "message", None) or exc))[:2000]
     status = getattr(exc, "status_code", None)
+    if (too_large := _too_large_cause(exc)) is not None:
+        return ProviderFailure(ErrorCode.PROVIDER_ERROR,
+                               f"the provider's answer exceeds the size limit of {too_large.limit} bytes",
+                               reason="response_too_large", limit=too_large.limit)
     if isinstance(exc, errors.ContextWindowExceededError):
         return ProviderFailure(ErrorCode.CONTEXT_WINDOW_EXCEEDED, message, status=status)
     if isinstance(exc, errors.RateLimitError):
