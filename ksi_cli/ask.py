@@ -23,6 +23,8 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_cli.params import Seconds
+from ksi_common.limits import MAX_TIMEOUT
 
 ACK_TIMEOUT = 30.0  # seconds for completion:async's acknowledgement
 LAST_ASK = "last_ask"
@@ -107,7 +109,7 @@ def _show_result(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--continue", "continue_last", is_flag=True,
               help="Continue the conversation of the last `ksi ask` on this var dir.")
 @click.option("--system", "-s", help="System prompt; replaces the conversation's from now on.")
-@click.option("--timeout", type=float, default=300.0, show_default=True,
+@click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True,
               help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON even on a terminal.")
 @click.option("--var-dir", help="The daemon's var directory (default ./var).")

@@ -19,6 +19,8 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_cli.params import Seconds
+from ksi_common.limits import MAX_TIMEOUT
 
 if TYPE_CHECKING:
     import asyncio
@@ -189,7 +191,7 @@ async def _session(location: Location, agent_id: str | None, profile: str | None
 @click.option("--profile", "-p", help="Spawn a new agent from this profile (AGENT_ID, if given, names it).")
 @click.option("--model", "-m", help="Model of a new agent (default: the profile's, else the daemon's).")
 @click.option("--no-stream", is_flag=True, help="Show each reply whole instead of as it is written.")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for each reply.")
+@click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True, help="Seconds to wait for each reply.")
 @click.option("--var-dir", help="The daemon's var directory (default ./var).")
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def chat(agent_id: str | None, profile: str | None, model: str | None, no_stream: bool, timeout: float,

@@ -5,16 +5,35 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ksi_common.limits import out_of_range
+
 
 class EventArgsError(ValueError):
     pass
 
 
+def _refuse_constant(name: str) -> Any:
+    raise EventArgsError(f"{name} is not a number JSON can carry")
+
+
 def _value(text: str) -> Any:
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except EventArgsError:
+        raise
     except ValueError:
         return text
+    problem = out_of_range(value)
+    if problem is not None:
+        raise EventArgsError(f"{text!r}: {problem}")
+    return value
+
+
+def check_payload(data: Any) -> None:
+    """Refuse what has no JSON form (NaN, infinities, 1e400) instead of sending it as null."""
+    problem = out_of_range(data)
+    if problem is not None:
+        raise EventArgsError(problem)
 
 
 def parse_event_args(words: list[str]) -> dict[str, Any]:

@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 
-from ksi_cli.event_args import EventArgsError, parse_event_args
+from ksi_cli.event_args import EventArgsError, check_payload, parse_event_args
+from ksi_cli.params import Seconds
+from ksi_common.limits import MAX_TIMEOUT
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, fail, show
 from ksi_common import __version__, oneshot
@@ -77,12 +79,17 @@ def request_or_exit(location: Location, event: str, data: dict[str, Any], as_jso
         raise  # unreachable: fail() exits
 
 
+def _refused(message: str) -> Any:
+    raise click.UsageError(message)
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @location_options
 @json_option
 @click.option("--data", "data_json", help="The whole payload as a JSON object.")
 @click.option("--wait", is_flag=True, help="For completion:async / agent:send_message: wait for the result.")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for a reply.")
+@click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True,
+              help="Seconds to wait for a reply.")
 @click.argument("event")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
 def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, timeout: float,
@@ -91,12 +98,13 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
     data: dict[str, Any] = {}
     if data_json:
         try:
-            data = json.loads(data_json)
+            data = json.loads(data_json, parse_constant=lambda name: _refused(f"--data: {name} is not a number JSON can carry"))
         except ValueError as exc:
             raise click.UsageError(f"--data is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise click.UsageError("--data must be a JSON object")
     try:
+        check_payload(data)
         data.update(parse_event_args(list(words)))
     except EventArgsError as exc:
         raise click.UsageError(str(exc)) from None
@@ -179,7 +187,8 @@ def start(var_dir: str | None, socket_path: str | None, http_addr: str | None) -
 
 @daemon.command()
 @location_options
-@click.option("--timeout", type=float, default=15.0, show_default=True, help="Grace period before SIGTERM.")
+@click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=15.0, show_default=True,
+              help="Grace period before SIGTERM.")
 def stop(var_dir: str | None, socket_path: str | None, timeout: float) -> None:
     """Stop the daemon gracefully (SIGTERM after the timeout)."""
     from ksi_cli import daemon_control  # imported here: `ksi send` does not need it

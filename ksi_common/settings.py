@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ksi_common.layout import VarLayout
+from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
 
 def mask_url(url: str) -> str:
@@ -34,7 +35,7 @@ class ModelSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore", allow_inf_nan=False
     )
 
     var_dir: Path = Path("var")
@@ -44,17 +45,17 @@ class Settings(BaseSettings):
     push_queue_size: int = Field(default=1000, gt=0)
     max_inflight_per_connection: int = Field(default=256, gt=0)
     allow_uids: list[int] = Field(default_factory=list)
-    shutdown_timeout: float = Field(default=10.0, ge=0)
+    shutdown_timeout: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT)
 
     # completions
     max_concurrency: int = Field(default=8, gt=0)
     max_queued: int = Field(default=10_000, gt=0)
-    request_timeout: float = Field(default=120.0, gt=0)
+    request_timeout: float = Field(default=120.0, gt=0, le=MAX_TIMEOUT)
     retry_attempts: int = Field(default=3, ge=1)
-    retry_base_delay: float = Field(default=0.5, ge=0)
-    retry_max_delay: float = Field(default=30.0, ge=0)
+    retry_base_delay: float = Field(default=0.5, ge=0, le=MAX_TIMEOUT)
+    retry_max_delay: float = Field(default=30.0, ge=0, le=MAX_TIMEOUT)
     circuit_failures: int = Field(default=5, gt=0)
-    circuit_reset: float = Field(default=30.0, gt=0)
+    circuit_reset: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT)
     default_context_window: int = Field(default=8192, gt=0)
     default_output_reserve: int = Field(default=1024, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
@@ -65,10 +66,10 @@ class Settings(BaseSettings):
     storage: Literal["jsonl", "postgres"] = "jsonl"  # the backend, by name (ksi_daemon.storage.backends)
     database_url: SecretStr | None = None  # postgresql://... for storage=postgres; never shown unmasked
     litellm_preload: bool = True
-    cli_timeout: float = Field(default=300.0, gt=0)
+    cli_timeout: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT)
 
     # conversations
-    default_ttl: float | None = Field(default=None, gt=0)
+    default_ttl: float | None = Field(default=None, gt=0, le=MAX_TTL)
     allowed_file_roots: list[Path] = Field(default_factory=list)
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
     max_fork_depth: int = Field(default=32, gt=0)

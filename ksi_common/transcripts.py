@@ -38,7 +38,13 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
     """The public description of a conversation from its metadata; `state` adds `expired`."""
     ttl = meta.get("ttl")
     last = _ts(meta.get("last_activity"))
-    expires = last + float(ttl) if ttl is not None and last is not None else None
+    expires = last + float(ttl) if isinstance(ttl, int | float) and last is not None else None
+    expires_at = None
+    if expires is not None:
+        try:
+            expires_at = format_ts(expires)
+        except (OverflowError, ValueError, OSError):  # a TTL saved before it had an upper bound
+            expires = None
     status = meta.get("status") or "active"
     if status == "archived":
         state = "archived"
@@ -57,7 +63,7 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "created": meta.get("created"),
         "last_activity": meta.get("last_activity"),
         "ttl": ttl,
-        "expires_at": format_ts(expires) if expires is not None else None,
+        "expires_at": expires_at,
         "turn_cap": meta.get("turn_cap"),
         "parent_id": meta.get("parent_id"),
         "fork_at": meta.get("fork_at") if meta.get("parent_id") else None,

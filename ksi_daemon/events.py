@@ -26,6 +26,12 @@ def _safe_id(value: str) -> str:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL byte")
+    return value
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
@@ -35,6 +41,8 @@ def _not_blank(value: str) -> str:
 Text = Annotated[str, BeforeValidator(_as_text)]
 # an id that may become part of a file name
 SafeId = Annotated[str, BeforeValidator(_as_text), AfterValidator(_safe_id)]
+# a file system path: no NUL byte, which no path can hold
+PathText = Annotated[str, BeforeValidator(_as_text), AfterValidator(_no_nul)]
 # text that must hold more than white space
 NonBlank = Annotated[str, BeforeValidator(_as_text), AfterValidator(_not_blank)]
 
@@ -42,7 +50,8 @@ NonBlank = Annotated[str, BeforeValidator(_as_text), AfterValidator(_not_blank)]
 class EventData(BaseModel):
     """Payload of an event; unknown fields are refused so typos do not pass silently."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+    # NaN and infinities have no JSON form; some front doors' parsers accept them all the same
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False, allow_inf_nan=False)
 
 
 class NoData(EventData):

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ksi_common.limits import MAX_TIMEOUT
 from ksi_daemon.events import EventData, NonBlank, SafeId, Text
 
 
@@ -33,8 +34,8 @@ class AgentSendMessage(AgentRef):
     @field_validator("wait")
     @classmethod
     def _wait(cls, value: bool | float) -> bool | float:
-        if not isinstance(value, bool) and value < 0:
-            raise ValueError("wait must be true, false or a number of seconds >= 0")
+        if not isinstance(value, bool) and not 0 <= value <= MAX_TIMEOUT:
+            raise ValueError(f"wait must be true, false or a number of seconds from 0 to {MAX_TIMEOUT:g}")
         return value
 
 

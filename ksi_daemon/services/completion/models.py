@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ksi_daemon.events import EventData, NonBlank, SafeId, Text
+from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
+from ksi_daemon.events import EventData, NonBlank, PathText, SafeId, Text
 
 
 class InputMessage(EventData):
@@ -23,10 +24,10 @@ class CompletionAsync(EventData):
     create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
     system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
     temperature: float | None = Field(default=None, ge=0, le=2, description="sampling temperature")
-    max_tokens: int | None = Field(default=None, gt=0, description="upper bound on the answer's tokens")
-    timeout: float | None = Field(default=None, gt=0, description="seconds allowed per provider attempt")
+    max_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS, description="upper bound on the answer's tokens")
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT, description="seconds allowed per provider attempt")
     stream: bool = Field(default=False, description="push completion:chunk events while the answer arrives")
-    files: list[Text] = Field(default_factory=list, description="paths to attach (within allowed roots)")
+    files: list[PathText] = Field(default_factory=list, description="paths to attach (within allowed roots)")
     is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
@@ -60,7 +61,7 @@ class RequestRef(EventData):
 
 
 class CompletionWait(RequestRef):
-    timeout: float = Field(default=60.0, ge=0, description="seconds to wait before replying with the status")
+    timeout: float = Field(default=60.0, ge=0, le=MAX_TIMEOUT, description="seconds to wait before replying with the status")
 
 
 class CompletionStatus(RequestRef):

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import EventData, SafeId, Text
 
 
@@ -49,8 +50,8 @@ class ConversationStats(ConversationRef):
 class ConversationUpdate(ConversationRef):
     title: Text | None = Field(default=None, description="a title; null clears it")
     tags: list[Text] | None = Field(default=None, description="the tags (replaces them)")
-    ttl: float | None = Field(default=None, gt=0, description="seconds of inactivity before it expires; null: never")
-    turn_cap: int | None = Field(default=None, gt=0, description="most exchanges it may hold; null: no cap")
+    ttl: float | None = Field(default=None, gt=0, le=MAX_TTL, description="seconds of inactivity before it expires; null: never")
+    turn_cap: int | None = Field(default=None, gt=0, le=MAX_TURN_CAP, description="most exchanges it may hold; null: no cap")
     status: Literal["active", "archived"] | None = Field(default=None, description="active or archived")
 
 
