@@ -39,6 +39,9 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"  # HTTP: a missing or wrong bearer token
     NOT_FOUND = "not_found"  # HTTP: no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    STORAGE_ERROR = "storage_error"
+    CONVERSATION_EXISTS = "conversation_exists"
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
 

@@ -16,6 +16,7 @@ import pytest
 from ksi_common.client import KsiClient
 from ksi_common.settings import Settings
 from ksi_daemon.daemon import Daemon
+from tests.pg_cluster import ThrowawayCluster
 
 PROVIDER_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 
@@ -29,6 +30,25 @@ def clean_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-dummy")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Any:
+    """A throwaway PostgreSQL cluster for the whole session, removed at its end."""
+    cluster = ThrowawayCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: ThrowawayCluster) -> Any:
+    """The URL of a fresh, empty database of the session's cluster (with its password in it)."""
+    name = pg_cluster.create_database()
+    yield pg_cluster.url(name)
+    pg_cluster.drop_database(name)
 
 
 @pytest.fixture

@@ -1,0 +1,112 @@
+"""The database schema, as numbered migrations applied in order (never edited once released).
+
+Conversations keep their metadata as one JSON document (the same model the JSONL files hold) plus
+the columns that queries need: `head` (the highest exchange number written, the key of the
+conditional append), `version` (bumped on every metadata write, so a cache can tell whether its
+copy is current) and `tokens` (the running sum of history-eligible tokens up to `head`).
+
+Each exchange row stores `tokens_before`, the running sum of eligible tokens of every earlier
+exchange of its conversation. "The newest exchanges within a budget B" is then the range
+`tokens_before >= total - B` of the index on (conversation_id, tokens_before): a range scan whose
+length follows the budget, never the conversation's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "conversations, exchanges, responses, agents, consortia, traces, request journal", (
+        """
+        CREATE TABLE ksi_conversations (
+            conversation_id text PRIMARY KEY,
+            meta json,  -- NULL: an index without metadata (imported from an old var dir)
+            version bigint NOT NULL DEFAULT 1,
+            head integer NOT NULL DEFAULT 0,
+            base integer NOT NULL DEFAULT 0,
+            tokens bigint NOT NULL DEFAULT 0,
+            parent_id text,
+            last_activity text
+        )
+        """,
+        "CREATE INDEX ksi_conversations_parent ON ksi_conversations (parent_id) WHERE parent_id IS NOT NULL",
+        """
+        CREATE TABLE ksi_exchanges (
+            conversation_id text NOT NULL,
+            n integer NOT NULL,
+            response_id text NOT NULL,
+            ts text,
+            model text,
+            provider text,
+            agent_id text,
+            tokens_in integer NOT NULL DEFAULT 0,
+            tokens_out integer NOT NULL DEFAULT 0,
+            is_feedback boolean NOT NULL DEFAULT false,
+            run_id text,
+            tokens_before bigint NOT NULL,
+            PRIMARY KEY (conversation_id, n)
+        )
+        """,
+        "CREATE INDEX ksi_exchanges_budget ON ksi_exchanges (conversation_id, tokens_before)",
+        "CREATE INDEX ksi_exchanges_response ON ksi_exchanges (response_id)",
+        """
+        CREATE TABLE ksi_responses (
+            response_id text PRIMARY KEY,
+            conversation_id text,
+            lines json NOT NULL,  -- json, not jsonb: the lines keep their key order
+            written timestamptz NOT NULL DEFAULT now()
+        )
+        """,
+        "CREATE INDEX ksi_responses_conversation ON ksi_responses (conversation_id)",
+        """
+        CREATE TABLE ksi_agents (
+            agent_id text PRIMARY KEY,
+            record json NOT NULL,
+            version bigint NOT NULL DEFAULT 1
+        )
+        """,
+        """
+        CREATE TABLE ksi_consortia (
+            name text PRIMARY KEY,
+            record json NOT NULL,
+            created text NOT NULL  -- kept when a definition is replaced
+        )
+        """,
+        """
+        CREATE TABLE ksi_consortium_traces (
+            run_id text NOT NULL,
+            seq bigserial,
+            record json NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        )
+        """,
+        """
+        CREATE TABLE ksi_request_journal (
+            daemon_id text NOT NULL,
+            request_id text NOT NULL,
+            conversation_id text,
+            status text NOT NULL,
+            response_id text,
+            line jsonb NOT NULL,
+            PRIMARY KEY (daemon_id, request_id)
+        )
+        """,
+        """
+        CREATE TABLE ksi_relayed_events (
+            id bigserial PRIMARY KEY,
+            payload json NOT NULL,
+            sent timestamptz NOT NULL DEFAULT now()
+        )
+        """,
+    )),
+)
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
