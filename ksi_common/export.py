@@ -31,6 +31,8 @@ def export_document(transcript: dict[str, Any]) -> dict[str, Any]:
     }
     if transcript.get("missing_parent"):
         document["missing_parent"] = transcript["missing_parent"]
+    if transcript.get("summaries"):
+        document["summaries"] = transcript["summaries"]  # each marked `type: summary`
     return document
 
 
@@ -52,6 +54,7 @@ def render_jsonl(transcript: dict[str, Any]) -> str:
     if "missing_parent" in document:
         header["missing_parent"] = document["missing_parent"]
     lines = [header] + [{"v": 1, "type": "exchange", **exchange} for exchange in document["exchanges"]]
+    lines += [{**summary, "v": 1, "type": "summary"} for summary in document.get("summaries", [])]
     return "".join(orjson.dumps(line).decode() + "\n" for line in lines)
 
 
@@ -98,6 +101,7 @@ def render_markdown(transcript: dict[str, Any]) -> str:
     out += facts + [""]
     if conversation.get("system"):
         out += ["**System prompt**", "", str(conversation["system"]), ""]
+    summaries = {int(s["upto"]): s for s in transcript.get("summaries") or []}
     for exchange in transcript["exchanges"]:
         answerer = exchange.get("model") or "unknown model"
         if exchange.get("agent_id"):
@@ -122,6 +126,13 @@ def render_markdown(transcript: dict[str, Any]) -> str:
             out += ["*(no reply recorded: the response file is missing or incomplete)*", ""]
         else:
             out += ["**Assistant**", "", str(reply.get("content") or ""), ""]
+        summary = summaries.get(exchange["n"])
+        if summary is not None:
+            out += [f"> **Summary of exchanges 1-{summary['upto']}** (a summary written by "
+                    f"{summary.get('model') or 'the summariser'}, standing in for those exchanges when they no "
+                    "longer fit the history)", ">"]
+            out += [f"> {line}" if line else ">" for line in str(summary.get("text") or "").splitlines()]
+            out += [""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -143,6 +154,8 @@ def _from_jsonl(lines: list[Any]) -> dict[str, Any]:
             header = {k: v for k, v in line.items() if k not in ("v", "type", "format")}
         elif kind == "exchange":
             exchanges.append({k: v for k, v in line.items() if k not in ("v", "type")})
+        elif kind == "summary":
+            continue  # summaries are derived from the exchanges; an import writes its own later
         else:
             raise _invalid(f"line {position} of the jsonl export has unknown type {kind!r}")
     if header is None:

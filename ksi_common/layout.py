@@ -63,6 +63,14 @@ class VarLayout:
         return self.state_dir / "consortia"
 
     @property
+    def summaries_dir(self) -> Path:
+        return self.logs_dir / "summaries"
+
+    @property
+    def calibration_file(self) -> Path:
+        return self.state_dir / "calibration.json"
+
+    @property
     def requests_file(self) -> Path:
         return self.state_dir / "requests.jsonl"
 
@@ -71,6 +79,9 @@ class VarLayout:
 
     def index_file(self, conversation_id: str) -> Path:
         return self.conversations_dir / f"{conversation_id}.jsonl"
+
+    def summaries_file(self, conversation_id: str) -> Path:
+        return self.summaries_dir / f"{conversation_id}.jsonl"
 
     def meta_file(self, conversation_id: str) -> Path:
         return self.conversation_meta_dir / f"{conversation_id}.json"

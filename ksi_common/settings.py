@@ -31,6 +31,7 @@ class ModelSettings(BaseModel):
     # provider options a request may set for this model although they pick a host or credentials
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
+    summariser: str | None = None  # the model that summarises this model's long conversations; "off"
 
 
 class Settings(BaseSettings):
@@ -73,6 +74,15 @@ class Settings(BaseSettings):
     allowed_file_roots: list[Path] = Field(default_factory=list)
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
     max_fork_depth: int = Field(default=32, gt=0)
+    # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
+    # own model; "off": only the note saying how many were left out)
+    summariser: str | None = None
+    compaction_step: int = Field(default=4, ge=1)  # summarise this many exchanges ahead, so once per step turns
+    summary_max_tokens: int = Field(default=512, gt=0)
+    summary_retry_delay: float = Field(default=30.0, gt=0)
+    summary_retry_max_delay: float = Field(default=600.0, gt=0)
+    # learn per model how the provider's prompt token counts compare to the daemon's estimates
+    calibration: bool = True
 
     # agents
     profiles_dir: Path | None = None

@@ -19,6 +19,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import check_id
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
+from ksi_common.summaries import read_summaries
 from ksi_common.timefmt import format_ts, parse_ts
 
 DEFAULT_MAX_FORK_DEPTH = 32
@@ -134,7 +135,16 @@ def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
                     files[ref["path"]] = files.get(ref["path"], 0) + 1
     moments = [t for t in (_ts(x.get("ts")) for x in own) if t is not None]
     first, last = (min(moments), max(moments)) if moments else (None, None)
+    summaries = transcript.get("summaries") or []
+    compaction = {
+        "summaries": len(summaries),
+        "exchanges_covered": max((int(x["upto"]) for x in summaries), default=0),
+        "tokens_in": sum(int((x.get("usage") or {}).get("prompt_tokens") or 0) for x in summaries),
+        "tokens_out": sum(int((x.get("usage") or {}).get("completion_tokens") or 0) for x in summaries),
+        "cost": sum(float(x.get("cost") or 0.0) for x in summaries),
+    }
     return {
+        "compaction": compaction,
         "conversation_id": transcript["conversation"]["conversation_id"],
         "exchanges": len(exchanges),
         "own_exchanges": len(own),
@@ -244,7 +254,20 @@ class VarReader:
         transcript: dict[str, Any] = {"conversation": summary, "exchanges": exchanges}
         if missing_parent:
             transcript["missing_parent"] = missing_parent
+        summaries = self.summaries_of(chain)
+        if summaries:
+            transcript["summaries"] = summaries
         return transcript
+
+    def summaries_of(self, chain: list[tuple[str, dict[str, Any], int | None]]) -> list[dict[str, Any]]:
+        """The summaries a conversation may use: its own, and each ancestor's that covers only the
+        prefix the fork shares; oldest coverage first."""
+        found = []
+        for owner, _meta, upto in chain:
+            for summary in read_summaries(self.layout.summaries_file(owner)):
+                if upto is None or summary.upto <= upto:
+                    found.append({**summary.to_record(), "type": "summary"})
+        return sorted(found, key=lambda s: (s["upto"], s["ts"] or ""))
 
     # -- listing ------------------------------------------------------------
     def listing(

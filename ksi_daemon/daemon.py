@@ -27,11 +27,14 @@ from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
+from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.storage.agents import AgentStore
+from ksi_daemon.storage.calibration import CalibrationFile
 from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
 from ksi_daemon.storage.conversations import ConversationStore
 from ksi_daemon.storage.request_journal import RequestJournal
 from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.summaries import SummaryLog
 from ksi_daemon.transports.http.binding import NoHttpFront
 from ksi_daemon.transports.unix import SocketServer
 
@@ -87,11 +90,13 @@ class Daemon:
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, RequestJournal(self.layout),
             provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
-            clock=clock,
+            clock=clock, calibration=Calibration(CalibrationFile(self.layout), enabled=settings.calibration),
+            summaries=SummaryLog(self.layout, fsync),
         )
         self.conversations = ConversationService(
             settings, self.router, self.cache, self.responses, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
+            calibration=self.completion.calibration.report,
         )
         self.agents = AgentService(
             settings, self.router, self.completion, self.cache, AgentStore(self.layout, fsync),

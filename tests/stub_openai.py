@@ -29,6 +29,10 @@ class Reply:
     endless: bool = False  # a 200 body that never ends (until the client stops reading)
 
 
+def word_count(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content", "")).split()) for m in messages)
+
+
 def default_answer(messages: list[dict[str, Any]]) -> str:
     users = [str(m.get("content")) for m in messages if m.get("role") == "user"]
     return f"stub answer to: {users[-1] if users else ''}"
@@ -43,6 +47,13 @@ class StubOpenAI:
         self.in_flight = 0
         self.max_in_flight = 0
         self.hold = 0.0  # every answer waits this long (to observe concurrency)
+        # a tokenizer of the stub's own (default: words) and a context window it enforces
+        self.prompt_tokens: Callable[[list[dict[str, Any]]], int] = word_count
+        self.window: int | None = None
+        self.counted: list[int] = []  # the prompt tokens of every request, as the stub counted them
+        self.overflows = 0
+        self.model_delay: dict[str, float] = {}  # model name -> seconds every answer of it waits
+        self.model_script: dict[str, deque[Reply]] = {}  # model name -> its own scripted answers
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -85,9 +96,21 @@ class StubOpenAI:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            reply = self.script.popleft() if self.script else Reply()
+            model = str(body.get("model"))
+            own = self.model_script.get(model)
+            reply = own.popleft() if own else self.script.popleft() if self.script else Reply()
+            counted = self.prompt_tokens(body.get("messages", []))
+            self.counted.append(counted)
+            if self.window is not None and counted > self.window:
+                self.overflows += 1
+                reply = Reply(status=400, body=json.dumps({"error": {
+                    "message": f"This model's maximum context length is {self.window} tokens. However, your "
+                               f"messages resulted in {counted} tokens.",
+                    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}))
             if self.hold:
                 await asyncio.sleep(self.hold)
+            if self.model_delay.get(model):
+                await asyncio.sleep(self.model_delay[model])
             if reply.delay:
                 await asyncio.sleep(reply.delay)
             if reply.close:
@@ -100,8 +123,8 @@ class StubOpenAI:
                 return await self._raw(request, reply)
             text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
             if body.get("stream"):
-                return await self._stream(request, body, text, cut=reply.cut)
-            return web.json_response(self._completion(body, text))
+                return await self._stream(request, body, text, counted, cut=reply.cut)
+            return web.json_response(self._completion(body, text, counted))
         finally:
             self.in_flight -= 1
 
@@ -121,8 +144,7 @@ class StubOpenAI:
         return response
 
     @staticmethod
-    def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+    def _completion(body: dict[str, Any], text: str, prompt_tokens: int) -> dict[str, Any]:
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:10]}",
             "object": "chat.completion",
@@ -147,7 +169,7 @@ class StubOpenAI:
         return response
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
-                      cut: bool = False) -> web.StreamResponse:
+                      prompt_tokens: int, cut: bool = False) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
@@ -164,7 +186,8 @@ class StubOpenAI:
         final = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
                  "model": body.get("model", "stub"),
                  "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": len(words) + 1}}
+                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                           "total_tokens": len(words) + prompt_tokens}}
         await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

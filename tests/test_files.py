@@ -164,7 +164,7 @@ async def test_files_take_their_share_and_history_gets_the_rest(short_tmp: Path,
     doc = files_root / "doc.txt"
     doc.write_text(" ".join(f"fact{i}" for i in range(250)))
     models = {"openai/stub-small": {"api_base": stub.api_base, "context_window": 2600, "output_reserve": 400}}
-    async with running_daemon(short_tmp, allowed_file_roots=[files_root],
+    async with running_daemon(short_tmp, allowed_file_roots=[files_root], summariser="off", calibration=False,
                               **stub_settings(stub, models=models)) as daemon, connected(daemon) as client:
         for i in range(20):
             await complete(client, model="openai/stub-small", prompt=" ".join(["talk"] * 100) + f" {i}",

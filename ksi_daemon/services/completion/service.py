@@ -33,6 +33,8 @@ from ksi_daemon.services.completion.models import (
     CompletionStatus,
     CompletionWait,
 )
+from ksi_daemon.services.completion.calibration import Calibration, NoCalibrationStore
+from ksi_daemon.services.completion.compaction import Compactor, NoSummaries, SummaryStore, summary_block
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -50,6 +52,7 @@ from ksi_daemon.storage.responses import ResponseLog
 log = structlog.get_logger("ksi.completion")
 
 CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
+CALIBRATION_SAVE_INTERVAL = 5.0  # seconds: a crash loses at most this much learning
 
 
 class ModelFacts(Protocol):
@@ -101,6 +104,7 @@ class Prepared:
     input_tokens: int
     history_stats: dict[str, int]
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
+    estimate: int = 0  # the whole prompt as the daemon counts it (before calibration)
 
 
 class CompletionService:
@@ -115,6 +119,8 @@ class CompletionService:
         facts: ModelFacts,
         answerers: dict[str, Provider] | None = None,
         clock: Callable[[], float] = time.time,
+        calibration: Calibration | None = None,
+        summaries: SummaryStore | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -132,10 +138,14 @@ class CompletionService:
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
+        self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
+        self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
+                                   facts.count_tokens, self.history_budget)
+        self._calibration_saved = time.monotonic()
 
     def register(self) -> list[Unregister]:
         r = self.router
-        return [
+        return [*self.compactor.register(),
             r.register("completion:async", self.handle_async, CompletionAsync,
                        "Queue a completion in a conversation; the outcome is emitted as completion:result."),
             r.register("completion:wait", self.handle_wait, CompletionWait,
@@ -149,10 +159,20 @@ class CompletionService:
     async def start(self) -> None:
         for record in await asyncio.to_thread(self.journal.recover):
             self.requests.add_interrupted(record)
+        await asyncio.to_thread(self.calibration.load)
 
     async def stop(self, timeout: float) -> None:
         await self.scheduler.stop(timeout)
+        await self.compactor.stop(timeout)
         self.journal.close()
+        await asyncio.to_thread(self.calibration.store.save, self.calibration.snapshot())
+
+    def _save_calibration_now_and_then(self) -> None:
+        """Learned ratios reach storage at most every few seconds, off the loop (and at stop)."""
+        now = time.monotonic()
+        if self.calibration.dirty and now - self._calibration_saved > CALIBRATION_SAVE_INTERVAL:
+            self._calibration_saved = now
+            asyncio.get_running_loop().run_in_executor(None, self.calibration.store.save, self.calibration.snapshot())
 
     def health(self) -> dict[str, Any]:
         return {
@@ -161,6 +181,7 @@ class CompletionService:
             "active_conversations": self.scheduler.active_conversations,
             "conversations_in_memory": len(self.cache),
             "circuits": self.breaker.report(),
+            "compaction": self.compactor.health(),
         }
 
     # -- events -------------------------------------------------------------
@@ -368,8 +389,16 @@ class CompletionService:
             prepared = await self._prepare(state)
             inputs = prepared.inputs
             answerer = self._answerer(state.model)
-            reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
-                                       self.retry, self.breaker, self._provider_key(state.model), attempts)
+            try:
+                reply = await self._call(state, answerer, prepared, attempts)
+            except KsiError as error:
+                if error.code != ErrorCode.CONTEXT_WINDOW_EXCEEDED or not self.calibration.enabled:
+                    raise
+                # the model counts more tokens than we thought: count more strictly, retry once
+                self.calibration.tighten(state.model)
+                prepared = await self._prepare(state)
+                inputs = prepared.inputs
+                reply = await self._call(state, answerer, prepared, attempts)
             async with prepared.memory.lock:  # conversation:update/delete change metadata under it too
                 result = await self._commit(state, prepared, reply, attempts)
         except asyncio.CancelledError:
@@ -388,6 +417,16 @@ class CompletionService:
             self._finish(state, "failed", error=error)
             return
         self._finish(state, "done", result=result)
+
+    async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
+                    attempts: list[dict[str, Any]]) -> ProviderReply:
+        reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
+                                   self.retry, self.breaker, self._provider_key(state.model), attempts)
+        if answerer is self.provider and prepared.call.resume_session is None:
+            # a resumed CLI session or a consortium counts a prompt we never built: nothing to learn
+            self.calibration.observe(state.model, prepared.estimate, reply.usage.get("prompt_tokens", 0))
+            self._save_calibration_now_and_then()
+        return reply
 
     async def _check_answerer(self, model: str, data: CompletionAsync) -> None:
         """Answerers that can refuse a model up front (an unknown consortium) fail the ack itself."""
@@ -423,26 +462,42 @@ class CompletionService:
         user_messages = records.user_messages(inputs)
         count = self.facts.count_tokens
         input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
-        system_tokens = count(system) + MESSAGE_OVERHEAD if system else 0
-        window = await self.facts.context_window(state.model)
-        reserve = self.facts.output_reserve(state.model, data.max_tokens)
-        budget = window - reserve - system_tokens - input_tokens - NOTE_RESERVE
+        budget = await self.history_budget(state.model, system, input_tokens, data.max_tokens)
         if budget < 0:
+            window = await self.facts.context_window(state.model)
+            reserve = self.facts.output_reserve(state.model, data.max_tokens)
             raise KsiError(
                 ErrorCode.CONTEXT_WINDOW_EXCEEDED,
-                f"the new input needs {input_tokens + system_tokens} tokens; {state.model} allows "
-                f"{window - reserve - NOTE_RESERVE} after reserving {reserve} for the answer",
-                input_tokens=input_tokens, system_tokens=system_tokens, context_window=window, output_reserve=reserve,
+                f"the new input needs about {budget + input_tokens} tokens more than {state.model} allows "
+                f"after reserving {reserve} for the answer",
+                input_tokens=input_tokens, context_window=window, output_reserve=reserve,
+                calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.require(state.conversation_id, budget)
-        history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
+        summary = await self.compactor.for_turn(memory, state.model)
+        if summary is not None and summary.tokens >= budget:
+            summary = None  # a summary bigger than the whole budget would crowd out every exchange
+        if summary is not None:
+            budget -= summary.tokens
+        after = summary.upto if summary is not None else 0
+        history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, after)
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
-            history = await select_history(self.cache, memory, budget - attached.tokens, self.settings.max_fork_depth)
+            history = await select_history(self.cache, memory, budget - attached.tokens,
+                                           self.settings.max_fork_depth, after)
             attached = attached.kept_for(history.exchanges)
         inputs = attached.record_in(inputs)
-        messages = build_messages(system, history, attached.prepend(user_messages))
+        messages = build_messages(system, history, attached.prepend(user_messages),
+                                  summary_block(summary) if summary is not None else None)
+        # the prompt as the daemon counts it, for calibration against the provider's count
+        estimate = (history.tokens + attached.tokens + input_tokens
+                    + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
+        stats = {**history.stats(), **attached.stats(),
+                 "prompt_tokens_estimate": round(estimate * self.calibration.ratio(state.model)),
+                 "calibration_ratio": round(self.calibration.ratio(state.model), 4)}
+        if summary is not None:
+            stats["summary_upto"] = summary.upto
         options = dict(data.options)
         if data.extra_body:
             options["extra_body"] = data.extra_body
@@ -456,7 +511,19 @@ class CompletionService:
                      "consortium": data.consortium},
         )
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
-                        {**history.stats(), **attached.stats()}, files=attached.new_files)
+                        stats, files=attached.new_files, estimate=estimate)
+
+    async def history_budget(self, model: str, system: str | None, input_tokens: int, max_tokens: int | None) -> int:
+        """Tokens (as the daemon counts them) left for history in a turn of `model`.
+
+        The window and the answer's reserve are the model's own tokens; dividing by the learned
+        ratio turns them into the daemon's estimate, in which every stored count is kept.
+        """
+        window = await self.facts.context_window(model)
+        reserve = self.facts.output_reserve(model, max_tokens)
+        system_tokens = self.facts.count_tokens(system) + MESSAGE_OVERHEAD if system else 0
+        usable = int((window - reserve) / self.calibration.ratio(model))
+        return usable - system_tokens - input_tokens - NOTE_RESERVE
 
     @staticmethod
     def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:

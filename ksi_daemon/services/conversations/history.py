@@ -57,21 +57,22 @@ async def fork_chain(
 
 
 async def select_history(
-    cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int
+    cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0
 ) -> History:
-    """Whole exchanges, newest first across the fork chain, within `budget` tokens."""
+    """Whole exchanges numbered after `after`, newest first across the fork chain, within `budget`
+    tokens (`after` > 0: a summary stands in for exchanges 1..after)."""
     history = History()
     picked: list[tuple[ConversationMemory, list[Any]]] = []
     remaining = budget
     exhausted = False
     for member, upto in await fork_chain(cache, memory, max_depth):
-        eligible = member.count_eligible(upto)
+        eligible = member.count_eligible(upto, after)
         if not member.complete:
-            eligible += member.unloaded  # older exchanges not loaded still count
+            eligible += member.unloaded_after(after)  # older exchanges not loaded still count
         history.total += eligible
         if exhausted:
             continue
-        entries, used, whole = member.pick(max(remaining, 0), upto)
+        entries, used, whole = member.pick(max(remaining, 0), upto, after)
         picked.append((member, entries))
         remaining -= used
         history.tokens += used
@@ -83,9 +84,10 @@ async def select_history(
     return history
 
 
-def omitted_note(count: int) -> str:
+def omitted_note(count: int, summarised: bool = False) -> str:
     noun = "exchange was" if count == 1 else "exchanges were"
-    return f"[Note: {count} earlier {noun} left out of this conversation's history to fit the context window.]"
+    where = "after the summary " if summarised else ""
+    return f"[Note: {count} earlier {noun} {where}left out of this conversation's history to fit the context window.]"
 
 
 def answerer_label(model: str | None, agent_id: str | None) -> str:
@@ -120,10 +122,14 @@ def answerers_note(entries: list[IndexEntry]) -> str | None:
     return "[Note: earlier replies came from: " + "; ".join(parts) + ".]"
 
 
-def build_messages(system: str | None, history: History, new_input: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System (with the omitted and answerers notes) + history as user/assistant turns + the new input."""
+def build_messages(system: str | None, history: History, new_input: list[dict[str, Any]],
+                   summary: str | None = None) -> list[dict[str, Any]]:
+    """System (then the summary of left-out exchanges, the omitted and answerers notes) + history as
+    user/assistant turns + the new input. The summary rides on the system message so user and
+    assistant messages keep alternating."""
     messages: list[dict[str, Any]] = []
-    notes = [note for note in (omitted_note(history.omitted) if history.omitted else None,
+    notes = [note for note in (summary,
+                               omitted_note(history.omitted, summary is not None) if history.omitted else None,
                                answerers_note(history.entries)) if note]
     system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:

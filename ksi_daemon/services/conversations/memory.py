@@ -110,20 +110,31 @@ class ConversationMemory:
     def eligible_tokens(self) -> int:
         return self._sums[-1]
 
-    def pick(self, budget: int, upto: int | None = None) -> tuple[list[IndexEntry], int, bool]:
-        """Newest eligible entries (n <= upto) that fit `budget`, oldest first.
+    def pick(self, budget: int, upto: int | None = None, after: int = 0) -> tuple[list[IndexEntry], int, bool]:
+        """Newest eligible entries (after < n <= upto) that fit `budget`, oldest first.
 
-        Returns the entries, the tokens they use, and whether every loaded entry up to `upto`
+        Returns the entries, the tokens they use, and whether every loaded entry in that range
         fitted (so older history, if any, may still be wanted).
         """
         end = len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
+        low = bisect.bisect_right(self._eligible_n, after, 0, end) if after else 0
         floor = self._sums[end] - budget
-        start = bisect.bisect_left(self._sums, floor, 0, end + 1) if floor > 0 else 0
-        return self._eligible[start:end], self._sums[end] - self._sums[start], start == 0
+        start = max(low, bisect.bisect_left(self._sums, floor, 0, end + 1)) if floor > 0 else low
+        return self._eligible[start:end], self._sums[end] - self._sums[start], start == low
 
-    def count_eligible(self, upto: int | None = None) -> int:
-        """Eligible exchanges up to `upto` among the loaded ones."""
-        return len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
+    def count_eligible(self, upto: int | None = None, after: int = 0) -> int:
+        """Eligible exchanges after < n <= upto among the loaded ones."""
+        end = len(self._eligible) if upto is None else bisect.bisect_right(self._eligible_n, upto)
+        return end - (bisect.bisect_right(self._eligible_n, after, 0, end) if after else 0)
+
+    def eligible_between(self, after: int, upto: int) -> list[IndexEntry]:
+        """The loaded eligible entries with after < n <= upto, oldest first."""
+        low = bisect.bisect_right(self._eligible_n, after)
+        return self._eligible[low:bisect.bisect_right(self._eligible_n, upto)]
+
+    def unloaded_after(self, after: int) -> int:
+        """Exchanges numbered after `after` that exist but are not loaded."""
+        return max(0, self.first_loaded - 1 - max(self.base, after))
 
 
 LEGACY_MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD, for exchanges counted here

@@ -67,7 +67,9 @@ class ConversationService:
         responses: ResponseLog,
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
+        calibration: Callable[[list[str]], dict[str, Any]] = lambda _models: {},
     ) -> None:
+        self.calibration = calibration  # model -> learned token-count ratio, for stats
         self.settings = settings
         self.router = router
         self.cache = cache
@@ -129,7 +131,9 @@ class ConversationService:
 
     async def handle_stats(self, data: ConversationStats, _context: EventContext) -> dict[str, Any]:
         transcript = await self._transcript(data.conversation_id)
-        return {**stats_of(transcript), "conversation": transcript["conversation"]}
+        stats = stats_of(transcript)
+        return {**stats, "calibration": self.calibration(sorted(stats["models"])),
+                "conversation": transcript["conversation"]}
 
     async def handle_export(self, data: ConversationExport, _context: EventContext) -> dict[str, Any]:
         transcript = await self._transcript(data.conversation_id, data.inherited)
