@@ -70,8 +70,7 @@ class _Job:
 
 def summary_block(summary: Summary) -> str:
     """The summary as the rebuilt history shows it, at the head of the history."""
-    span = "exchange 1" if summary.upto == 1 else f"exchanges 1-{summary.upto}"
-    return f"[Summary of {span} of this conversation, which are left out below:]\n{summary.text}"
+    return f"[Summary of exchanges 1-{summary.upto} of this conversation, which are left out below:]\n{summary.text}"
 
 
 def transcript_lines(first: int, exchanges: list[Exchange]) -> str:

@@ -474,13 +474,15 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.require(state.conversation_id, budget)
-        summary = await self.compactor.for_turn(memory, state.model)
-        if summary is not None and summary.tokens >= budget:
-            summary = None  # a summary bigger than the whole budget would crowd out every exchange
-        if summary is not None:
+        history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
+        summary = await self.compactor.for_turn(memory, state.model) if history.omitted else None
+        if summary is not None and summary.tokens < budget:
+            # exchanges must be left out: the summary stands in for 1..upto, history follows it
             budget -= summary.tokens
+            history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, summary.upto)
+        else:
+            summary = None  # none ready (the note says what was left out), or too big to help
         after = summary.upto if summary is not None else 0
-        history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, after)
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
