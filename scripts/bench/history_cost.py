@@ -14,7 +14,10 @@ note reserve; no provider call):
   cold       a fresh cache, as after a restart; the files are in the OS page cache;
   cold disk  the same after evicting this conversation's files from the page cache
              (os.sync + posix_fadvise DONTNEED), so they come from the disk;
-  naive      the baseline of the seed notes (/work/shared/seeds/001_*): every turn reads the
+  compacted  warm and cold again with compaction on: a summary record stands in for the
+             exchanges that no longer fit (written here directly, as the background summariser
+             would), so the turn reads the summary and the history after it;
+  naive      the baseline of the seed notes (shared/seeds/001_*): every turn reads the
              whole index and every response file it lists, and sends all of it.
 
 Bytes read are the process's own read() bytes (/proc/self/io rchar, worker threads included);
@@ -53,7 +56,11 @@ if str(ROOT) not in sys.path:
 from ksi_common.ids import new_response_id  # noqa: E402
 from ksi_common.layout import VarLayout  # noqa: E402
 from ksi_common.records import IndexEntry, read_index, read_response  # noqa: E402
+from ksi_common.settings import Settings  # noqa: E402
+from ksi_common.summaries import Summary  # noqa: E402
 from ksi_common.timefmt import utc_now  # noqa: E402
+from ksi_daemon.router import Router  # noqa: E402
+from ksi_daemon.services.completion.compaction import Compactor, summary_block  # noqa: E402
 from ksi_daemon.services.conversations.history import (  # noqa: E402
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -63,6 +70,7 @@ from ksi_daemon.services.conversations.history import (  # noqa: E402
 from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response  # noqa: E402
 from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore  # noqa: E402
 from ksi_daemon.storage.responses import ResponseLog  # noqa: E402
+from ksi_daemon.storage.summaries import SummaryLog  # noqa: E402
 
 MODEL = "openai/gpt-4o-mini"
 SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."
@@ -178,12 +186,17 @@ def conversation_files(layout: VarLayout, conversation_id: str) -> list[Path]:
 class Preparer:
     """The history part of CompletionService._prepare, on a cache of its own."""
 
-    def __init__(self, layout: VarLayout, window: int, reserve: int, max_depth: int = 32) -> None:
+    def __init__(self, layout: VarLayout, window: int, reserve: int, max_depth: int = 32,
+                 compaction: bool = False) -> None:
         store = ConversationStore(layout, fsync=False)
         self.cache = ConversationCache(store, ResponseLog(layout, fsync=False), capacity=1000)
         self.window = window
         self.reserve = reserve
         self.max_depth = max_depth
+        settings = Settings(_env_file=None, var_dir=layout.root, summariser=None if compaction else "off")
+        # only the reading side of the compactor runs here: no provider, no budget callback
+        self.compactor = Compactor(settings, Router(), self.cache, SummaryLog(layout, fsync=False),
+                                   provider=None, count_tokens=count_tokens, budget_for=None)  # type: ignore[arg-type]
 
     async def prepare(self, conversation_id: str, text: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
         memory = await self.cache.require(conversation_id)
@@ -194,7 +207,15 @@ class Preparer:
         budget = self.window - self.reserve - system_tokens - input_tokens - NOTE_RESERVE
         memory = await self.cache.require(conversation_id, budget)
         history = await select_history(self.cache, memory, budget, self.max_depth)
-        return build_messages(system, history, user_messages), history.stats()
+        summary = await self.compactor.for_turn(memory, MODEL) if history.omitted else None
+        if summary is not None and summary.tokens < budget:
+            budget -= summary.tokens
+            history = await select_history(self.cache, memory, budget, self.max_depth, summary.upto)
+        else:
+            summary = None
+        block = summary_block(summary) if summary is not None else None
+        stats = {**history.stats(), "summary_upto": summary.upto if summary is not None else 0}
+        return build_messages(system, history, user_messages, block), stats
 
 
 def naive_prepare(layout: VarLayout, conversation_id: str, text: str) -> list[dict[str, Any]]:
@@ -261,6 +282,32 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
                       "median_us": statistics.median(every), "p90_us": every[int(0.9 * (len(every) - 1))],
                       "bytes_per_turn": counter.bytes / len(every), "files": counter.opened}
 
+    # compaction on: a summary covers exactly what the turn leaves out; warm and cold again
+    first_kept = result["sent"]["exchanges_total"] - result["sent"]["exchanges_sent"]
+    if first_kept > 0:
+        text = sentence(random.Random(size), 300)
+        SummaryLog(layout, fsync=False).append(Summary(
+            conversation_id=conversation_id, upto=first_kept, text=text, model=MODEL,
+            tokens=count_tokens(text) + MESSAGE_OVERHEAD, ts=utc_now()))
+    compacted_cold = []
+    for attempt in range(args.cold_runs + 1):
+        preparer = Preparer(layout, args.window, args.reserve, compaction=True)
+        with ReadCounter() as counter:
+            started = time.perf_counter()
+            _messages, compacted_stats = await preparer.prepare(conversation_id, NEW_INPUT)
+            elapsed = time.perf_counter() - started
+        if attempt:
+            compacted_cold.append({"ms": elapsed * 1000, "bytes": counter.bytes})
+    await preparer.prepare(conversation_id, NEW_INPUT)
+    times = []
+    for _ in range(args.warm_runs):
+        started = time.perf_counter_ns()
+        await preparer.prepare(conversation_id, NEW_INPUT)
+        times.append((time.perf_counter_ns() - started) / 1000)
+    result["compacted"] = {"warm_us": statistics.median(times),
+                           "cold_ms": statistics.median(c["ms"] for c in compacted_cold),
+                           "cold_bytes": compacted_cold[-1]["bytes"], "sent": compacted_stats}
+
     # the naive baseline: everything re-read every turn (page cache warm after the first)
     runs = max(2, min(args.naive_runs, 20_000 // max(size, 1)))
     naive = []
@@ -289,17 +336,21 @@ def print_table(report: dict[str, Any]) -> None:
           f"{report['reserve']} (history budget about {budget - NOTE_RESERVE} tokens less system and input); "
           f"each exchange about {report['tokens_per_exchange']:.0f} tokens\n")
     header = (f"{'N':>6} | {'warm us':>8} {'rd':>4} | {'cold ms':>8} {'read':>7} {'files':>5} | "
-              f"{'disk ms':>8} | {'naive ms':>9} {'read':>7} {'files':>6} | {'sent ex':>7} {'naive msgs':>10}")
+              f"{'disk ms':>8} | {'cmp us':>7} {'cmp ms':>7} {'sum':>5} | "
+              f"{'naive ms':>9} {'read':>7} {'files':>6} | {'sent ex':>7} {'naive msgs':>10}")
     print(header)
     print("-" * len(header))
     for size, row in report["sizes"].items():
         print(f"{int(size):>6} | {row['warm']['us']:8.1f} {row['warm']['bytes_per_turn']:4.0f} | "
               f"{row['cold']['ms']:8.2f} {kib(row['cold']['bytes']):>7} {row['cold']['files']:5d} | "
-              f"{row['cold_disk']['ms']:8.2f} | {row['naive']['ms']:9.2f} {kib(row['naive']['bytes']):>7} "
+              f"{row['cold_disk']['ms']:8.2f} | {row['compacted']['warm_us']:7.1f} {row['compacted']['cold_ms']:7.2f} "
+              f"{row['compacted']['sent']['summary_upto']:5d} | {row['naive']['ms']:9.2f} {kib(row['naive']['bytes']):>7} "
               f"{row['naive']['files']:6d} | {row['sent']['exchanges_sent']:7d} {row['naive']['messages']:10d}")
     print("\nwarm us: time to prepare the next turn with the conversation in memory (lowest median of 10 blocks); "
           "rd: bytes read per turn")
     print("cold: fresh cache (as after a restart), files in the page cache; disk: same, files evicted first")
+    print("cmp: compaction on, a summary standing in for the left-out exchanges (warm us, cold ms, "
+          "exchanges it covers)")
     print("naive: whole index + every response file, every turn (and it would send all of it: 'naive msgs')")
     for line in report["verdicts"]:
         print(line)
@@ -319,6 +370,10 @@ def verdicts(report: dict[str, Any]) -> list[str]:
                      f"{reads:.0f} bytes read per warm turn at most -> {'ok' if ratio < 1.5 and reads == 0 else 'MISSED'}"
                      f" (N={sizes[0]}: {small['warm']['us']:.1f} us, it sends only "
                      f"{small['sent']['exchanges_sent']} exchanges)")
+    if len(bound) >= 2:
+        ratio = rows[bound[-1]]["compacted"]["warm_us"] / rows[bound[0]]["compacted"]["warm_us"]
+        lines.append(f"goal warm flat in N with compaction on: N={bound[-1]} vs N={bound[0]} = {ratio:.2f}x "
+                     f"-> {'ok' if ratio < 1.5 else 'MISSED'}")
     if len(bound) >= 2:
         a, b = rows[bound[-2]], rows[bound[-1]]
         byte_ratio = b["cold"]["bytes"] / a["cold"]["bytes"]
