@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot
@@ -17,7 +18,7 @@ COLUMNS = ["agent_id", "profile", "model", "status", "exchanges", "last_activity
 @click.command()
 @click.option("--status", type=click.Choice(["active", "terminated"]), help="Only agents in this status.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def agents(status: str | None, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
     """List agents: id, profile, model, status, exchanges and last activity."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, wants_json
 from ksi_common import oneshot
@@ -112,7 +113,7 @@ def _show_result(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True,
               help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON even on a terminal.")
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def ask(question: tuple[str, ...], model: str | None, conversation_id: str | None, continue_last: bool,
         system: str | None, timeout: float, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
 from ksi_common import oneshot
@@ -192,7 +193,7 @@ async def _session(location: Location, agent_id: str | None, profile: str | None
 @click.option("--model", "-m", help="Model of a new agent (default: the profile's, else the daemon's).")
 @click.option("--no-stream", is_flag=True, help="Show each reply whole instead of as it is written.")
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True, help="Seconds to wait for each reply.")
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def chat(agent_id: str | None, profile: str | None, model: str | None, no_stream: bool, timeout: float,
          var_dir: str | None, socket_path: str | None) -> None:

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ksi_cli.locate import Location
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.layout import mark_var_dir
 from ksi_common.liveness import pid_alive, read_pid
 
 
@@ -25,7 +27,13 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
     """Spawn the daemon detached and return (pid, message) once the socket answers."""
     running = health(location)
     if running:
-        raise RuntimeError(f"a daemon is already running (pid {running.get('pid')}) on {location.socket}")
+        theirs = running.get("var_dir")
+        if theirs is not None and Path(theirs).resolve() != location.var_dir.resolve():
+            raise RuntimeError(f"another daemon (pid {running.get('pid')}, var dir {theirs}) answers on "
+                               f"{location.socket}; choose another --socket")
+        return int(running["pid"]), (f"daemon already running (pid {running.get('pid')}) on {location.socket}, "
+                                     f"var dir {location.describe()}")
+    mark_var_dir(location.var_dir)
     log_dir = location.layout.daemon_log.parent
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "ksi_daemon", "--quiet",
@@ -45,7 +53,7 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
             raise RuntimeError(f"the daemon exited with code {code}: {' '.join(tail)}")
         if (info := health(location, timeout=1.0)) is not None:
             where = f"{location.socket} and {info['http']}" if info.get("http") else str(location.socket)
-            return int(info["pid"]), f"daemon started (pid {info['pid']}) on {where}"
+            return int(info["pid"]), f"daemon started (pid {info['pid']}) on {where}, var dir {location.describe()}"
         time.sleep(0.02)
     process.terminate()
     raise RuntimeError(f"the daemon did not answer on {location.socket} within {wait}s")

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
@@ -101,7 +102,7 @@ def _print_report(report: checks.Report, repaired: list[dict[str, Any]]) -> None
 
 
 @click.command()
-@click.option("--var-dir", help="The var directory to check (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon (default var/run/daemon.sock).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")
 @click.option("--repair", "repair_flag", is_flag=True,

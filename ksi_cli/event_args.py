@@ -16,7 +16,8 @@ def _refuse_constant(name: str) -> Any:
     raise EventArgsError(f"{name} is not a number JSON can carry")
 
 
-def _value(text: str) -> Any:
+def json_value(text: str) -> Any:
+    """The word as JSON when it parses, else the word itself; numbers JSON cannot carry are refused."""
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except EventArgsError:
@@ -36,23 +37,32 @@ def check_payload(data: Any) -> None:
         raise EventArgsError(problem)
 
 
-def parse_event_args(words: list[str]) -> dict[str, Any]:
-    """`--some-key 42 --flag --name bob` -> {"some_key": 42, "flag": True, "name": "bob"}."""
-    data: dict[str, Any] = {}
+def event_words(words: list[str]) -> list[tuple[str, str | None]]:
+    """`--some-key 42 --flag` -> [("some_key", "42"), ("flag", None)]: keys with their raw words."""
+    pairs: list[tuple[str, str | None]] = []
     index = 0
     while index < len(words):
         word = words[index]
+        if word == "-h":
+            pairs.append(("h", None))
+            index += 1
+            continue
         if not word.startswith("--") or len(word) == 2:
             raise EventArgsError(f"expected --key before {word!r}")
         key, has_inline, inline = word[2:].partition("=")
         key = key.replace("-", "_")
         if has_inline:
-            data[key] = _value(inline)
+            pairs.append((key, inline))
             index += 1
         elif index + 1 < len(words) and not words[index + 1].startswith("--"):
-            data[key] = _value(words[index + 1])
+            pairs.append((key, words[index + 1]))
             index += 2
         else:
-            data[key] = True
+            pairs.append((key, None))
             index += 1
-    return data
+    return pairs
+
+
+def parse_event_args(words: list[str]) -> dict[str, Any]:
+    """`--some-key 42 --flag --name bob` -> {"some_key": 42, "flag": True, "name": "bob"}."""
+    return {key: True if raw is None else json_value(raw) for key, raw in event_words(words)}

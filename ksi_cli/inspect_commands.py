@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
 from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
 from ksi_common import export, logview
@@ -21,7 +22,7 @@ from ksi_common.transcripts import STATES, VarReader
 
 
 def _var_dir_option(command: Any) -> Any:
-    return click.option("--var-dir", help="The var directory to read (default ./var).")(command)
+    return click.option("--var-dir", help=VAR_DIR_HELP)(command)
 
 
 def _json_option(command: Any) -> Any:
@@ -50,12 +51,15 @@ def _short_time(text: str | None) -> str:
 def conversations(var_dir: str | None, as_json: bool, status: str | None, tag: str | None, model: str | None,
                   agent_id: str | None, text: str | None, since: str | None, limit: int, offset: int) -> None:
     """List conversations, most recently active first (reads var/ directly)."""
+    location = locate(var_dir)
     try:
-        items, total = _reader(var_dir).listing(time.time(), agent_id=agent_id, model=model, status=status,
+        items, total = VarReader(location.layout).listing(time.time(), agent_id=agent_id, model=model, status=status,
                                                 tag=tag, text=text, since=since, limit=limit, offset=offset)
     except KsiError as error:
         fail(error, as_json)
         return
+    if total == 0:  # say where we looked: an empty listing from the wrong var dir must not pass silently
+        click.echo(f"no conversations in {location.describe()}", err=True)
     if wants_json(as_json):
         show({"conversations": items, "total": total, "limit": limit, "offset": offset}, True)
         return

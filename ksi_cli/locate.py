@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ksi_common.layout import VarLayout
+from ksi_common.layout import MARKER_NAME, VarLayout, find_var_dir, user_var_dir
 
 
 def _dotenv(name: str) -> str | None:
@@ -22,18 +22,37 @@ def _setting(name: str) -> str | None:
     return os.environ.get(name) or _dotenv(name)
 
 
+def _setting_and_source(name: str) -> tuple[str | None, str]:
+    if value := os.environ.get(name):
+        return value, name
+    return _dotenv(name), f"{name} in .env"
+
+
 @dataclass(frozen=True)
 class Location:
     var_dir: Path
     socket: Path
+    found_by: str = "--var-dir"
 
     @property
     def layout(self) -> VarLayout:
         return VarLayout(self.var_dir)
 
+    def describe(self) -> str:
+        """Where the var dir is and why it was chosen, for messages that say where we looked."""
+        return f"{self.var_dir} ({self.found_by})"
+
 
 def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
-    """Command-line options first, then `KSI_*` variables, then `.env`, then `./var`."""
-    root = Path(var_dir or _setting("KSI_VAR_DIR") or "var")
-    sock = socket or (None if var_dir else _setting("KSI_SOCKET_PATH"))
-    return Location(root, Path(sock) if sock else VarLayout(root).default_socket)
+    """Options first, then `KSI_*` variables and `.env`, then a marked project `var/`, then the per-user dir."""
+    found_by = "--var-dir"
+    if var_dir is None:
+        var_dir, found_by = _setting_and_source("KSI_VAR_DIR")
+    if var_dir is not None:
+        root = Path(var_dir).absolute()
+    else:
+        root = find_var_dir()
+        found_by = (f"project var dir, marked by {MARKER_NAME}" if root != user_var_dir()
+                    else "per-user var dir")
+    sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
+    return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by)

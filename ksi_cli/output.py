@@ -1,25 +1,35 @@
-"""How the CLI shows things: JSON when piped or asked, readable text on a terminal."""
+"""How the CLI shows things: JSON when piped or asked, readable text on a terminal; errors on stderr."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from ksi_common.errors import ErrorCode, KsiError
 
+if TYPE_CHECKING:
+    from ksi_cli.locate import Location
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_PENDING = 4  # a wait ended before the result: the request still runs in the daemon
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report it
 
 
 def wants_json(flag: bool) -> bool:
     return flag or not sys.stdout.isatty()
 
 
+def dumps(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
 def show(data: Any, as_json: bool) -> None:
     if wants_json(as_json):
-        click.echo(json.dumps(data, ensure_ascii=False, default=str))
+        click.echo(dumps(data))
         return
     if isinstance(data, dict) and isinstance(data.get("content"), str):
         click.echo(data["content"])
@@ -29,18 +39,37 @@ def show(data: Any, as_json: bool) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
-def fail(error: KsiError, as_json: bool) -> None:
-    """Print an error reply and exit: 3 when the daemon is unreachable, else 1."""
-    unreachable = error.code == ErrorCode.DAEMON_UNREACHABLE
+def start_hint(location: Location | None) -> str:
+    """How to start the daemon this command looked for, naming where it looked."""
+    if location is None:
+        return "Is the daemon running? Start it with: ksi daemon start"
+    return (f"No daemon answers at {location.socket}; var dir {location.describe()}.\n"
+            f"Start it with: ksi daemon start" + ("" if location.found_by != "--var-dir"
+                                                  else f" --var-dir {location.var_dir}"))
+
+
+def report_error(error: KsiError, as_json: bool, location: Location | None = None) -> None:
+    """Print an error on stderr: a JSON line when JSON is wanted, else a readable message."""
     if wants_json(as_json):
-        click.echo(json.dumps({"error": error.to_wire()}, ensure_ascii=False, default=str))
+        click.echo(dumps({"error": error.to_wire()}), err=True)
     else:
         click.secho(f"error [{error.code}]: {error.message}", fg="red", err=True)
         if error.details:
             click.echo(json.dumps(error.details, indent=2, ensure_ascii=False, default=str), err=True)
-    if unreachable:
-        click.echo("Is the daemon running? Start it with: ksi daemon start", err=True)
-    sys.exit(EXIT_UNREACHABLE if unreachable else EXIT_ERROR)
+    if error.code == ErrorCode.DAEMON_UNREACHABLE:
+        click.echo(start_hint(location), err=True)
+
+
+def fail(error: KsiError, as_json: bool, location: Location | None = None) -> NoReturn:
+    """Report an error and exit: 3 when the daemon is unreachable, else 1."""
+    report_error(error, as_json, location)
+    sys.exit(EXIT_UNREACHABLE if error.code == ErrorCode.DAEMON_UNREACHABLE else EXIT_ERROR)
+
+
+def color_enabled() -> bool:
+    """False with --no-color or NO_COLOR, for output not printed through click (rich tables)."""
+    context = click.get_current_context(silent=True)
+    return not os.environ.get("NO_COLOR") and (context is None or context.color is not False)
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = None) -> None:
@@ -52,4 +81,4 @@ def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = No
         grid.add_column(column)
     for row in rows:
         grid.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    Console().print(grid)
+    Console(no_color=not color_enabled()).print(grid)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +94,36 @@ class VarLayout:
 
     def client_state_file(self) -> Path:
         return self.state_dir / "client.json"
+
+
+# A project-local var dir is recognised by this file, so every command run anywhere below the
+# project finds the same daemon (as git finds .git); `ksi daemon start` writes it.
+MARKER_NAME = ".ksi-var"
+
+
+def user_var_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The per-user var dir: `$XDG_STATE_HOME/ksi`, else `~/.local/state/ksi`."""
+    env = os.environ if environ is None else environ
+    state_home = env.get("XDG_STATE_HOME") or ""
+    base = Path(state_home) if os.path.isabs(state_home) else Path.home() / ".local" / "state"
+    return base / "ksi"
+
+
+def find_var_dir(start: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """A marked `var/` in `start` (default: the working directory) or one of its parents, else the per-user one."""
+    here = (start or Path.cwd()).absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / "var"
+        if (candidate / MARKER_NAME).is_file():
+            return candidate
+    return user_var_dir(environ)
+
+
+def mark_var_dir(root: Path) -> None:
+    """Create `root` (owner-only) with its marker, so commands run below its parent find it."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    marker = root / MARKER_NAME
+    if not marker.exists():
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write('{"v": 1, "what": "KSI var directory"}\n')

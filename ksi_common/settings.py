@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ksi_common.layout import VarLayout
+from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
 
@@ -39,7 +39,8 @@ class Settings(BaseSettings):
         env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore", allow_inf_nan=False
     )
 
-    var_dir: Path = Path("var")
+    # found as every `ksi` command finds it: a marked project `var/` upward, else the per-user one
+    var_dir: Path = Field(default_factory=find_var_dir)
     socket_path: Path | None = None
     default_model: str = "echo/default"
     line_limit: int = Field(default=1024 * 1024, gt=0)

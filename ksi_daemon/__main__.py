@@ -18,7 +18,7 @@ from ksi_daemon.transports.http.binding import UnsafeHttpBind
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ksi-daemon", description="Run the KSI daemon in the foreground.")
-    parser.add_argument("--var-dir", type=Path, help="runtime data directory (default ./var)")
+    parser.add_argument("--var-dir", type=Path, help="runtime data directory (default: a marked project var/ upward, else the per-user state dir)")
     parser.add_argument("--socket", type=Path, help="Unix socket path")
     parser.add_argument("--http", metavar="[HOST:]PORT", help="serve the HTTP front here (default KSI_HTTP_ADDR)")
     parser.add_argument("--quiet", action="store_true", help="log to the file only")

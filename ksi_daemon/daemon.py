@@ -115,7 +115,9 @@ class Daemon:
                 "agents": self.agents.count,
                 "litellm_loaded": lambda: self.litellm.loaded,
                 "http": lambda: self.http.url,
+                "var_dir": lambda: str(settings.var_dir),
             },
+            settings_view=settings.public_view,
         )
         self.http = self._http_front()
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,

@@ -51,6 +51,12 @@ def pg_url(pg_cluster: ThrowawayCluster) -> Any:
     pg_cluster.drop_database(name)
 
 
+@pytest.fixture(autouse=True)
+def private_state_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A command that finds no var dir falls back to the per-user one: never the real user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+
+
 @pytest.fixture
 def short_tmp() -> Any:
     """A short temporary directory: Unix socket paths must stay under 108 bytes."""

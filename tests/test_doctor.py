@@ -154,7 +154,7 @@ async def test_clean_after_a_real_daemon_and_refuses_repair_while_it_runs(short_
         other = subprocess.run([sys.executable, "-m", "ksi_cli", "doctor", "--json", "--var-dir", str(layout.root),
                                 "--socket", str(short_tmp / "nothing.sock"), "--repair"],
                                capture_output=True, text=True, timeout=30, cwd=short_tmp)
-        assert other.returncode == 1 and json.loads(other.stdout)["error"]["code"] == "daemon_running"
+        assert other.returncode == 1 and json.loads(other.stderr)["error"]["code"] == "daemon_running"
     code, report = doctor("--var-dir", str(layout.root), "--repair")
     assert code == 0 and report["repaired"][0]["kind"] == "torn_tail"
     assert report["counts"]["index_entries"] == 1 and report["orphans"] == []

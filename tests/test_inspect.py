@@ -122,7 +122,7 @@ async def test_inspection_reads_var_with_the_daemon_stopped(filled: dict[str, An
                        (("response", "show", "nope-123"), "validation_error")):
         result = ksi(*args, *where, cwd=cwd)
         assert result.returncode == 1
-        assert json.loads(result.stdout)["error"]["code"] == code
+        assert json.loads(result.stderr)["error"]["code"] == code
 
 
 async def test_pretty_output_on_a_terminal(filled: dict[str, Any]) -> None:

@@ -29,10 +29,12 @@ class SystemService:
         router: Router,
         request_shutdown: Callable[[], None],
         health_sections: dict[str, Callable[[], Any]],
+        settings_view: Callable[[], dict[str, Any]],
     ) -> None:
         self.router = router
         self.request_shutdown = request_shutdown
         self.health_sections = health_sections
+        self.settings_view = settings_view
         self.started = time.monotonic()
 
     def register(self) -> list[Unregister]:
@@ -41,6 +43,7 @@ class SystemService:
             r.register("system:health", self.health, NoData, "Daemon status, version, uptime and counts."),
             r.register("system:discover", self.discover, DiscoverData, "Every event with its one-line description."),
             r.register("system:help", self.help, HelpData, "Fields, types and defaults of one event."),
+            r.register("system:config", self.config, NoData, "The running daemon's effective settings, secrets masked."),
             r.register("system:shutdown", self.shutdown, NoData, "Stop gracefully: drain work, flush files, remove the socket."),
         ]
 
@@ -61,6 +64,9 @@ class SystemService:
 
     async def help(self, data: HelpData, _context: EventContext) -> dict[str, Any]:
         return self.router.describe(data.event)
+
+    async def config(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
+        return self.settings_view()
 
     async def shutdown(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
         self.request_shutdown()
