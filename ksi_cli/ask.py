@@ -25,6 +25,7 @@ from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_cli.params import Seconds
+from ksi_common.privacy import private_dir
 from ksi_common.limits import MAX_TIMEOUT
 
 ACK_TIMEOUT = 30.0  # seconds for completion:async's acknowledgement
@@ -59,7 +60,7 @@ def record_last_ask(location: Location, result: dict[str, Any]) -> None:
         "model": result.get("model"),
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=".client.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -14,6 +14,7 @@ from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.layout import mark_var_dir
 from ksi_common.liveness import pid_alive, read_pid
+from ksi_common.privacy import open_private, private_dir
 
 
 def health(location: Location, timeout: float = 2.0) -> dict | None:
@@ -35,12 +36,12 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
                                      f"var dir {location.describe()}")
     mark_var_dir(location.var_dir)
     log_dir = location.layout.daemon_log.parent
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(log_dir)
     command = [sys.executable, "-m", "ksi_daemon", "--quiet",
                "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
     if http_addr:
         command += ["--http", http_addr]
-    with open(log_dir / "stderr.log", "ab") as stderr:
+    with os.fdopen(open_private(log_dir / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as stderr:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             start_new_session=True,

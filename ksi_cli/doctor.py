@@ -51,7 +51,7 @@ def hold_var_dir(location: Location) -> tuple[str | None, Any]:
         return None, None
     import filelock
 
-    lock = filelock.FileLock(str(layout.lock_file))
+    lock = filelock.FileLock(str(layout.lock_file), mode=0o600)
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
@@ -70,6 +70,12 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
         if problem.kind == "run_dir_permissions":
             path.chmod(0o700)
             done.append({"kind": problem.kind, "path": str(path), "action": "chmod 0700"})
+        elif problem.kind == "loose_permissions":
+            wanted = int(problem.extra["wanted"], 8)
+            if path.is_symlink() or not path.exists():  # replaced since the check: never follow a link
+                continue
+            path.chmod(wanted)
+            done.append({"kind": problem.kind, "path": str(path), "action": f"chmod {wanted:04o}"})
         elif problem.kind == "torn_tail":
             cut = truncate_torn_tail(path)
             done.append({"kind": problem.kind, "path": str(path), "action": f"truncated {cut} torn bytes"})

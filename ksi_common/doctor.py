@@ -13,11 +13,12 @@ from typing import Any
 
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
+from ksi_common.privacy import loose_modes
 from ksi_common.liveness import pid_alive, read_pid, socket_path_state
 from ksi_common.records import read_index, read_response
 
 # problems `--repair` may fix without losing anything
-REPAIRABLE = frozenset({"run_dir_permissions", "torn_tail", "stale_pid", "stale_socket"})
+REPAIRABLE = frozenset({"run_dir_permissions", "loose_permissions", "torn_tail", "stale_pid", "stale_socket"})
 
 
 @dataclass(slots=True)
@@ -86,11 +87,23 @@ def check_run_dir(layout: VarLayout, socket_path: Path | None = None) -> list[Fi
     return findings
 
 
+def check_permissions(layout: VarLayout) -> list[Finding]:
+    """Directories and files under the var dir that other users may read or enter (var/run has
+    its own finding: the daemon refuses to start on a loose one)."""
+    return [
+        Finding("loose_permissions", str(path), f"mode {mode:04o}; everything here is owner-only", True,
+                {"mode": f"{mode:04o}", "wanted": f"{wanted:04o}"})
+        for path, mode, wanted in loose_modes(layout.root)
+        if path != layout.run_dir
+    ]
+
+
 def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     """Every check of the var dir; the files are only read."""
     layout = VarLayout(Path(var_dir))
     report = Report(var_dir=str(layout.root))
     report.problems.extend(check_run_dir(layout, socket_path))
+    report.problems.extend(check_permissions(layout))
 
     journal_files = [layout.requests_file] if layout.requests_file.exists() else []
     for path in [*_jsonl_files(layout.conversations_dir), *_jsonl_files(layout.responses_dir),

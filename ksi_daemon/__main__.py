@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.settings import Settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.http:
         overrides["http_addr"] = args.http
     settings = Settings(**overrides)
+    os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
     configure_logging(
         settings.layout.daemon_log,
         settings.log_level,

@@ -15,6 +15,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.liveness import socket_path_state
+from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
@@ -67,6 +68,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self._unregister: list[Unregister] = []
         self._lock: filelock.BaseFileLock | None = None
+        self._umask = OWNER_ONLY_UMASK
         self.shutting_down = False
         self.server = SocketServer(
             settings.socket,
@@ -126,6 +128,16 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:
+        # everything the daemon or a library it uses creates is owner-only, whatever the umask
+        # it was started with (restored at shutdown, for a daemon run inside another program)
+        self._umask = os.umask(OWNER_ONLY_UMASK)
+        try:
+            await self._start()
+        except BaseException:
+            os.umask(self._umask)
+            raise
+
+    async def _start(self) -> None:
         self._prepare_dirs()
         self._acquire_lock()
         try:
@@ -182,6 +194,7 @@ class Daemon:
         except FileNotFoundError:
             pass
         self._release_lock()
+        os.umask(self._umask)
         log.info("daemon_stopped")
 
     def _release_lock(self) -> None:
@@ -222,10 +235,10 @@ class Daemon:
             self.layout.state_dir,
             self.layout.daemon_log.parent,
         ):
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dir(directory)
 
     def _acquire_lock(self) -> None:
-        lock = filelock.FileLock(str(self.layout.lock_file))
+        lock = filelock.FileLock(str(self.layout.lock_file), mode=FILE_MODE)
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:

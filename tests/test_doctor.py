@@ -9,10 +9,12 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 from ksi_cli.doctor import truncate_torn_tail
@@ -21,6 +23,15 @@ from ksi_common import doctor as checks
 from ksi_common.layout import VarLayout
 from ksi_common.records import read_index
 from tests.conftest import connected, running_daemon
+
+
+@pytest.fixture(autouse=True)
+def owner_only_umask() -> Iterator[None]:
+    """Var dirs built by hand here are owner-only, as the daemon makes them (loose modes are a
+    finding of their own, tested in test_privacy.py)."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
 
 
 def lines(*records: dict[str, Any]) -> bytes:

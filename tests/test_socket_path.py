@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,15 @@ from ksi_cli.main import cli
 from ksi_common.client import KsiClient
 from ksi_daemon.daemon import Daemon, DaemonAlreadyRunning, UnsafeSocketPath
 from tests.conftest import make_settings, running_daemon
+
+
+@pytest.fixture(autouse=True)
+def owner_only_umask() -> Iterator[None]:
+    """Var dirs built by hand here are owner-only, as the daemon makes them (loose modes are a
+    finding of their own, tested in test_privacy.py)."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
 
 
 def mode(path: Path) -> int:
