@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     PATH_NOT_ALLOWED = "path_not_allowed"
     FORK_CYCLE = "fork_cycle"
     OVERLOADED = "overloaded"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     DAEMON_RESTART = "daemon_restart"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     RESPONSE_NOT_FOUND = "response_not_found"

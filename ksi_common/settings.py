@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     line_limit: int = Field(default=1024 * 1024, gt=0)
     push_queue_size: int = Field(default=1000, gt=0)
     max_inflight_per_connection: int = Field(default=256, gt=0)
+    # more connections are answered too_many_connections and closed (and the limit stays below
+    # what the process may open, so accept never runs out of descriptors)
+    max_connections: int = Field(default=1000, gt=0)
     allow_uids: list[int] = Field(default_factory=list)
     shutdown_timeout: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT)
 
@@ -88,6 +91,7 @@ class Settings(BaseSettings):
     # agents
     profiles_dir: Path | None = None
     max_event_depth: int = Field(default=3, ge=0)
+    max_events_per_chain: int = Field(default=64, gt=0)  # events agents emit in one chain, at every depth
 
     # logging
     log_level: str = "INFO"

@@ -47,6 +47,8 @@ class EventContext:
     agent_id: str | None = None
     depth: int = 0  # how many agent-emitted hops led here; bounds feedback loops
     origin: Origin = field(default=INTERNAL, compare=False, repr=False)
+    # the event id at the root of this chain: events agents emit are counted per chain
+    chain_id: str | None = None
 
     @classmethod
     def root(
@@ -55,7 +57,8 @@ class EventContext:
         agent_id: str | None = None,
         origin: Origin = INTERNAL,
     ) -> EventContext:
-        return cls(_event_id(), correlation_id, None, agent_id, 0, origin)
+        event_id = _event_id()
+        return cls(event_id, correlation_id, None, agent_id, 0, origin, event_id)
 
     def child(self, **changes: Any) -> EventContext:
         """A context for an event caused by this one."""

@@ -77,6 +77,7 @@ class Daemon:
             push_queue_size=settings.push_queue_size,
             max_inflight=settings.max_inflight_per_connection,
             allow_uids=settings.allow_uids,
+            max_connections=settings.max_connections,
         )
         fsync = settings.fsync_enabled
         self.store = ConversationStore(self.layout, fsync)

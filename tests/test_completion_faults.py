@@ -193,26 +193,42 @@ async def test_the_circuit_opens_after_consecutive_failures(short_tmp: Path, stu
         first, _ = await failing(client, prompt="one")
         second, _ = await failing(client, prompt="two")
         third, _ = await failing(client, prompt="three")
-        # the circuit is per provider: every openai/... model is refused while it is open
-        other, _ = await failing(client, prompt="four", model="openai/stub-other")
+        # the circuit is per model and api base: another openai/... model is still tried
+        other = await complete(client, prompt="four", model="openai/stub-other")
         echo = await complete(client, prompt="echo still works", model="echo/x")
         health = await client.request("system:health")
         codes = []
-        while len(codes) < 4:
+        while len(codes) < 3:
             push = await client.next_push(timeout=10)
             assert push is not None
             codes.append(push["data"]["code"])
+    key = f"openai/stub-model @ {stub.api_base}"
     assert (first.code, second.code) == ("provider_error", "provider_error")
-    assert third.code == other.code == "provider_unavailable"
-    assert third.details["provider"] == "openai"
+    assert third.code == "provider_unavailable"
+    assert third.details["provider"] == key
     assert 0 < third.details["retry_after"] <= 60
-    assert codes == ["provider_error", "provider_error", "provider_unavailable", "provider_unavailable"]
-    assert len(stub.requests) == 2  # nothing reached the provider while the circuit was open
+    assert codes == ["provider_error", "provider_error", "provider_unavailable"]
+    assert len(stub.requests) == 3  # nothing reached the provider for stub-model while its circuit was open
+    assert other["content"] == "stub answer to: four"
     assert "You said: echo still works" in echo["content"]
-    circuit = health["completions"]["circuits"]["openai"]
+    circuit = health["completions"]["circuits"][key]
     assert circuit["state"] == "open"
     assert circuit["trips"] == 1
     assert circuit["consecutive_failures"] >= 2
+
+
+async def test_one_failing_server_does_not_stop_other_models_of_its_provider(short_tmp: Path, stub: Any) -> None:
+    dead = {"openai/dead": {"api_base": f"http://127.0.0.1:{unused_port()}/v1"}}
+    settings = stub_settings(stub, models=dead, retry_attempts=1, circuit_failures=1, circuit_reset=60)
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        refused, _ = await failing(client, prompt="anyone?", model="openai/dead")
+        still_open, _ = await failing(client, prompt="anyone now?", model="openai/dead")
+        result = await complete(client, prompt="alive", model="openai/stub-model")
+        circuits = (await client.request("system:health"))["completions"]["circuits"]
+    assert (refused.code, still_open.code) == ("provider_error", "provider_unavailable")
+    assert result["content"] == "stub answer to: alive"
+    assert circuits[f"openai/dead @ {dead['openai/dead']['api_base']}"]["state"] == "open"
+    assert list(circuits) == [f"openai/dead @ {dead['openai/dead']['api_base']}"]
 
 
 async def test_a_half_open_circuit_closes_on_success(short_tmp: Path, stub: Any) -> None:
@@ -220,12 +236,13 @@ async def test_a_half_open_circuit_closes_on_success(short_tmp: Path, stub: Any)
     stub.enqueue(Reply(status=500))
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         await failing(client, prompt="one")
-        daemon.completion.breaker.circuits["openai"].opened_at -= 1.0  # as if the reset time had passed
+        key = f"openai/stub-model @ {stub.api_base}"
+        daemon.completion.breaker.circuits[key].opened_at -= 1.0  # as if the reset time had passed
         result = await complete(client, prompt="two")
         health = await client.request("system:health")
     assert result["content"] == "stub answer to: two"
-    assert health["completions"]["circuits"]["openai"]["state"] == "closed"
-    assert health["completions"]["circuits"]["openai"]["consecutive_failures"] == 0
+    assert health["completions"]["circuits"][key]["state"] == "closed"
+    assert health["completions"]["circuits"][key]["consecutive_failures"] == 0
 
 
 async def test_client_errors_do_not_open_the_circuit(short_tmp: Path, stub: Any) -> None:

@@ -40,3 +40,10 @@ def check_options(model: str, options: Mapping[str, Any], allowed: Iterable[str]
             fields={f"options.{name}": "not allowed for this model" for name in refused},
             model=model,
         )
+
+
+def circuit_key(model: str, api_base: str | None, options: Mapping[str, Any]) -> str:
+    """What a circuit breaker counts failures of: one model at one endpoint. A failing local
+    server must not silence every model of its provider prefix, nor one model elsewhere."""
+    base = options.get("api_base") or options.get("base_url") or api_base
+    return f"{model} @ {base}" if base else model

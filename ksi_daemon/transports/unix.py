@@ -7,6 +7,7 @@ import collections.abc
 import contextvars
 import errno
 import os
+import resource
 import socket
 import struct
 import uuid
@@ -132,6 +133,14 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
         if not self.server.peer_allowed(transport):
             transport.write(_frame_error(ErrorCode.INVALID_REQUEST, "connection refused for this uid"))
+            transport.close()
+            self.closed = True
+            return
+        if len(self.server.connections) >= self.server.max_connections:
+            limit = self.server.max_connections
+            transport.write(_frame_error(ErrorCode.TOO_MANY_CONNECTIONS,
+                                         f"the daemon serves at most {limit} connections; retry later",
+                                         limit=limit, retry_after=1.0))
             transport.close()
             self.closed = True
             return
@@ -317,6 +326,27 @@ class Connection(asyncio.Protocol):
         return lambda: self.close_callbacks.remove(callback) if callback in self.close_callbacks else None
 
 
+# descriptors kept for everything but client connections: files, logs, provider connections
+_RESERVED_DESCRIPTORS = 256
+
+
+def _descriptor_budget(wanted: int) -> tuple[int, int]:
+    """(listen backlog, connection cap) that fit the process's descriptor limit, raised to its
+    hard limit first: asyncio accepts up to a backlog's worth of connections in one go, before
+    any of them can be refused, so both together stay below the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return 1024, wanted
+    backlog = max(16, min(1024, soft // 8))
+    return backlog, max(1, min(wanted, soft - backlog - _RESERVED_DESCRIPTORS))
+
+
 class SocketServer:
     """Listens on a Unix socket (0600 in a 0700 directory) and hands requests to the router."""
 
@@ -329,6 +359,7 @@ class SocketServer:
         push_queue_size: int,
         max_inflight: int,
         allow_uids: list[int],
+        max_connections: int = 1000,
     ) -> None:
         self.path = path
         self.handle_request = handle_request
@@ -336,6 +367,7 @@ class SocketServer:
         self.push_queue_size = push_queue_size
         self.max_inflight = max_inflight
         self.allowed_uids = {os.getuid(), *allow_uids}
+        self.backlog, self.max_connections = _descriptor_budget(max_connections)
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -361,7 +393,7 @@ class SocketServer:
         old_umask = os.umask(0o177)
         try:
             self._server = await asyncio.get_running_loop().create_unix_server(
-                lambda: Connection(self), path=str(self.path), backlog=1024
+                lambda: Connection(self), path=str(self.path), backlog=self.backlog
             )
         finally:
             os.umask(old_umask)

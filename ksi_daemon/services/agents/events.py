@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,26 @@ def extract_events(text: str, limit: int = MAX_EVENTS_PER_REPLY) -> tuple[list[F
                 found.append(FoundEvent(event, data, position))
         position = text.find("{", end)
     return found, malformed
+
+
+class ChainBudget:
+    """How many events agents may still emit in each chain of events (a chain starts at a
+    request from outside); the newest `chains` chains are remembered."""
+
+    def __init__(self, limit: int, chains: int = 10_000) -> None:
+        self.limit = limit
+        self.chains = chains
+        self._spent: OrderedDict[str, int] = OrderedDict()
+
+    def take(self, chain_id: str | None) -> bool:
+        """Spend one event of the chain's budget; False when none is left."""
+        if chain_id is None:
+            return True
+        spent = self._spent.pop(chain_id, 0)
+        self._spent[chain_id] = spent + (spent < self.limit)
+        while len(self._spent) > self.chains:
+            self._spent.popitem(last=False)
+        return spent < self.limit
 
 
 def is_allowed(event: str, patterns: Iterable[str]) -> bool:

@@ -15,7 +15,7 @@ from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
 from ksi_daemon.events import validate
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.agents.events import FoundEvent, Malformed, Outcome, extract_events, feedback_text, is_allowed
+from ksi_daemon.services.agents.events import ChainBudget, FoundEvent, Malformed, Outcome, extract_events, feedback_text, is_allowed
 from ksi_daemon.services.agents.models import (
     AgentInfo,
     AgentList,
@@ -59,6 +59,7 @@ class AgentService:
         self.records: dict[str, AgentRecord] = {}
         self._reserved: set[str] = set()  # ids being spawned right now
         self._tasks: set[asyncio.Task[None]] = set()  # acting on events found in replies
+        self._chain_budget = ChainBudget(settings.max_events_per_chain)
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -275,6 +276,13 @@ class AgentService:
                 log.warning("agent_event_denied", agent_id=record.agent_id, event_name=item.event,
                             request_id=result.get("request_id"))
                 outcomes.append(Outcome(item.event, "denied"))
+                continue
+            if not self._chain_budget.take(context.chain_id):
+                # replies that fan out to agents whose replies fan out again stay bounded as a whole
+                log.warning("agent_event_chain_limit", agent_id=record.agent_id, event_name=item.event,
+                            chain_id=context.chain_id, limit=self.settings.max_events_per_chain)
+                outcomes.append(Outcome(item.event, "skipped", message=(
+                    f"this chain of events reached its limit of {self.settings.max_events_per_chain}")))
                 continue
             child = context.child(agent_id=record.agent_id, depth=depth, origin=INTERNAL)
             try:

@@ -17,7 +17,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
-from ksi_daemon.providers.options import check_options, is_routing_option
+from ksi_daemon.providers.options import check_options, circuit_key, is_routing_option
 from ksi_daemon.providers.base import (
     Provider,
     ProviderCall,
@@ -421,7 +421,7 @@ class CompletionService:
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
                     attempts: list[dict[str, Any]]) -> ProviderReply:
         reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
-                                   self.retry, self.breaker, self._provider_key(state.model), attempts)
+                                   self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts)
         if answerer is self.provider and prepared.call.resume_session is None:
             # a resumed CLI session or a consortium counts a prompt we never built: nothing to learn
             self.calibration.observe(state.model, prepared.estimate, reply.usage.get("prompt_tokens", 0))
@@ -440,9 +440,8 @@ class CompletionService:
                 return answerer
         return self.provider
 
-    @staticmethod
-    def _provider_key(model: str) -> str:
-        return model.split("/", 1)[0] if "/" in model else model
+    def _circuit_key(self, model: str, options: dict[str, Any]) -> str:
+        return circuit_key(model, self.settings.model_settings(model).api_base, options)
 
     async def _attempt(self, answerer: Provider, call: ProviderCall) -> ProviderReply:
         timeout = call.timeout or self.settings.request_timeout
