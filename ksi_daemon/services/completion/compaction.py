@@ -97,7 +97,6 @@ class Compactor:
         self.count_tokens = count_tokens
         self.budget_for = budget_for
         self.clock = clock
-        self._summaries: dict[str, list[Summary]] = {}  # conversation id -> its summaries, oldest first
         self._jobs: dict[str, _Job] = {}
         self._failures: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
@@ -127,15 +126,11 @@ class Compactor:
         return {"running": len(self._jobs), "retrying": len(self._retries), "calls": self.calls}
 
     # -- reading ------------------------------------------------------------
-    async def summaries(self, conversation_id: str) -> list[Summary]:
-        found = self._summaries.get(conversation_id)
-        if found is None:
-            found = await asyncio.to_thread(self.store.read, conversation_id)
-            self._summaries[conversation_id] = found
-        return found
-
-    def forget(self, conversation_id: str) -> None:
-        self._summaries.pop(conversation_id, None)
+    async def summaries(self, memory: ConversationMemory) -> list[Summary]:
+        """Kept on the conversation in memory, so they leave with it (eviction, reset, delete)."""
+        if memory.summaries is None:
+            memory.summaries = await asyncio.to_thread(self.store.read, memory.conversation_id)
+        return memory.summaries
 
     async def for_turn(self, memory: ConversationMemory, model: str) -> Summary | None:
         """The newest summary this conversation may use: its own, or an ancestor's that covers only
@@ -147,7 +142,7 @@ class Compactor:
     async def _newest(self, memory: ConversationMemory) -> Summary | None:
         best: Summary | None = None
         for member, upto in await fork_chain(self.cache, memory, self.settings.max_fork_depth):
-            for summary in reversed(await self.summaries(member.conversation_id)):
+            for summary in reversed(await self.summaries(member)):
                 if upto is not None and summary.upto > upto:
                     continue
                 if best is None or summary.upto > best.upto:
@@ -226,8 +221,12 @@ class Compactor:
             return None
         exchanges = await self._exchanges(memory, covered, target)
         summary = await self._summarise(memory.conversation_id, summariser, current, covered + 1, exchanges, target)
+        known = await self.summaries(memory)
+        now_cached = self.cache.cached(conversation_id)
+        if now_cached is not None and now_cached is not memory:
+            return None  # reset meanwhile: this summary is of the conversation that moved away
         await asyncio.to_thread(self.store.append, summary)
-        self._summaries.setdefault(conversation_id, []).append(summary)
+        known.append(summary)
         log.info("summary_written", conversation_id=conversation_id, upto=target, previous_upto=covered,
                  model=summariser, tokens=summary.tokens)
         self.router.emit("conversation:summarised", {

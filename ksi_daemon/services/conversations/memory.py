@@ -15,6 +15,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry, ResponseRecord
+from ksi_common.summaries import Summary
 from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
 from ksi_daemon.storage.responses import ResponseLog
 
@@ -64,6 +65,8 @@ class ConversationMemory:
         self._eligible_n: list[int] = []
         self._sums: list[int] = [0]
         self.lock = asyncio.Lock()
+        # summaries standing in for left-out exchanges, oldest first; None until first needed
+        self.summaries: list[Summary] | None = None
 
     @property
     def conversation_id(self) -> str:
