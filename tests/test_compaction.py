@@ -201,6 +201,9 @@ async def test_summaries_are_read_back_after_a_restart_not_recomputed(short_tmp:
     assert result["history"]["summary_upto"] >= records[-1].upto - 1
     assert f"[Summary of exchanges 1-{result['history']['summary_upto']}" in stub.requests[-1]["messages"][0]["content"]
     assert stats["compaction"]["summaries"] >= len(records) and stats["compaction"]["exchanges_covered"] >= 1
+    # a summary's tokens count in the conversation's usage
+    assert stats["compaction"]["tokens_in"] > 0
+    assert stats["conversation"]["tokens_in"] == stats["tokens_in"] + stats["compaction"]["tokens_in"]
     assert "**Summary of exchanges 1-" in exported["content"]
     assert len(summariser_calls(stub)) <= calls + 1
     # the CLI reads the same records from disk, daemon stopped
