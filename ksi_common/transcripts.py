@@ -72,6 +72,8 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "models": list(meta.get("models") or []),
         "tokens_in": int(meta.get("tokens_in") or 0),
         "tokens_out": int(meta.get("tokens_out") or 0),
+        # key-value pairs a client attached (the Conversations API's `metadata`)
+        "metadata": dict((meta.get("extra") or {}).get("metadata") or {}),
         "cost": float(meta.get("cost") or 0.0),
     }
 

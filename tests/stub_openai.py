@@ -123,7 +123,7 @@ class StubOpenAI:
                 return await self._raw(request, reply)
             text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
             if body.get("stream"):
-                return await self._stream(request, body, text, counted, cut=reply.cut)
+                return await self._stream(request, body, text, counted, cut=reply.cut, drip=reply.drip or 0.0)
             return web.json_response(self._completion(body, text, counted))
         finally:
             self.in_flight -= 1
@@ -169,7 +169,7 @@ class StubOpenAI:
         return response
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
-                      prompt_tokens: int, cut: bool = False) -> web.StreamResponse:
+                      prompt_tokens: int, cut: bool = False, drip: float = 0.0) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
@@ -180,6 +180,8 @@ class StubOpenAI:
                      "model": body.get("model", "stub"),
                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if drip:
+                await asyncio.sleep(drip)  # seconds between streamed words
         if cut:
             await response.write_eof()
             return response

@@ -65,6 +65,8 @@ def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[
         "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": utc_now(),
         "request_id": state.request_id, "conversation_id": state.conversation_id,
     }
+    if state.request.instructions is not None:
+        line["instructions"] = state.request.instructions  # the system prompt of this exchange alone
     if reply.session_id:
         line["session_id"] = reply.session_id
     if reply.session_note:

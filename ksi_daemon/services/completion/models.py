@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
 from ksi_daemon.events import EventData, NonBlank, PathText, SafeId, Text
@@ -20,9 +20,12 @@ class CompletionAsync(EventData):
     messages: list[InputMessage] | None = Field(default=None, description="new input messages, user or system roles")
     model: Text | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
     conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
+    previous_response_id: SafeId | None = Field(
+        default=None, description="continue after this response: its conversation, or a fork at it when it is not the newest exchange")
     agent_id: SafeId | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
     create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
     system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
+    instructions: Text | None = Field(default=None, description="system prompt for this request only; the conversation's is kept")
     temperature: float | None = Field(default=None, ge=0, le=2, description="sampling temperature")
     max_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS, description="upper bound on the answer's tokens")
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT, description="seconds allowed per provider attempt")
@@ -40,6 +43,13 @@ class CompletionAsync(EventData):
         reserved = {"model", "messages", "stream", "metadata", "api_key", "api_base"} & set(value)
         if reserved:
             raise ValueError(f"options may not set {sorted(reserved)}")
+        return value
+
+    @field_validator("previous_response_id")
+    @classmethod
+    def _not_with_conversation(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("conversation_id") is not None:
+            raise ValueError("give conversation_id or previous_response_id, not both")
         return value
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from ksi_daemon.services.conversations.history import (
     select_history,
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
@@ -192,6 +193,8 @@ class CompletionService:
             "conversation_id": state.conversation_id,
             "status": state.status,
             "queue_position": self.scheduler.position(state.job) if state.job else 0,
+            "response_id": state.response_id,
+            "model": state.model,
         }
 
     async def handle_wait(self, data: CompletionWait, _context: EventContext) -> dict[str, Any]:
@@ -259,6 +262,8 @@ class CompletionService:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        if data.previous_response_id is not None:
+            data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
         if key is None:
             return await self._admit(data, context, from_agent)
@@ -273,6 +278,24 @@ class CompletionService:
             admission.users -= 1
             if not admission.users:
                 self._admitting.pop(key, None)
+
+    async def _continue_after(self, data: CompletionAsync, context: EventContext) -> CompletionAsync:
+        """The request continuing the conversation of `previous_response_id`: in that conversation
+        when the response is its newest exchange and nothing else is queued there (so nothing can
+        come between), else in a fork at that exchange (copy-free, as conversation:fork makes it)."""
+        assert data.previous_response_id is not None
+        found = await locate(self.cache, self.responses, data.previous_response_id,
+                             ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
+        if found.memory is None or found.n is None:
+            raise KsiError(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+                           f"response {data.previous_response_id} is in no conversation's history (it failed, "
+                           "or its conversation was deleted)", response_id=data.previous_response_id)
+        conversation_id = found.memory.conversation_id
+        if not found.newest or self.requests.count_live(conversation_id):
+            fork = await self.router.request("conversation:fork", {"conversation_id": conversation_id, "at": found.n},
+                                             context.child())
+            conversation_id = fork["conversation_id"]
+        return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         self._check_capacity()  # refuse before any work is done or any conversation is written
@@ -299,6 +322,8 @@ class CompletionService:
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
+            # known from the ack on, so a client can name the response before it exists (a stream's first event)
+            response_id=new_response_id(model),
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
@@ -381,7 +406,6 @@ class CompletionService:
     async def _run(self, state: RequestState) -> None:
         state.status = "running"
         state.started_at = time.perf_counter()
-        state.response_id = new_response_id(state.model)
         self.journal.record(state.request_id, state.conversation_id, "running", response_id=state.response_id)
         attempts: list[dict[str, Any]] = []
         inputs = records.input_lines(state)
@@ -458,10 +482,12 @@ class CompletionService:
         inputs = records.input_lines(state)
         new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
         system = new_system if new_system is not None else memory.meta.system
+        # instructions are this request's own system prompt; the conversation keeps its own
+        sent_system = data.instructions if data.instructions is not None else system
         user_messages = records.user_messages(inputs)
         count = self.facts.count_tokens
         input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
-        budget = await self.history_budget(state.model, system, input_tokens, data.max_tokens)
+        budget = await self.history_budget(state.model, sent_system, input_tokens, data.max_tokens)
         if budget < 0:
             window = await self.facts.context_window(state.model)
             reserve = self.facts.output_reserve(state.model, data.max_tokens)
@@ -489,7 +515,7 @@ class CompletionService:
                                            self.settings.max_fork_depth, after)
             attached = attached.kept_for(history.exchanges)
         inputs = attached.record_in(inputs)
-        messages = build_messages(system, history, attached.prepend(user_messages),
+        messages = build_messages(sent_system, history, attached.prepend(user_messages),
                                   summary_block(summary) if summary is not None else None)
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = (history.tokens + attached.tokens + input_tokens
@@ -506,7 +532,7 @@ class CompletionService:
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
             timeout=data.timeout or self.settings.request_timeout, options=options,
             on_chunk=self._chunk_sink(state) if data.stream else None,
-            resume_session=self._resumable_session(memory, state.model, system),
+            resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
                      "consortium": data.consortium},

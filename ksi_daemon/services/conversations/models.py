@@ -53,6 +53,7 @@ class ConversationUpdate(ConversationRef):
     ttl: float | None = Field(default=None, gt=0, le=MAX_TTL, description="seconds of inactivity before it expires; null: never")
     turn_cap: int | None = Field(default=None, gt=0, le=MAX_TURN_CAP, description="most exchanges it may hold; null: no cap")
     status: Literal["active", "archived"] | None = Field(default=None, description="active or archived")
+    metadata: dict[str, Text] | None = Field(default=None, description="key-value pairs for clients (replaces them)")
 
 
 class ConversationExport(ConversationRef):
@@ -79,3 +80,7 @@ class ConversationArchive(ConversationRef):
 
 class ConversationDelete(ConversationRef):
     pass
+
+
+class ResponseRef(EventData):
+    response_id: SafeId = Field(description="the response (a Responses API id is a KSI response_id)")

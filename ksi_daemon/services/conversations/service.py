@@ -35,9 +35,11 @@ from ksi_daemon.services.conversations.models import (
     ConversationShow,
     ConversationStats,
     ConversationUpdate,
+    ResponseRef,
 )
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.storage.conversations import ConversationMeta
 from ksi_daemon.storage.responses import ResponseLog
 
@@ -101,6 +103,10 @@ class ConversationService:
                        "A new conversation from a json or jsonl export, with fresh response ids."),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
+            r.register("response:show", self.handle_response_show, ResponseRef,
+                       "One response: its inputs, outcome, and its place in its conversation."),
+            r.register("response:delete", self.handle_response_delete, ResponseRef,
+                       "Delete one response (refused: a response stays while its conversation does)."),
         ]
 
     def _changed(self, conversation_id: str, change: str, context: EventContext) -> None:
@@ -158,11 +164,17 @@ class ConversationService:
                 value = list(dict.fromkeys(value or []))
             if name == "status" and value is None:
                 continue
+            if name == "metadata":  # kept with the other client extras, not as a field of its own
+                extra = await self._extra(data.conversation_id)
+                name, value = "extra", {**extra, "metadata": dict(value or {})}
             changes[name] = value  # an explicit null clears title, ttl or turn_cap
         meta = await self._change(data.conversation_id, changes)
         log.info("conversation_updated", conversation_id=data.conversation_id, fields=sorted(changes))
         self._changed(data.conversation_id, "updated", context)
         return {"conversation": self._summary(meta), "updated": sorted(changes)}
+
+    async def _extra(self, conversation_id: str) -> dict[str, Any]:
+        return dict((await self.cache.require(conversation_id)).meta.extra)
 
     async def handle_archive(self, data: ConversationArchive, context: EventContext) -> dict[str, Any]:
         meta = await self._change(data.conversation_id, {"status": "archived"})
@@ -237,7 +249,8 @@ class ConversationService:
             if reply is None:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
-            model = str(exchange.get("model") or reply.get("model") or "imported")
+            named = exchange.get("model") or reply.get("model")
+            model = str(named or "imported")
             response_id = new_response_id(model)
             ts = exchange.get("ts") or reply.get("ts") or now
             lines = []
@@ -272,9 +285,10 @@ class ConversationService:
             tokens_in += _int(usage.get("prompt_tokens"), 0)
             tokens_out += _int(usage.get("completion_tokens"), 0)
             cost += float(reply.get("cost") or 0.0)
-            if model in models:
-                models.remove(model)
-            models.append(model)
+            if named:  # "imported" names no model: a continuation then takes the default one
+                if model in models:
+                    models.remove(model)
+                models.append(model)
         for entry in entries:
             self.store.append_exchange(conversation_id, entry)
         tags = source.get("tags") if isinstance(source.get("tags"), list) else []
@@ -288,6 +302,36 @@ class ConversationService:
         )
         self.store.save_meta(meta)
         return meta, skipped
+
+    # -- responses ------------------------------------------------------------
+    async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:
+        found = await locate(self.cache, self.responses, data.response_id)
+        record = found.record
+        written_in = next((line.get("conversation_id") for line in (record.outcome, *record.inputs)
+                           if line and line.get("conversation_id")), None)
+        return {
+            "response_id": record.response_id,
+            "status": "completed" if record.ok else ("failed" if record.outcome else "incomplete"),
+            "conversation_id": found.conversation_id or written_in,
+            "exchange": found.n,  # its number in that conversation; null when it is in no history
+            "exchanges": found.memory.total if found.memory is not None else None,
+            "newest": found.newest,
+            "inputs": record.inputs,
+            "outcome": record.outcome,
+        }
+
+    async def handle_response_delete(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:
+        # Every exchange after this one was answered with it in view: removing it alone would make
+        # the log lie. Its conversation (and with it the response) can be deleted.
+        found = await locate(self.cache, self.responses, data.response_id)
+        if found.conversation_id is not None:
+            raise KsiError(ErrorCode.RESPONSE_NOT_DELETABLE,
+                           f"response {data.response_id} is exchange {found.n} of conversation "
+                           f"{found.conversation_id}; delete the conversation to remove it",
+                           response_id=data.response_id, conversation_id=found.conversation_id)
+        raise KsiError(ErrorCode.RESPONSE_NOT_DELETABLE,
+                       f"response {data.response_id} is kept in the log (it is in no conversation's history)",
+                       response_id=data.response_id)
 
     # -- delete ---------------------------------------------------------------
     async def handle_delete(self, data: ConversationDelete, context: EventContext) -> dict[str, Any]:

@@ -23,6 +23,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.CONVERSATION_FULL: 409,
     ErrorCode.CONVERSATION_ARCHIVED: 409,
     ErrorCode.CANCELLED: 409,
+    ErrorCode.RESPONSE_NOT_DELETABLE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.RATE_LIMITED: 429,

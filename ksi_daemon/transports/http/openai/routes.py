@@ -1,4 +1,4 @@
-"""The /v1 route table; each handler validates, calls events, and shapes the reply."""
+"""The /v1 route table: each handler validates, calls events, and shapes the reply."""
 
 from __future__ import annotations
 
@@ -11,22 +11,27 @@ from starlette.routing import BaseRoute, Route
 
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.door import RequestHandler, call
+from ksi_daemon.transports.http.openai.chat import ChatCompletions
+from ksi_daemon.transports.http.openai.conversations import Conversations
+from ksi_daemon.transports.http.openai.openapi import openapi_document
+from ksi_daemon.transports.http.openai.responses import Responses
+from ksi_daemon.transports.http.openai.translate import AGENT_PREFIX, Door
 
 
-class OpenAIDoor:
-    def __init__(self, handle_request: RequestHandler, settings: Settings) -> None:
-        self.handle_request = handle_request
-        self.settings = settings
+class Models:
+    def __init__(self, door: Door) -> None:
+        self.door = door
 
-    async def models(self, _request: Request) -> Response:
-        """Configured models, saved consortia and agents, in OpenAI's model list shape."""
-        now = int(time.time())
-        names = [self.settings.default_model, "echo/default"]
-        names += [pattern for pattern in self.settings.models if not any(c in pattern for c in "*?[")]
-        consortia = await call(self.handle_request, "consortium:list", {})
+    async def list(self, _request: Request) -> Response:
+        """Configured models, saved consortia and active agents, in OpenAI's model list shape."""
+        settings = self.door.settings
+        names = [settings.default_model, "echo/default"]
+        names += [pattern for pattern in settings.models if not any(c in pattern for c in "*?[")]
+        consortia = await call(self.door.handle_request, "consortium:list", {})
         names += [entry["model"] for entry in consortia["consortia"]]
-        agents = await call(self.handle_request, "agent:list", {"status": "active"})
-        names += [f"agent/{entry['agent_id']}" for entry in agents["agents"]]
+        agents = await call(self.door.handle_request, "agent:list", {"status": "active"})
+        names += [f"{AGENT_PREFIX}{entry['agent_id']}" for entry in agents["agents"]]
+        now = int(time.time())
         data: list[dict[str, Any]] = [
             {"id": name, "object": "model", "created": now, "owned_by": "ksi"} for name in dict.fromkeys(names)
         ]
@@ -34,7 +39,24 @@ class OpenAIDoor:
 
 
 def build_routes(handle_request: RequestHandler, settings: Settings) -> list[BaseRoute]:
-    door = OpenAIDoor(handle_request, settings)
+    door = Door(handle_request, settings)
+    responses, chat, conversations, models = Responses(door), ChatCompletions(door), Conversations(door), Models(door)
+    document = openapi_document()
+
+    async def openapi(_request: Request) -> Response:
+        return JSONResponse(document)
+
     return [
-        Route("/v1/models", door.models, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/v1/models", models.list, methods=["GET"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/responses/{id}/input_items", responses.input_items, methods=["GET"]),
+        Route("/v1/chat/completions", chat.create, methods=["POST"]),
+        Route("/v1/conversations", conversations.create, methods=["POST"]),
+        Route("/v1/conversations/{id}", conversations.retrieve, methods=["GET"]),
+        Route("/v1/conversations/{id}", conversations.update, methods=["POST"]),
+        Route("/v1/conversations/{id}", conversations.delete, methods=["DELETE"]),
+        Route("/v1/conversations/{id}/items", conversations.list_items, methods=["GET"]),
     ]

@@ -1,0 +1,63 @@
+"""Finding a response within its conversation: which conversation indexed it, and at which exchange."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id
+from ksi_common.records import ResponseRecord
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.storage.responses import ResponseLog
+
+
+@dataclass(slots=True)
+class Located:
+    record: ResponseRecord
+    memory: ConversationMemory | None  # None: the response is in no conversation's history (it failed)
+    n: int | None
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.memory.conversation_id if self.memory is not None else None
+
+    @property
+    def newest(self) -> bool:
+        return self.memory is not None and self.n == self.memory.total
+
+
+async def read_response(responses: ResponseLog, response_id: str, code: ErrorCode) -> ResponseRecord:
+    """The response file, or `code` (e.g. response_not_found) when there is none."""
+    record = await asyncio.to_thread(responses.read, response_id) if is_safe_id(response_id) else None
+    if record is None:
+        raise KsiError(code, f"no response {response_id}", response_id=response_id)
+    return record
+
+
+async def locate(cache: ConversationCache, responses: ResponseLog, response_id: str,
+                 code: ErrorCode = ErrorCode.RESPONSE_NOT_FOUND) -> Located:
+    """The response and its exchange number in the conversation whose index lists it.
+
+    The newest exchanges are in memory, so continuing the latest response costs no index read;
+    an older one loads the whole index once (as a fork of that conversation would)."""
+    record = await read_response(responses, response_id, code)
+    conversation_id = next((line.get("conversation_id") for line in (record.outcome, *record.inputs)
+                            if line and isinstance(line.get("conversation_id"), str)), None)
+    if not record.ok or conversation_id is None:
+        return Located(record, None, None)
+    memory = await cache.get(conversation_id)
+    if memory is None:
+        return Located(record, None, None)  # its conversation was deleted
+    n = _find(memory, response_id)
+    if n is None and not memory.complete:
+        await cache.load_all(memory)
+        n = _find(memory, response_id)
+    return Located(record, memory if n is not None else None, n)
+
+
+def _find(memory: ConversationMemory, response_id: str) -> int | None:
+    for entry in reversed(memory.entries):
+        if entry.response_id == response_id:
+            return entry.n
+    return None

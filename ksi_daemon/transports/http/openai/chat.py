@@ -1,0 +1,89 @@
+"""/v1/chat/completions: with a conversation id only the new input is sent and KSI rebuilds the
+history; without one, the call still becomes a conversation (the client's own earlier turns,
+if it sends them, are imported as its first exchanges)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ksi_common.errors import KsiError
+from ksi_daemon.transports.http.door import call
+from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.responses import SSE_HEADERS
+from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
+from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate
+from ksi_daemon.transports.http.openai.translate import (
+    CHAT_FIELDS,
+    Door,
+    chat_payload,
+    history_document,
+    renamed,
+    split_chat,
+)
+
+CONVERSATION_HEADER = "X-KSI-Conversation-Id"
+
+
+class ChatCompletions:
+    def __init__(self, door: Door) -> None:
+        self.door = door
+
+    async def create(self, request: Request) -> Response:
+        body: ChatCompletionCreate = await self.door.body(request, ChatCompletionCreate)
+        conversation_id = body.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        chat = split_chat(body, conversation_id)
+        created = int(time.time())
+        try:
+            if chat.history:  # the client sent its own history: it becomes this new conversation's past
+                imported = await call(self.door.handle_request, "conversation:import",
+                                      {"data": history_document(chat), "format": "json"})
+                conversation_id = imported["conversation_id"]
+            payload = chat_payload(body, chat, conversation_id)
+            if body.stream:
+                stream = CompletionStream(self.door.handle_request, self.door.background)
+                ack = await stream.start(payload)
+                return StreamingResponse(self._chunks(stream, ack, body, created), media_type="text/event-stream",
+                                         headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"]})
+            result = await complete(self.door.handle_request, payload)
+        except KsiError as error:
+            raise renamed(error, CHAT_FIELDS) from None
+        return JSONResponse(shapes.chat_completion(result, created),
+                            headers={CONVERSATION_HEADER: result["conversation_id"]})
+
+    async def _chunks(self, stream: CompletionStream, ack: dict[str, Any], body: ChatCompletionCreate,
+                      created: int) -> AsyncIterator[bytes]:
+        chunk_id = f"chatcmpl-{ack['response_id']}"
+        ids = {"conversation_id": ack["conversation_id"], "response_id": ack["response_id"]}
+
+        def line(data: dict[str, Any]) -> bytes:
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        try:
+            yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"role": "assistant", "content": ""}, **ids))
+            async for outcome in stream.events():
+                if isinstance(outcome, Chunk):
+                    if outcome.text:
+                        yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"content": outcome.text}))
+                elif isinstance(outcome, Done):
+                    result = outcome.result
+                    yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {},
+                                                 result.get("finish_reason") or "stop", **ids))
+                    if body.stream_options is not None and body.stream_options.include_usage:
+                        usage = shapes.chat_completion(result, created)["usage"]
+                        yield line({**shapes.chat_chunk(chunk_id, ack["model"], created, {}), "choices": [],
+                                    "usage": usage})
+                else:
+                    error = outcome.error
+                    yield line({"error": {"message": error.message, "type": "server_error", "code": error.code,
+                                          "param": None}})
+            yield b"data: [DONE]\n\n"
+        finally:
+            stream.abandon()
+
+

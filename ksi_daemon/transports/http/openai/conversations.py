@@ -1,0 +1,84 @@
+"""/v1/conversations: a Conversations API id is the KSI conversation id, so the same conversation
+continues from the CLI, an agent or the MCP server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.transports.http.door import call
+from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.lists import list_page
+from ksi_daemon.transports.http.openai.schemas import ConversationCreate, ConversationItem, ConversationUpdate
+from ksi_daemon.transports.http.openai.translate import Door
+
+
+def items_document(items: list[ConversationItem]) -> dict[str, Any]:
+    """Initial items as a conversation export: system items first, then user messages each
+    followed by the assistant reply (KSI stores exchanges, never a question without its answer)."""
+    system: list[str] = []
+    exchanges: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for position, item in enumerate(items):
+        text = item.text()
+        if item.role in ("system", "developer"):
+            if exchanges or pending:
+                raise KsiError(ErrorCode.VALIDATION_ERROR, "system items must come before the first user item",
+                               fields={f"items.{position}.role": "system items come first"})
+            system.append(text)
+        elif item.role == "user":
+            pending.append(text)
+        elif not pending:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "an assistant item must follow a user item",
+                           fields={f"items.{position}.role": "no user item before it"})
+        else:
+            exchanges.append({"inputs": [{"type": "user", "content": t} for t in pending], "reply": {"content": text}})
+            pending = []
+    if pending:
+        raise KsiError(ErrorCode.VALIDATION_ERROR,
+                       "the last user item has no assistant reply: send new input with POST /v1/responses "
+                       "and this conversation", fields={f"items.{len(items) - 1}": "a user item needs its reply"})
+    return {"format": "ksi.conversation", "v": 1,
+            "conversation": {"system": "\n\n".join(system) if system else None}, "exchanges": exchanges}
+
+
+class Conversations:
+    def __init__(self, door: Door) -> None:
+        self.door = door
+
+    async def _summary(self, conversation_id: str) -> dict[str, Any]:
+        shown = await call(self.door.handle_request, "conversation:show",
+                           {"conversation_id": conversation_id, "limit": 1})
+        return shown["conversation"]
+
+    async def create(self, request: Request) -> Response:
+        body: ConversationCreate = await self.door.body(request, ConversationCreate)
+        document = items_document(body.items or [])
+        imported = await call(self.door.handle_request, "conversation:import", {"data": document, "format": "json"})
+        conversation_id = imported["conversation_id"]
+        if body.metadata:
+            await call(self.door.handle_request, "conversation:update",
+                       {"conversation_id": conversation_id, "metadata": body.metadata})
+        return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
+
+    async def retrieve(self, request: Request) -> Response:
+        return JSONResponse(shapes.conversation_object(await self._summary(request.path_params["id"])))
+
+    async def update(self, request: Request) -> Response:
+        body: ConversationUpdate = await self.door.body(request, ConversationUpdate)
+        reply = await call(self.door.handle_request, "conversation:update",
+                           {"conversation_id": request.path_params["id"], "metadata": body.metadata})
+        return JSONResponse(shapes.conversation_object(reply["conversation"]))
+
+    async def delete(self, request: Request) -> Response:
+        reply = await call(self.door.handle_request, "conversation:delete", {"conversation_id": request.path_params["id"]})
+        return JSONResponse({"id": reply["conversation_id"], "object": "conversation.deleted", "deleted": True})
+
+    async def list_items(self, request: Request) -> Response:
+        conversation_id = request.path_params["id"]
+        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        items = shapes.conversation_items(conversation_id, shown["exchanges"])
+        return JSONResponse(list_page(items, request))

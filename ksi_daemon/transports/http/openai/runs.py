@@ -1,0 +1,99 @@
+"""Following one completion request to its outcome through events: waiting for the result, or
+streaming its chunks as they are pushed. Shared by the Responses and Chat Completions routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, call
+
+OUTCOMES = ("completion:result", "completion:error", "completion:cancelled")
+WAIT_SLICE = 300.0  # seconds per completion:wait; a longer request is simply waited for again
+
+
+async def complete(handle_request: RequestHandler, payload: dict[str, Any]) -> dict[str, Any]:
+    """completion:async, then completion:wait until the result (a failure raises its KsiError)."""
+    ack = await call(handle_request, "completion:async", payload)
+    while True:
+        reply = await call(handle_request, "completion:wait", {"request_id": ack["request_id"], "timeout": WAIT_SLICE})
+        if "content" in reply:
+            return reply
+
+
+@dataclass(slots=True)
+class Chunk:
+    text: str
+
+
+@dataclass(slots=True)
+class Done:
+    result: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Failed:
+    error: KsiError
+
+
+class CompletionStream:
+    """One streamed request: subscribed to its events before it is submitted, so no chunk is missed."""
+
+    def __init__(self, handle_request: RequestHandler, background: set[asyncio.Task[Any]]) -> None:
+        self.handle_request = handle_request
+        self.background = background  # keeps the cancel task alive once this stream is gone
+        self.origin = HttpOrigin(limit=100_000)
+        self.ack: dict[str, Any] = {}
+        self.finished = False
+        self._cancelled = False
+
+    async def start(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Submit; the ack, or the KsiError that refused the request (nothing is streamed then)."""
+        await call(self.handle_request, "monitor:subscribe", {"patterns": ["completion:chunk", *OUTCOMES]},
+                   self.origin)
+        try:
+            self.ack = await call(self.handle_request, "completion:async", {**payload, "stream": True}, self.origin)
+        except BaseException:
+            self.origin.close()
+            raise
+        return self.ack
+
+    async def events(self) -> AsyncIterator[Chunk | Done | Failed]:
+        request_id = self.ack["request_id"]
+        while True:
+            frame = await self.origin.queue.get()
+            data = frame.get("data") or {}
+            if data.get("request_id") != request_id:
+                continue  # a subscription sees every request's events; this stream follows one
+            event = frame["event"]
+            if event == "completion:chunk":
+                yield Chunk(str(data.get("text") or ""))
+                continue
+            self.finished = True
+            self.origin.close()
+            if event == "completion:result":
+                yield Done(data)
+            else:
+                yield Failed(KsiError(data.get("code") or ErrorCode.INTERNAL_ERROR, data.get("message") or "",
+                                      **(data.get("details") or {})))
+            return
+
+    def abandon(self) -> None:
+        """The client went away: cancel the request unless it ended (its exchange is then written whole
+        or not at all), and end the subscription. Synchronous, as it runs while being cancelled."""
+        self.origin.close()
+        if self.finished or not self.ack or self._cancelled:
+            return
+        self._cancelled = True
+        task = asyncio.get_running_loop().create_task(
+            call(self.handle_request, "completion:cancel", {"request_id": self.ack["request_id"]}))
+        self.background.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        self.background.discard(task)
+        if not task.cancelled():
+            task.exception()  # a request that ended meanwhile cannot be cancelled: nothing to report
