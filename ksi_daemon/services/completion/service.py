@@ -248,7 +248,7 @@ class CompletionService:
             "created": found.created,
             "model": found.model,
         }
-        if found.response_id:
+        if found.response_id and found.started_at is not None:  # a request that never ran has no response
             description["response_id"] = found.response_id
         if found.error is not None:
             description["reason"] = found.error.code
