@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_ERROR = "storage_error"
+    STORAGE_FULL = "storage_full"  # no space (or quota) left where the backend writes
     CONVERSATION_EXISTS = "conversation_exists"
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
