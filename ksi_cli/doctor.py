@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
 from ksi_common.errors import KsiError
+from ksi_common.records import parse_index_line
 from ksi_common.liveness import read_pid, socket_answers, socket_path_state
 
 _BLOCK = 64 * 1024
@@ -39,6 +41,40 @@ def truncate_torn_tail(path: Path) -> int:
         handle.flush()
         os.fsync(handle.fileno())
     return size - keep
+
+
+def renumber_index(path: Path, renumber: bool) -> str:
+    """Drop lines that repeat an earlier exchange whole, then (when `renumber`) number the rest
+    in file order from the first one's number; the file is replaced atomically."""
+    raw_lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    kept: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    dropped = 0
+    for number, raw in enumerate(raw_lines, start=1):
+        entry = parse_index_line(raw, number)
+        if entry is None:
+            continue
+        if entry.response_id in seen:
+            dropped += 1
+            continue
+        seen.add(entry.response_id)
+        record = json.loads(raw) if raw.lstrip().startswith(b"{") else {"v": 1, "response_id": entry.response_id}
+        record["n"] = entry.n
+        kept.append(record)
+    renumbered = 0
+    if renumber and kept:
+        start = kept[0]["n"]
+        for offset, record in enumerate(kept):
+            if record["n"] != start + offset:
+                record["n"] = start + offset
+                renumbered += 1
+    tmp = path.with_name(f".{path.name}.repair")
+    tmp.write_bytes(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in kept))
+    os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return f"dropped {dropped} repeated lines, renumbered {renumbered} exchanges"
 
 
 def hold_var_dir(location: Location) -> tuple[str | None, Any]:
@@ -76,6 +112,9 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
                 continue
             path.chmod(wanted)
             done.append({"kind": problem.kind, "path": str(path), "action": f"chmod {wanted:04o}"})
+        elif problem.kind == "index_numbering":
+            action = renumber_index(path, renumber=not problem.extra.get("forked"))
+            done.append({"kind": problem.kind, "path": str(path), "action": action})
         elif problem.kind == "torn_tail":
             cut = truncate_torn_tail(path)
             done.append({"kind": problem.kind, "path": str(path), "action": f"truncated {cut} torn bytes"})

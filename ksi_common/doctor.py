@@ -5,6 +5,7 @@ Shared by `ksi doctor` and the crash tests; it never writes and never imports th
 
 from __future__ import annotations
 
+import json
 import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -15,10 +16,11 @@ from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
 from ksi_common.privacy import loose_modes
 from ksi_common.liveness import pid_alive, read_pid, socket_path_state
-from ksi_common.records import read_index, read_response
+from ksi_common.records import IndexEntry, read_index, read_response
 
 # problems `--repair` may fix without losing anything
-REPAIRABLE = frozenset({"run_dir_permissions", "loose_permissions", "torn_tail", "stale_pid", "stale_socket"})
+REPAIRABLE = frozenset({"run_dir_permissions", "loose_permissions", "torn_tail", "stale_pid", "stale_socket",
+                        "index_numbering"})
 
 
 @dataclass(slots=True)
@@ -98,6 +100,52 @@ def check_permissions(layout: VarLayout) -> list[Finding]:
     ]
 
 
+def _fork_parents(layout: VarLayout) -> set[str]:
+    """Ids of conversations some fork points into (their exchange numbers are referenced)."""
+    parents: set[str] = set()
+    directory = layout.conversation_meta_dir
+    if directory.is_dir():
+        for path in directory.glob("*.json"):
+            try:
+                raw = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(raw, dict) and isinstance(raw.get("parent_id"), str):
+                parents.add(raw["parent_id"])
+    return parents
+
+
+def check_numbering(index: Path, entries: list[IndexEntry], forked_from: set[str]) -> Finding | None:
+    """Exchange numbers that repeat or go back (two writers, or a failed write counted twice).
+    Dropping a line repeated whole is always safe; renumbering is safe when no fork points into
+    the conversation (a fork shares exchanges by number)."""
+    repeated: list[int] = []
+    going_back: list[int] = []
+    seen: set[str] = set()
+    previous = 0
+    for entry in entries:
+        if entry.response_id in seen:
+            repeated.append(entry.n)
+            continue
+        seen.add(entry.response_id)
+        if entry.n <= previous:
+            going_back.append(entry.n)
+        previous = max(previous, entry.n)
+    if not repeated and not going_back:
+        return None
+    forked = index.stem in forked_from
+    repairable = not going_back or not forked
+    detail = []
+    if repeated:
+        detail.append(f"exchanges {repeated} repeat an earlier line")
+    if going_back:
+        detail.append(f"exchanges {going_back} are numbered at or below the one before")
+        if forked:
+            detail.append("forks point into it, so it is not renumbered")
+    return Finding("index_numbering", str(index), "; ".join(detail), repairable,
+                   {"repeated": repeated, "not_increasing": going_back, "forked": forked})
+
+
 def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     """Every check of the var dir; the files are only read."""
     layout = VarLayout(Path(var_dir))
@@ -115,8 +163,13 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     referenced: set[str] = set()
     indexes = list(_jsonl_files(layout.conversations_dir))
     entries = 0
+    forked_from = _fork_parents(layout)
     for index in indexes:
-        for entry in read_index(index):
+        listed = read_index(index)
+        numbering = check_numbering(index, listed, forked_from)
+        if numbering is not None:
+            report.problems.append(numbering)
+        for entry in listed:
             entries += 1
             referenced.add(entry.response_id)
             record = read_response(layout.response_file(entry.response_id))
