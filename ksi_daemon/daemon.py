@@ -209,10 +209,12 @@ class Daemon:
             return NoHttpFront()
         # imported here: starlette and uvicorn load only when HTTP is served
         from ksi_daemon.transports.http.front import HttpFront
+        from ksi_daemon.transports.http.mcp import mcp_routes
         from ksi_daemon.transports.http.openai import openai_routes
 
         groups = [
             openai_routes(self._handle_request, self.settings),
+            mcp_routes(self._handle_request, self.settings),
         ]
         return HttpFront(self.settings, groups)
 

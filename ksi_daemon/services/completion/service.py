@@ -52,6 +52,8 @@ from ksi_daemon.storage.responses import ResponseLog
 
 log = structlog.get_logger("ksi.completion")
 
+INLINE_CONSORTIUM = "consortium/inline"  # the model of a request carrying its own consortium definition
+
 CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
 CALIBRATION_SAVE_INTERVAL = 5.0  # seconds: a crash loses at most this much learning
 
@@ -302,7 +304,7 @@ class CompletionService:
         if data.files:  # refused files fail the ack before any conversation is written
             data = data.model_copy(update={"files": await self.attachments.check(data.files)})
         agent = self.agents.defaults(data.agent_id) if data.agent_id else None
-        chosen = data.model or ("consortium/inline" if data.consortium else None) or (agent.model if agent else None)
+        chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
         if chosen is not None:
             await self._check_answerer(chosen, data)  # before a new conversation is written
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
@@ -381,7 +383,9 @@ class CompletionService:
 
     @staticmethod
     def _last_model(memory: ConversationMemory) -> str | None:
-        return memory.meta.models[-1] if memory.meta.models else None
+        # an inline consortium cannot answer again without its definition: the turn after one
+        # goes to the model used before it (or the default)
+        return next((m for m in reversed(memory.meta.models) if m != INLINE_CONSORTIUM), None)
 
     async def cancel_conversation(self, conversation_id: str, timeout: float = 10.0) -> int:
         """Cancel every queued or running request of a conversation and wait until they ended."""
