@@ -1,10 +1,11 @@
 """`ksi ask`: one question to a model, answered in a conversation that can be continued.
 
-It sends `completion:async` then `completion:wait` with the blocking client, prints the
-answer, and records the conversation of the last successful ask in
-`var/state/client.json` so `ksi ask --continue` can pick it up explicitly (never guessed
-from the files under `var/logs`). Standard library and click only: no pydantic, no litellm,
-no daemon code.
+On one blocking connection it subscribes to `completion:chunk`, sends `completion:async`
+with `stream` on, then `completion:wait`, and writes each chunk as it arrives (a spinner on
+the terminal until the first). It records the conversation of the last successful ask in
+`var/state/client.json` so `ksi ask --continue` picks it up explicitly (never guessed from
+the files under `var/logs`). Standard library and click only: no pydantic, no litellm, no
+daemon code, no asyncio.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from typing import Any
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
+from ksi_cli.event_args import EventArgsError, json_value
 from ksi_cli.locate import Location, locate
-from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, wants_json
+from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps, report_error
+from ksi_cli.spinner import Spinner
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_cli.params import Seconds
 from ksi_common.privacy import private_dir
 from ksi_common.limits import MAX_TIMEOUT
 
-ACK_TIMEOUT = 30.0  # seconds for completion:async's acknowledgement
 LAST_ASK = "last_ask"
+TOP_LEVEL_OPTIONS = ("temperature", "max_tokens", "timeout")  # fields of completion:async; the rest are options
 
 
 # -- the explicit record of the last ask -----------------------------------------------------
@@ -72,63 +75,150 @@ def record_last_ask(location: Location, result: dict[str, Any]) -> None:
         raise
 
 
+# -- the question --------------------------------------------------------------------------
+def question_text(words: tuple[str, ...]) -> str:
+    """The words, after piped standard input when there is some (`cat f | ksi ask "summarise"`)."""
+    text = " ".join(words)
+    if text == "-":
+        return sys.stdin.read()
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if piped.strip():
+            return f"{piped.rstrip()}\n\n{text}" if text.strip() else piped
+    return text
+
+
+def request_data(text: str, model: str | None, conversation_id: str | None, system: str | None,
+                 agent: str | None, files: tuple[str, ...], options: tuple[tuple[str, str], ...],
+                 stream: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {"prompt": text, "stream": stream}
+    for key, value in (("model", model), ("conversation_id", conversation_id), ("system", system),
+                       ("agent_id", agent)):
+        if value is not None:
+            data[key] = value
+    if files:
+        data["files"] = [str(Path(name).absolute()) for name in files]
+    provider_options: dict[str, Any] = {}
+    for key, raw in options:
+        value = json_value(raw)
+        if key in TOP_LEVEL_OPTIONS:
+            data[key] = value
+        else:
+            provider_options[key] = value
+    if provider_options:
+        data["options"] = provider_options
+    return data
+
+
 # -- output ----------------------------------------------------------------------------------
-def _start_hint(var_dir: str | None, socket_path: str | None) -> str:
-    words = ["ksi", "daemon", "start"]
-    if var_dir:
-        words += ["--var-dir", var_dir]
-    if socket_path:
-        words += ["--socket", socket_path]
-    return " ".join(words)
+def summary(result: dict[str, Any]) -> str:
+    """The line after the answer: model, tokens, cost, ids (the provider's token counts when it sent them)."""
+    usage = result.get("usage") or {}
+    parts = [str(result.get("model"))]
+    if usage:
+        parts.append(f"{usage.get('prompt_tokens', '?')} in / {usage.get('completion_tokens', '?')} out tokens")
+    if result.get("cost"):
+        parts.append(f"${result['cost']:.6f}")
+    line = f"conversation {result.get('conversation_id')}  response {result.get('response_id')}  ({', '.join(parts)})"
+    if result.get("run_id"):
+        line += f"  run {result['run_id']}"
+    return line
 
 
-def _fail(error: KsiError, as_json: bool, hint: str | None = None) -> None:
-    """Show an error and exit: 3 when the daemon is unreachable, else 1."""
-    unreachable = error.code == ErrorCode.DAEMON_UNREACHABLE
-    if wants_json(as_json):
-        click.echo(json.dumps({"error": error.to_wire()}, ensure_ascii=False, default=str))
-    else:
-        click.secho(f"error [{error.code}]: {error.message}", fg="red", err=True)
-    if hint:
-        click.echo(hint, err=True)
-    sys.exit(EXIT_UNREACHABLE if unreachable else EXIT_ERROR)
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
-def _show_result(result: dict[str, Any], as_json: bool) -> None:
-    if wants_json(as_json):
-        click.echo(json.dumps(result, ensure_ascii=False, default=str))
-        return
-    click.echo(result.get("content", ""))
-    click.secho(f"conversation {result.get('conversation_id')}  response {result.get('response_id')}"
-                f"  ({result.get('model')})", dim=True)
+def _pending_error(result: dict[str, Any], request_id: str, timeout: float,
+                   conversation_id: str | None) -> KsiError:
+    return KsiError(ErrorCode.TIMEOUT, f"no answer within {timeout:g}s; request {request_id} is still "
+                                       f"{result.get('status', 'pending')}",
+                    request_id=request_id, conversation_id=conversation_id, status=result.get("status"))
+
+
+def converse(location: Location, data: dict[str, Any], timeout: float, show_chunks: bool,
+             request_ids: list[str]) -> dict[str, Any]:
+    """Send the question and return the result, writing chunks as they come when `show_chunks`."""
+    streamed: list[str] = []
+    spinner = Spinner(label="thinking" if show_chunks else "").start() if show_chunks else None
+    try:
+        with oneshot.Connection(location.socket, timeout=timeout + 10) as connection:
+            if data["stream"]:
+                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+            ack = connection.request("completion:async", data)
+            request_id = ack["request_id"]
+            request_ids.append(request_id)
+            waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": timeout})
+            while True:
+                frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
+                if frame.get("push"):
+                    chunk = frame.get("data") or {}
+                    if show_chunks and chunk.get("request_id") == request_id and chunk.get("text"):
+                        if spinner is not None:
+                            spinner.stop()
+                        streamed.append(chunk["text"])
+                        _write(chunk["text"])
+                    continue
+                if frame.get("correlation_id") != waiting:
+                    continue
+                if "error" in frame:
+                    raise KsiError.from_wire(frame["error"])
+                result: dict[str, Any] = frame.get("data") or {}
+                break
+    finally:
+        if spinner is not None:
+            spinner.stop()
+    if "content" not in result:  # still queued or running when the wait ended
+        if streamed:
+            _write("\n")
+        raise _pending_error(result, request_id, timeout, ack.get("conversation_id"))
+    if show_chunks:
+        # chunks still in flight when the answer came are not waited for: the answer completes the text
+        content, shown = result["content"], "".join(streamed)
+        _write((content[len(shown):] if content.startswith(shown) else ("\n" if shown else "") + content) + "\n")
+    return result
+
+
+def _cancel(location: Location, request_id: str) -> None:
+    try:
+        oneshot.request(location.socket, "completion:cancel", {"request_id": request_id}, timeout=5.0)
+    except KsiError:
+        pass  # already finished, or the daemon is gone: nothing left to stop
 
 
 # -- the command -----------------------------------------------------------------------------
 @click.command()
-@click.argument("question", nargs=-1, required=True)
-@click.option("--model", "-m", help="Model to answer (default: the conversation's last, else the daemon's default).")
-@click.option("--conversation", "-c", "conversation_id", help="Continue this conversation id.")
-@click.option("--continue", "continue_last", is_flag=True,
+@click.argument("question", nargs=-1)
+@click.option("--model", "-m", help="Model to answer (default: the conversation's last, else KSI_DEFAULT_MODEL).")
+@click.option("--continue", "-c", "continue_last", is_flag=True,
               help="Continue the conversation of the last `ksi ask` on this var dir.")
+@click.option("--cid", "--conversation", "conversation_id", help="Continue this conversation id.")
 @click.option("--system", "-s", help="System prompt; replaces the conversation's from now on.")
+@click.option("--agent", "-a", help="Ask as this agent (its profile's system prompt and model).")
+@click.option("--files", "-f", multiple=True, help="Attach a file (repeatable; within KSI_ALLOWED_FILE_ROOTS).")
+@click.option("--option", "-o", "options", type=(str, str), multiple=True, metavar="KEY VALUE",
+              help="A model option, e.g. -o temperature 0.2 -o seed 7 (values read as JSON).")
+@click.option("--no-stream", is_flag=True, help="Print the answer whole when it is complete.")
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True,
               help="Seconds to wait for the answer.")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON even on a terminal.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
 @click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
-def ask(question: tuple[str, ...], model: str | None, conversation_id: str | None, continue_last: bool,
-        system: str | None, timeout: float, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
-    """Ask QUESTION and print the answer; --continue carries on the last conversation.
+def ask(question: tuple[str, ...], model: str | None, continue_last: bool, conversation_id: str | None,
+        system: str | None, agent: str | None, files: tuple[str, ...], options: tuple[tuple[str, str], ...],
+        no_stream: bool, timeout: float, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
+    """Ask QUESTION and stream the answer; -c continues the last conversation, --cid ID a named one.
 
-    QUESTION may be several words; `-` reads it from standard input.
+    Piped standard input comes before QUESTION (`cat f | ksi ask "summarise"`); `-` reads
+    the whole question from it. The answer is plain text (JSON with --json); a line with the
+    model, tokens, cost and ids goes to standard error.
     """
-    text = " ".join(question)
-    if text == "-":
-        text = sys.stdin.read()
+    text = question_text(question)
     if not text.strip():
         raise click.UsageError("the question is empty")
     if conversation_id is not None and continue_last:
-        raise click.UsageError("give either --conversation ID or --continue, not both")
+        raise click.UsageError("give either --cid ID or --continue, not both")
     if timeout <= 0:
         raise click.UsageError("--timeout must be positive")
     location = locate(var_dir, socket_path)
@@ -138,40 +228,29 @@ def ask(question: tuple[str, ...], model: str | None, conversation_id: str | Non
             raise click.UsageError(
                 f"--continue: no earlier `ksi ask` is recorded for {location.var_dir} "
                 f"(in {location.layout.client_state_file()}); ask once without --continue first")
-
-    data: dict[str, Any] = {"prompt": text}
-    for key, value in (("model", model), ("conversation_id", conversation_id), ("system", system)):
-        if value is not None:
-            data[key] = value
-    hint = f"Is the daemon running? Start it with: {_start_hint(var_dir, socket_path)}"
-
     try:
-        ack = oneshot.request(location.socket, "completion:async", data, timeout=ACK_TIMEOUT)
-    except KsiError as error:
-        _fail(error, as_json, hint if error.code == ErrorCode.DAEMON_UNREACHABLE else None)
-        return
-    request_id = ack["request_id"]
+        data = request_data(text, model, conversation_id, system, agent, files, options, not as_json and not no_stream)
+    except EventArgsError as exc:
+        raise click.UsageError(f"-o: {exc}") from None
+
+    request_ids: list[str] = []
     try:
-        result = oneshot.request(location.socket, "completion:wait",
-                                 {"request_id": request_id, "timeout": timeout}, timeout=timeout + 10)
+        result = converse(location, data, timeout, show_chunks=not as_json, request_ids=request_ids)
     except KeyboardInterrupt:
-        try:
-            oneshot.request(location.socket, "completion:cancel", {"request_id": request_id}, timeout=5.0)
-        except KsiError:
-            pass
-        raise
+        if request_ids:
+            _cancel(location, request_ids[-1])
+            click.echo(f"\ncancelled request {request_ids[-1]}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except KsiError as error:
-        _fail(error, as_json, hint if error.code == ErrorCode.DAEMON_UNREACHABLE else None)
-        return
-    if "content" not in result:  # still queued or running when the wait ended
-        _fail(KsiError(ErrorCode.TIMEOUT, f"no answer within {timeout:g}s; request {request_id} is still "
-                                          f"{result.get('status', 'pending')}",
-                       request_id=request_id, conversation_id=ack.get("conversation_id"),
-                       status=result.get("status")),
-              as_json, f"Wait for it with: ksi send completion:wait --request-id {request_id} --timeout 300")
-        return
+        report_error(error, as_json, location)
+        if error.code == ErrorCode.TIMEOUT and request_ids:
+            click.echo(f"Wait for it with: ksi send --wait completion:wait --request-id {request_ids[-1]}", err=True)
+        sys.exit(EXIT_UNREACHABLE if error.code == ErrorCode.DAEMON_UNREACHABLE else EXIT_ERROR)
     try:
         record_last_ask(location, result)
     except OSError as exc:
         click.secho(f"warning: could not record this conversation for --continue: {exc}", fg="yellow", err=True)
-    _show_result(result, as_json)
+    if as_json:
+        click.echo(dumps(result))
+    else:
+        click.secho(summary(result), dim=True, err=True)

@@ -33,6 +33,7 @@ class Location:
     var_dir: Path
     socket: Path
     found_by: str = "--var-dir"
+    socket_given: bool = False  # --socket was on the command line
 
     @property
     def layout(self) -> VarLayout:
@@ -55,4 +56,5 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
         found_by = (f"project var dir, marked by {MARKER_NAME}" if root != user_var_dir()
                     else "per-user var dir")
     sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
-    return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by)
+    return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
+                    socket_given=socket is not None)

@@ -43,9 +43,12 @@ def start_hint(location: Location | None) -> str:
     """How to start the daemon this command looked for, naming where it looked."""
     if location is None:
         return "Is the daemon running? Start it with: ksi daemon start"
-    return (f"No daemon answers at {location.socket}; var dir {location.describe()}.\n"
-            f"Start it with: ksi daemon start" + ("" if location.found_by != "--var-dir"
-                                                  else f" --var-dir {location.var_dir}"))
+    command = "ksi daemon start"
+    if location.found_by == "--var-dir":
+        command += f" --var-dir {location.var_dir}"
+    if location.socket_given:
+        command += f" --socket {location.socket}"
+    return f"No daemon answers at {location.socket}; var dir {location.describe()}.\nStart it with: {command}"
 
 
 def report_error(error: KsiError, as_json: bool, location: Location | None = None) -> None:

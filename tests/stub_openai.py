@@ -27,6 +27,7 @@ class Reply:
     close: bool = False  # drop the connection without answering
     cut: bool = False  # a stream that stops after its text: no finish reason, no [DONE]
     endless: bool = False  # a 200 body that never ends (until the client stops reading)
+    gate: asyncio.Event | None = None  # a stream holds its rest after the first chunk until this is set
 
 
 def word_count(messages: list[dict[str, Any]]) -> int:
@@ -123,7 +124,8 @@ class StubOpenAI:
                 return await self._raw(request, reply)
             text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
             if body.get("stream"):
-                return await self._stream(request, body, text, counted, cut=reply.cut, drip=reply.drip or 0.0)
+                return await self._stream(request, body, text, counted, cut=reply.cut, drip=reply.drip or 0.0,
+                                          gate=reply.gate)
             return web.json_response(self._completion(body, text, counted))
         finally:
             self.in_flight -= 1
@@ -169,7 +171,8 @@ class StubOpenAI:
         return response
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
-                      prompt_tokens: int, cut: bool = False, drip: float = 0.0) -> web.StreamResponse:
+                      prompt_tokens: int, cut: bool = False, drip: float = 0.0,
+                      gate: asyncio.Event | None = None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
@@ -182,6 +185,8 @@ class StubOpenAI:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if drip:
                 await asyncio.sleep(drip)  # seconds between streamed words
+            if position == 0 and gate is not None:
+                await gate.wait()
         if cut:
             await response.write_eof()
             return response

@@ -34,6 +34,10 @@ class Run:
     def json(self) -> Any:
         return json.loads(self.out)
 
+    def error(self) -> Any:
+        """The error, printed on stderr as one JSON line when stdout is not a terminal."""
+        return json.loads(self.err.splitlines()[0])["error"]
+
 
 async def ksi(root: Path, *args: str, stdin: bytes | None = None) -> Run:
     """`ksi ARGS` in `root` (so no stray .env is read), output piped."""
@@ -85,14 +89,14 @@ def recorded(root: Path) -> dict[str, Any]:
 
 async def test_continue_remembers_the_last_ask(short_tmp: Path) -> None:
     async with running_daemon(short_tmp):
-        first = await ksi(short_tmp, "ask", "My name is Alice", *where(short_tmp))
+        first = await ksi(short_tmp, "ask", "--json", "My name is Alice", *where(short_tmp))
         assert first.code == 0, first.err
-        result = first.json()  # piped: the whole result as JSON
+        result = first.json()
         assert "You said: My name is Alice" in result["content"]
         assert "Earlier user inputs: none" in result["content"]
         assert recorded(short_tmp)["conversation_id"] == result["conversation_id"]
 
-        second = await ksi(short_tmp, "ask", "--continue", "What is my name?", *where(short_tmp))
+        second = await ksi(short_tmp, "ask", "--json", "--continue", "What is my name?", *where(short_tmp))
         assert second.code == 0, second.err
         answer = second.json()
         assert "Earlier user inputs: My name is Alice" in answer["content"]
@@ -118,11 +122,12 @@ async def test_terminal_shows_answer_then_ids(short_tmp: Path) -> None:
     assert text.startswith("You said: What is my name?")
     assert "Earlier user inputs: My name is Alice" in text
     assert not text.lstrip().startswith("{")
-    last = text.rstrip("\n").splitlines()[-1]
-    assert "\x1b[2m" in last  # dim
+    assert "conversation" not in text  # the answer alone on stdout; the ids on stderr
+    last = second.err.rstrip("\n").splitlines()[-1]
     assert f"conversation {conversation}" in last
     assert f"response {recorded(short_tmp)['response_id']}" in last
-    assert f"conversation {conversation}" in first.out  # the same conversation both times
+    assert "echo/default" in last
+    assert f"conversation {conversation}" in first.err  # the same conversation both times
 
 
 async def test_json_flag_model_system_and_stdin(short_tmp: Path) -> None:
@@ -135,7 +140,7 @@ async def test_json_flag_model_system_and_stdin(short_tmp: Path) -> None:
         assert "You said: Hello from stdin" in result["content"]
         assert "Messages received: 2 (system: 1)" in result["content"]
         # --conversation continues a named conversation, with the conversation's last model
-        again = await ksi(short_tmp, "ask", "--conversation", result["conversation_id"], "Still there?",
+        again = await ksi(short_tmp, "ask", "--json", "--conversation", result["conversation_id"], "Still there?",
                           *where(short_tmp))
         assert again.code == 0, again.err
         follow = again.json()
@@ -151,17 +156,18 @@ async def test_unknown_conversation_exits_1_and_keeps_the_record(short_tmp: Path
         before = recorded(short_tmp)
         run = await ksi(short_tmp, "ask", "--conversation", "conv-nope", "hello", *where(short_tmp))
         assert run.code == 1
-        assert run.json()["error"]["code"] == "conversation_not_found"
+        assert run.out == ""
+        assert run.error()["code"] == "conversation_not_found"
         bad = await ksi(short_tmp, "ask", "--conversation", "../etc", "hello", *where(short_tmp))
         assert bad.code == 1
-        assert bad.json()["error"]["code"] == "validation_error"
+        assert bad.error()["code"] == "validation_error"
     assert recorded(short_tmp) == before  # failures never move the --continue record
     assert not (short_tmp / "var" / "logs" / "conversations" / "conv-nope.jsonl").exists()
 
 
 async def test_error_on_terminal_shows_the_code(short_tmp: Path) -> None:
     async with running_daemon(short_tmp):
-        run = await ksi_on_terminal(short_tmp, "ask", "-c", "conv-nope", "hello", *where(short_tmp))
+        run = await ksi_on_terminal(short_tmp, "ask", "--cid", "conv-nope", "hello", *where(short_tmp))
     assert run.code == 1
     assert "error [conversation_not_found]" in run.err
 
@@ -171,7 +177,7 @@ async def test_no_answer_within_the_timeout_exits_1(short_tmp: Path, stub: Any) 
     async with running_daemon(short_tmp, **stub_settings(stub)):
         run = await ksi(short_tmp, "ask", "--timeout", "0.3", "slow question", *where(short_tmp))
         assert run.code == 1
-        error = run.json()["error"]
+        error = run.error()
         assert error["code"] == "timeout"
         assert error["details"]["status"] in ("queued", "running")
         assert "completion:wait --request-id" in run.err
@@ -204,7 +210,7 @@ async def test_empty_question_is_a_usage_error(short_tmp: Path) -> None:
 async def test_daemon_down_exits_3_and_says_how_to_start(short_tmp: Path) -> None:
     run = await ksi(short_tmp, "ask", "hello", *where(short_tmp))
     assert run.code == 3
-    assert run.json()["error"]["code"] == "daemon_unreachable"
+    assert run.error()["code"] == "daemon_unreachable"
     assert f"ksi daemon start --var-dir {short_tmp / 'var'} --socket {short_tmp / 'd.sock'}" in run.err
     assert not (short_tmp / "var" / "state" / "client.json").exists()
 
