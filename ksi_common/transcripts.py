@@ -8,6 +8,7 @@ Torn last lines (a crash mid-append) are skipped by the readers underneath.
 from __future__ import annotations
 
 import fnmatch
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.ids import check_id
+from ksi_common.ids import check_id, is_safe_id
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
 from ksi_common.summaries import read_summaries
@@ -24,6 +25,7 @@ from ksi_common.timefmt import format_ts, parse_ts
 
 DEFAULT_MAX_FORK_DEPTH = 32
 STATES = ("active", "archived", "expired")
+SETTLED_NS = 2_000_000_000  # a file time this old can no longer share its tick with a new change
 
 
 def _ts(text: Any) -> float | None:
@@ -33,6 +35,19 @@ def _ts(text: Any) -> float | None:
         return parse_ts(text)
     except ValueError:
         return None
+
+
+def _state(meta: dict[str, Any], last: float | None, now: float) -> str:
+    """active, archived or expired (an active conversation idle longer than its TTL)."""
+    if (meta.get("status") or "active") == "archived":
+        return "archived"
+    ttl = meta.get("ttl")
+    if not isinstance(ttl, int | float) or last is None:
+        return "active"
+    try:
+        return "expired" if last + float(ttl) < now else "active"
+    except OverflowError:  # a TTL saved before it had an upper bound
+        return "active"
 
 
 def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
@@ -47,12 +62,7 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         except (OverflowError, ValueError, OSError):  # a TTL saved before it had an upper bound
             expires = None
     status = meta.get("status") or "active"
-    if status == "archived":
-        state = "archived"
-    elif expires is not None and expires < now:
-        state = "expired"
-    else:
-        state = "active"
+    state = _state(meta, last, now)
     return {
         "conversation_id": meta.get("conversation_id"),
         "title": meta.get("title"),
@@ -107,6 +117,8 @@ def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, 
         "inputs": inputs,
         "reply": reply,
     }
+    if entry.run_id:
+        view["run_id"] = entry.run_id  # the consortium run that produced this exchange
     if reply is None:
         view["incomplete"] = True  # the response file is missing or its outcome line is torn
     return view
@@ -171,6 +183,11 @@ class VarReader:
     def __init__(self, layout: VarLayout, max_fork_depth: int = DEFAULT_MAX_FORK_DEPTH) -> None:
         self.layout = layout
         self.max_fork_depth = max_fork_depth
+        # metadata by conversation, with the (mtime, size) it was read at: a long-lived reader
+        # (the daemon's) lists 10,000 conversations by stat-ing their files, not re-reading them
+        self._listed: dict[str, tuple[tuple[int, int, int], dict[str, Any], float]] = {}
+        self._listed_stamp: tuple[int, int] = (0, 0)  # mtimes of the metadata and index directories
+        self._listed_all: list[tuple[dict[str, Any], float]] | None = None
 
     # -- single files -------------------------------------------------------
     def meta(self, conversation_id: str) -> dict[str, Any] | None:
@@ -207,6 +224,52 @@ class VarReader:
     def response(self, response_id: str) -> ResponseRecord | None:
         check_id(response_id, "response_id")
         return read_response(self.layout.response_file(response_id))
+
+    def _metas(self) -> list[tuple[dict[str, Any], float]]:
+        """Every conversation's metadata with its last activity as a number; files unchanged
+        since the last call (same mtime and size) are not re-read."""
+        # Metadata is replaced by rename, which changes its directory. A file system stamps times
+        # coarsely (a few ms), so a stamp is trusted only once it is older than SETTLED_NS.
+        settled = time.time_ns() - SETTLED_NS
+        stamp = (_mtime(self.layout.conversation_meta_dir), _mtime(self.layout.conversations_dir))
+        if stamp == self._listed_stamp and self._listed_all is not None and max(stamp) < settled:
+            return self._listed_all
+        listed: dict[str, tuple[tuple[int, int, int], dict[str, Any], float]] = {}
+        try:
+            with os.scandir(self.layout.conversation_meta_dir) as found:
+                for item in found:
+                    if not item.name.endswith(".json") or item.name.startswith("."):
+                        continue
+                    conversation_id = item.name[:-5]
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        continue  # deleted meanwhile
+                    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+                    known = self._listed.get(conversation_id)
+                    if known is None or known[0] != key or stat.st_mtime_ns >= settled:
+                        meta = self.meta(conversation_id) if is_safe_id(conversation_id) else None
+                        if meta is None:
+                            continue
+                        known = (key, meta, _ts(meta.get("last_activity")) or 0.0)
+                    listed[conversation_id] = known
+        except FileNotFoundError:
+            pass
+        self._listed = listed
+        metas = [(meta, last) for _key, meta, last in listed.values()]
+        try:
+            with os.scandir(self.layout.conversations_dir) as found:
+                for item in found:
+                    conversation_id = item.name[:-6]
+                    if (item.name.endswith(".jsonl") and not item.name.startswith(".")
+                            and conversation_id not in listed and is_safe_id(conversation_id)):
+                        meta = self.meta(conversation_id)  # an index without metadata (older layouts)
+                        if meta is not None:
+                            metas.append((meta, _ts(meta.get("last_activity")) or 0.0))
+        except FileNotFoundError:
+            pass
+        self._listed_stamp, self._listed_all = stamp, metas
+        return metas
 
     def conversation_ids(self) -> list[str]:
         ids = {p.stem for p in self.layout.conversations_dir.glob("*.jsonl")}
@@ -288,30 +351,27 @@ class VarReader:
         """Summaries matching every given filter, newest activity first, and how many matched."""
         now = time.time() if now is None else now
         since_ts = _ts(since) if since else None
-        matched = []
-        for conversation_id in self.conversation_ids():
-            meta = self.meta(conversation_id)
-            if meta is None:
+        matched: list[tuple[float, str, dict[str, Any]]] = []
+        for meta, last in self._metas():
+            conversation_id = str(meta["conversation_id"])
+            if status and status not in (meta.get("status") or "active", _state(meta, last, now)):
                 continue
-            summary = summarize(meta, now)
-            if status and summary["state"] != status and summary["status"] != status:
+            if tag and tag not in (meta.get("tags") or ()):
                 continue
-            if tag and tag not in summary["tags"]:
+            if model and not any(fnmatch.fnmatchcase(m, model) for m in meta.get("models") or ()):
                 continue
-            if model and not any(fnmatch.fnmatchcase(m, model) for m in summary["models"]):
+            if since_ts is not None and last < since_ts:
                 continue
-            if since_ts is not None and (_ts(summary["last_activity"]) or 0.0) < since_ts:
-                continue
-            if agent_id and summary["agent_id"] != agent_id and not any(
+            if agent_id and meta.get("agent_id") != agent_id and not any(
                     e.agent_id == agent_id for e in self.entries(conversation_id)):
                 continue
-            if text and text.casefold() not in (summary["title"] or "").casefold() \
+            if text and text.casefold() not in (meta.get("title") or "").casefold() \
                     and not self._contains(conversation_id, text):
                 continue
-            matched.append(summary)
-        matched.sort(key=lambda s: (_ts(s["last_activity"]) or 0.0, s["conversation_id"]), reverse=True)
+            matched.append((last, conversation_id, meta))
+        matched.sort(key=lambda found: (found[0], found[1]), reverse=True)
         end = None if limit is None else offset + limit
-        return matched[offset:end], len(matched)
+        return [summarize(meta, now) for _last, _id, meta in matched[offset:end]], len(matched)
 
     def _contains(self, conversation_id: str, text: str) -> bool:
         """Whether any input or reply of the conversation's own exchanges contains `text`."""
@@ -360,6 +420,13 @@ class VarReader:
             if isinstance(raw, dict) and raw.get("parent_id") == conversation_id:
                 forks.append(path.stem)
         return sorted(forks)
+
+
+def _mtime(directory: Path) -> int:
+    try:
+        return directory.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def _safe(identifier: str) -> bool:

@@ -119,6 +119,7 @@ class Daemon:
                 "litellm_loaded": lambda: self.litellm.loaded,
                 "http": lambda: self.http.url,
                 "var_dir": lambda: str(settings.var_dir),
+                "storage": lambda: settings.storage,
             },
             settings_view=settings.public_view,
         )
@@ -208,6 +209,7 @@ class Daemon:
         if not self.settings.http_addr:
             return NoHttpFront()
         # imported here: starlette and uvicorn load only when HTTP is served
+        from ksi_daemon.transports.console import console_routes
         from ksi_daemon.transports.http.front import HttpFront
         from ksi_daemon.transports.http.mcp import mcp_routes
         from ksi_daemon.transports.http.openai import openai_routes
@@ -215,6 +217,7 @@ class Daemon:
         groups = [
             openai_routes(self._handle_request, self.settings),
             mcp_routes(self._handle_request, self.settings),
+            console_routes(self._handle_request, self.settings),  # last: it serves "/"
         ]
         return HttpFront(self.settings, groups)
 

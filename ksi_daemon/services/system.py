@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,7 @@ class SystemService:
             "version": __version__,
             "uptime": round(time.monotonic() - self.started, 3),
             "pid": os.getpid(),
+            "memory_rss_mb": _rss_mb(),
         }
         for name, section in self.health_sections.items():
             report[name] = section()
@@ -71,3 +73,13 @@ class SystemService:
     async def shutdown(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
         self.request_shutdown()
         return {"status": "shutting_down"}
+
+
+def _rss_mb() -> float:
+    """Resident memory now (from /proc where there is one, else the peak the kernel reports)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 1048576, 1)
+    except (OSError, ValueError, IndexError):
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -57,7 +57,7 @@ def user_messages(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[str, Any]],
-                 duration_ms: float) -> dict[str, Any]:
+                 duration_ms: float, sent: dict[str, Any] | None = None) -> dict[str, Any]:
     line: dict[str, Any] = {
         "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
         "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
@@ -67,6 +67,8 @@ def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[
     }
     if state.request.instructions is not None:
         line["instructions"] = state.request.instructions  # the system prompt of this exchange alone
+    if sent is not None:
+        line["sent"] = sent  # with the index, enough to show later exactly what the model was sent
     if reply.session_id:
         line["session_id"] = reply.session_id
     if reply.session_note:

@@ -40,6 +40,7 @@ from ksi_daemon.services.conversations.history import (
     NOTE_RESERVE,
     build_messages,
     select_history,
+    sent_record,
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
@@ -108,6 +109,7 @@ class Prepared:
     history_stats: dict[str, int]
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
     estimate: int = 0  # the whole prompt as the daemon counts it (before calibration)
+    sent: dict[str, Any] = field(default_factory=dict)  # what else was sent: history shown, summary, files
 
 
 class CompletionService:
@@ -185,7 +187,17 @@ class CompletionService:
             "conversations_in_memory": len(self.cache),
             "circuits": self.breaker.report(),
             "compaction": self.compactor.health(),
+            "models": self._per_model(),
         }
+
+    def _per_model(self) -> dict[str, dict[str, int]]:
+        """Queued and running requests of each model: what a console shows as in flight."""
+        counts: dict[str, dict[str, int]] = {}
+        for state in self.requests.live():
+            slot = counts.setdefault(state.model, {"queued": 0, "running": 0})
+            if state.status in slot:
+                slot[state.status] += 1
+        return counts
 
     # -- events -------------------------------------------------------------
     async def handle_async(self, data: CompletionAsync, context: EventContext) -> dict[str, Any]:
@@ -541,8 +553,12 @@ class CompletionService:
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
                      "consortium": data.consortium},
         )
+        sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
+                           summary)
+        if call.resume_session:
+            sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
-                        stats, files=attached.new_files, estimate=estimate)
+                        stats, files=attached.new_files, estimate=estimate, sent=sent)
 
     async def history_budget(self, model: str, system: str | None, input_tokens: int, max_tokens: int | None) -> int:
         """Tokens (as the daemon counts them) left for history in a turn of `model`.
@@ -586,7 +602,7 @@ class CompletionService:
         memory = prepared.memory
         assert state.response_id is not None
         duration_ms = state.duration_ms()
-        outcome = records.outcome_line(state, reply, attempts, duration_ms)
+        outcome = records.outcome_line(state, reply, attempts, duration_ms, prepared.sent)
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,

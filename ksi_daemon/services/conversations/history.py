@@ -7,6 +7,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry
+from ksi_common.summaries import Summary
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
@@ -122,15 +123,38 @@ def answerers_note(entries: list[IndexEntry]) -> str | None:
     return "[Note: earlier replies came from: " + "; ".join(parts) + ".]"
 
 
+def system_notes(omitted: int, entries: list[IndexEntry], summary: str | None = None) -> list[str]:
+    """What rides on the system message: the summary of left-out exchanges, the note saying how
+    many were left out, and who answered the history shown."""
+    notes = (summary, omitted_note(omitted, summary is not None) if omitted else None, answerers_note(entries))
+    return [note for note in notes if note]
+
+
+def sent_record(history: History, files: list[dict[str, Any]], summary: Summary | None) -> dict[str, Any]:
+    """What a request sent beyond its own input, compact enough for its response file: the
+    exchanges shown (as runs of numbers), how many were left out, the summary that stood in for
+    them and the files. The notes follow from these and the index, so they are not stored."""
+    runs: list[list[int]] = []
+    for entry in history.entries:
+        if runs and runs[-1][1] == entry.n - 1:
+            runs[-1][1] = entry.n
+        else:
+            runs.append([entry.n, entry.n])
+    record: dict[str, Any] = {"history": runs, "omitted": history.omitted}
+    if summary is not None:
+        record["summary"] = {"conversation_id": summary.conversation_id, "upto": summary.upto}
+    if files:
+        record["files"] = files
+    return record
+
+
 def build_messages(system: str | None, history: History, new_input: list[dict[str, Any]],
                    summary: str | None = None) -> list[dict[str, Any]]:
     """System (then the summary of left-out exchanges, the omitted and answerers notes) + history as
     user/assistant turns + the new input. The summary rides on the system message so user and
     assistant messages keep alternating."""
     messages: list[dict[str, Any]] = []
-    notes = [note for note in (summary,
-                               omitted_note(history.omitted, summary is not None) if history.omitted else None,
-                               answerers_note(history.entries)) if note]
+    notes = system_notes(history.omitted, history.entries, summary)
     system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:
         messages.append({"role": "system", "content": system_text})

@@ -43,6 +43,10 @@ class ConversationShow(ConversationRef):
     limit: int | None = Field(default=None, gt=0, description="at most this many exchanges")
 
 
+class ConversationSent(ConversationRef):
+    n: int = Field(gt=0, description="the exchange (numbered from 1, fork chain included)")
+
+
 class ConversationStats(ConversationRef):
     pass
 

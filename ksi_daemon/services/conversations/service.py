@@ -32,6 +32,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationFork,
     ConversationImport,
     ConversationList,
+    ConversationSent,
     ConversationShow,
     ConversationStats,
     ConversationUpdate,
@@ -40,6 +41,7 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.conversations import ConversationMeta
 from ksi_daemon.storage.responses import ResponseLog
 
@@ -89,6 +91,8 @@ class ConversationService:
                        "Conversations matching filters, most recently active first, a page at a time."),
             r.register("conversation:show", self.handle_show, ConversationShow,
                        "A conversation's metadata and exchanges; those shared with its fork chain are marked inherited."),
+            r.register("conversation:sent", self.handle_sent, ConversationSent,
+                       "What the model was sent for one exchange: system and notes, history shown, input, files."),
             r.register("conversation:stats", self.handle_stats, ConversationStats,
                        "Exchanges, tokens, cost, models, agents, files and duration of a conversation."),
             r.register("conversation:update", self.handle_update, ConversationUpdate,
@@ -134,6 +138,9 @@ class ConversationService:
         end = None if data.limit is None else data.offset + data.limit
         return {**transcript, "exchanges": exchanges[data.offset:end], "total_exchanges": len(exchanges),
                 "offset": data.offset}
+
+    async def handle_sent(self, data: ConversationSent, _context: EventContext) -> dict[str, Any]:
+        return await asyncio.to_thread(rebuild_sent, self.reader, data.conversation_id, data.n, self.clock())
 
     async def handle_stats(self, data: ConversationStats, _context: EventContext) -> dict[str, Any]:
         transcript = await self._transcript(data.conversation_id)

@@ -1,0 +1,117 @@
+"""What the model was sent for one exchange, rebuilt from the files: the system message with its
+notes, the history exchanges shown, the new input and the files embedded with it.
+
+The response file keeps only the raw input; its outcome line records which exchanges were shown
+(`sent`), so the rebuild names the same ones. Exchanges written before that record existed are
+rebuilt as if every earlier exchange had fit, and say so (`recorded: false`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id
+from ksi_common.records import IndexEntry
+from ksi_common.summaries import Summary, read_summaries
+from ksi_common.transcripts import VarReader
+from ksi_daemon.services.completion.compaction import summary_block
+from ksi_daemon.services.conversations.history import system_notes
+
+FILES_PLACEHOLDER = "[attached files were embedded here; their content is read at send time and not stored]"
+
+
+def _system_in_force(meta: dict[str, Any], n: int) -> str | None:
+    """The system prompt in force for exchange `n` (changes made by `n` itself included)."""
+    changes = [c for c in meta.get("system_changes") or [] if isinstance(c, dict) and int(c.get("from_n") or 0) <= n]
+    if changes:
+        return changes[-1].get("system")
+    return meta.get("system") if not meta.get("system_changes") else None
+
+
+def _user_messages(inputs: list[dict[str, Any]]) -> list[str]:
+    texts = []
+    for item in inputs:
+        if item.get("type") == "system":
+            continue
+        content = str(item.get("content") or "")
+        if item.get("from_agent"):
+            content = f"[from {item['from_agent']}] {content}"
+        texts.append(content)
+    return texts
+
+
+def _numbers(runs: list[Any]) -> list[int]:
+    shown: list[int] = []
+    for run in runs:
+        if isinstance(run, list) and len(run) == 2 and all(isinstance(x, int) for x in run):
+            shown.extend(range(run[0], run[1] + 1))
+    return shown
+
+
+def _summary(reader: VarReader, ref: Any) -> Summary | None:
+    """The summary a turn used in place of its earliest exchanges, by owner and coverage."""
+    if not isinstance(ref, dict) or not isinstance(ref.get("conversation_id"), str) or not is_safe_id(
+            ref["conversation_id"]):
+        return None
+    found = [s for s in read_summaries(reader.layout.summaries_file(ref["conversation_id"])) if s.upto == ref.get("upto")]
+    return found[-1] if found else None
+
+
+def rebuild_sent(reader: VarReader, conversation_id: str, n: int, now: float) -> dict[str, Any]:
+    """The messages of exchange `n` of a conversation (its fork chain included), as sent."""
+    transcript = reader.transcript(conversation_id, True, now)
+    exchanges = {x["n"]: x for x in transcript["exchanges"]}
+    exchange = exchanges.get(n)
+    if exchange is None:
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} has no exchange {n}",
+                       fields={"n": f"no exchange {n}"}, exchanges=sorted(exchanges))
+    record = reader.response(exchange["response_id"])
+    sent = (record.outcome or {}).get("sent") if record is not None else None
+    recorded = isinstance(sent, dict)
+    if recorded:
+        shown = [k for k in _numbers(sent.get("history") or []) if k in exchanges]
+        omitted = int(sent.get("omitted") or 0)
+        files = [f for f in sent.get("files") or [] if isinstance(f, dict)]
+    else:
+        shown = [k for k, x in sorted(exchanges.items()) if k < n and not x.get("is_feedback")]
+        omitted, files = 0, []
+    # the same notes the daemon appended, rebuilt from the exchanges shown
+    entries = [IndexEntry(n=k, response_id=exchanges[k]["response_id"], model=exchanges[k].get("model"),
+                          agent_id=exchanges[k].get("agent_id")) for k in shown]
+    summary = _summary(reader, sent.get("summary")) if recorded else None
+    notes = system_notes(omitted, entries, summary_block(summary) if summary is not None else None)
+    owner_meta = reader.require_meta(exchange["conversation_id"])
+    system = _system_in_force(owner_meta, n)
+    messages: list[dict[str, Any]] = []
+    system_text = "\n\n".join([system, *notes] if system else notes)
+    if system_text:
+        messages.append({"role": "system", "content": system_text, "part": "system"})
+    for k in shown:
+        past = exchanges[k]
+        texts = _user_messages(past["inputs"])
+        if not texts or past.get("reply") is None:
+            continue  # the daemon leaves out an exchange whose input or reply it cannot read
+        messages.extend({"role": "user", "content": text, "part": "history", "n": k} for text in texts)
+        messages.append({"role": "assistant", "content": past["reply"]["content"], "part": "history", "n": k})
+    inputs = [{"role": "user", "content": text, "part": "input", "n": n} for text in _user_messages(exchange["inputs"])]
+    if files and inputs:
+        inputs[-1]["content"] = f"{FILES_PLACEHOLDER}\n\n{inputs[-1]['content']}"
+    messages.extend(inputs)
+    reply = exchange.get("reply") or {}
+    return {
+        "conversation_id": conversation_id,
+        "n": n,
+        "response_id": exchange["response_id"],
+        "model": exchange.get("model"),
+        "recorded": recorded,
+        "resumed_session": bool(recorded and sent.get("resumed_session")),
+        "history": shown,
+        "omitted": omitted,
+        "notes": notes,
+        "summary": {"conversation_id": summary.conversation_id, "upto": summary.upto} if summary else None,
+        "files": files,
+        "messages": messages,
+        "reply": reply.get("content"),
+        "usage": reply.get("usage"),
+    }
