@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("ksi_cli.inspect_commands", "logs"),
     "http": ("ksi_cli.http_commands", "http"),
     "mcp": ("ksi_cli.mcp_command", "mcp"),
+    "console": ("ksi_cli.console_command", "console"),
 }
 
 
