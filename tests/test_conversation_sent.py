@@ -51,8 +51,14 @@ async def test_sent_matches_what_the_provider_received(short_tmp: Path, stub: An
         assert "earlier replies came from" in shown["messages"][0]["content"]
         assert as_sent(shown) == stub.messages(-1)
 
+        # instructions replace the system prompt for one request only
+        await complete(client, prompt="fifth question", conversation_id="talk", instructions="answer in French")
+        shown = await client.request("conversation:sent", {"conversation_id": "talk", "n": 5})
+        assert shown["messages"][0]["content"].startswith("answer in French")
+        assert as_sent(shown) == stub.messages(-1)
+
         with pytest.raises(KsiError) as caught:
-            await client.request("conversation:sent", {"conversation_id": "talk", "n": 5})
+            await client.request("conversation:sent", {"conversation_id": "talk", "n": 6})
         assert caught.value.code == "validation_error"
         with pytest.raises(KsiError) as caught:
             await client.request("conversation:sent", {"conversation_id": "nobody", "n": 1})

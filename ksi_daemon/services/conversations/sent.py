@@ -67,7 +67,8 @@ def rebuild_sent(reader: VarReader, conversation_id: str, n: int, now: float) ->
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} has no exchange {n}",
                        fields={"n": f"no exchange {n}"}, exchanges=sorted(exchanges))
     record = reader.response(exchange["response_id"])
-    sent = (record.outcome or {}).get("sent") if record is not None else None
+    outcome = (record.outcome or {}) if record is not None else {}
+    sent = outcome.get("sent")
     recorded = isinstance(sent, dict)
     if recorded:
         shown = [k for k in _numbers(sent.get("history") or []) if k in exchanges]
@@ -81,8 +82,9 @@ def rebuild_sent(reader: VarReader, conversation_id: str, n: int, now: float) ->
                           agent_id=exchanges[k].get("agent_id")) for k in shown]
     summary = _summary(reader, sent.get("summary")) if recorded else None
     notes = system_notes(omitted, entries, summary_block(summary) if summary is not None else None)
-    owner_meta = reader.require_meta(exchange["conversation_id"])
-    system = _system_in_force(owner_meta, n)
+    instructions = outcome.get("instructions")  # a system prompt for that request alone
+    system = instructions if isinstance(instructions, str) else _system_in_force(
+        reader.require_meta(exchange["conversation_id"]), n)
     messages: list[dict[str, Any]] = []
     system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:
