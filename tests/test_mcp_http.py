@@ -12,11 +12,12 @@ from typing import Any
 
 import httpx2
 import mcp_types as types
+import openai
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import HttpDaemon, complete, connected, running_http_daemon, stub_settings
+from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
 from tests.stub_openai import StubOpenAI
 from tests.test_mcp_stdio import call, judge_or_answer, refused
 
@@ -42,22 +43,22 @@ async def test_tools_and_resources_over_streamable_http(short_tmp: Path) -> None
         agreed = await call(client, "consensus", prompt="Built when?", continuation_id=cid, models=["openai/stub-a"])
         assert agreed["answer"] == "the members agree" and agreed["dissent"] == "B doubts the date"
 
-        # the same conversation continues through the socket, then here again
-        async with connected(front.daemon) as socket:
-            await complete(socket, prompt="from the socket", conversation_id=cid)
+        # the same conversation continues through OpenAI's Responses API, then here again
+        async with openai.AsyncOpenAI(base_url=f"{front.base_url}/v1", api_key=front.token, max_retries=0) as api:
+            await api.responses.create(input="from the Responses API", conversation=cid, model="openai/stub-model")
         await call(client, "chat", prompt="back in MCP", continuation_id=cid)
         assert [m["content"] for m in stub.messages()][-3:] == [
-            "from the socket", "stub answer to: from the socket", "back in MCP"]
+            "from the Responses API", "stub answer to: from the Responses API", "back in MCP"]
 
         found = await call(client, "conversations", query="lighthouse")
         assert [c["continuation_id"] for c in found["conversations"]] == [cid]
         assert found["conversations"][0]["turns"] == 5
         transcript = await client.call_tool("conversation", {"continuation_id": cid})
-        assert "from the socket" in transcript.content[0].text
+        assert "from the Responses API" in transcript.content[0].text
         fork = await call(client, "fork", continuation_id=cid, at=2)
         assert fork["parent_id"] == cid
         page = await client.read_resource(f"ksi://conversations/{fork['continuation_id']}")
-        assert "How tall?" in page.contents[0].text and "from the socket" not in page.contents[0].text
+        assert "How tall?" in page.contents[0].text and "from the Responses API" not in page.contents[0].text
         await refused(client, "conversation_not_found", "chat", prompt="hi", continuation_id="nope")
         await refused(client, "validation_error", "fork", continuation_id=cid, at="two")
 

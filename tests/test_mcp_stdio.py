@@ -168,6 +168,18 @@ async def test_continuity_mcp_then_cli_then_mcp(short_tmp: Path, stub: StubOpenA
         "one", "stub answer to: one", "two", "stub answer to: two", "three"]
 
 
+async def test_continues_across_a_daemon_restart(short_tmp: Path, stub: StubOpenAI) -> None:
+    async with mcp_session(short_tmp, *where(short_tmp), "--no-start") as client:
+        async with running_daemon(short_tmp, **stub_settings(stub)):
+            cid = (await call(client, "chat", prompt="before the restart"))["continuation_id"]
+        await refused(client, "daemon_unreachable", "conversations")  # down, and not to be started
+        async with running_daemon(short_tmp, **stub_settings(stub)):
+            after = await call(client, "chat", prompt="after it", continuation_id=cid)
+    assert after["continuation_id"] == cid
+    assert [m["content"] for m in stub.messages()] == [
+        "before the restart", "stub answer to: before the restart", "after it"]
+
+
 async def test_agent_message_and_turns_left(short_tmp: Path, stub: StubOpenAI) -> None:
     async with served(short_tmp, stub) as (daemon, client):
         async with connected(daemon) as socket:
@@ -178,6 +190,10 @@ async def test_agent_message_and_turns_left(short_tmp: Path, stub: StubOpenAI) -
             await socket.request("conversation:update", {"conversation_id": "capped", "turn_cap": 3})
         reply = await call(client, "agent_message", agent_id="helper", message="status?")
         assert reply["agent_id"] == "helper" and reply["answer"] == "stub answer to: status?"
+        # the agent's conversation continues from MCP like any other
+        await call(client, "chat", prompt="and now?", continuation_id=reply["continuation_id"])
+        assert [m["content"] for m in stub.messages() if m["role"] != "system"] == [
+            "status?", "stub answer to: status?", "and now?"]
         assert (await call(client, "chat", prompt="y", continuation_id="capped"))["turns_left"] == 1
         last = await client.call_tool("chat", {"prompt": "z", "continuation_id": "capped"})
         assert last.structured_content["turns_left"] == 0 and "turns left: 0" in last.content[0].text
