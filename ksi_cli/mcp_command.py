@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ksi_cli.locate import Location, locate
+from ksi_cli.options import location_options
 
 if TYPE_CHECKING:
     from ksi_mcp.server import KsiMcp
@@ -26,20 +27,14 @@ def daemon_starter(location: Location) -> Callable[[], str]:
     def start() -> str:
         from ksi_cli import daemon_control
 
-        try:
-            _pid, message = daemon_control.start(location)
-        except RuntimeError:
-            if daemon_control.health(location) is not None:  # another client started it meanwhile
-                return f"ksi mcp: the daemon on {location.socket} answers now"
-            raise
-        return f"ksi mcp: no daemon was running; {message}"
+        _pid, message = daemon_control.start(location)  # raises RuntimeError when it cannot
+        return f"ksi mcp: {message}"
 
     return start
 
 
 @click.command()
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
-@click.option("--socket", "socket_path", help="Unix socket of the daemon.")
+@location_options
 @click.option("--no-start", is_flag=True, help="Do not start the daemon when none is running.")
 def mcp(var_dir: str | None, socket_path: str | None, no_start: bool) -> None:
     """Serve KSI's conversations, consortia and agents as MCP tools over stdio.

@@ -258,7 +258,7 @@ async def test_starts_the_daemon_when_none_runs(short_tmp: Path) -> None:
             found = await call(client, "conversations")
             assert found == {"conversations": [], "total": 0}
         errors.seek(0)
-        assert "no daemon was running; daemon started (pid" in errors.read()
+        assert "ksi mcp: daemon started (pid" in errors.read()
         assert (short_tmp / "d.sock").exists()
     finally:
         run = await ksi(short_tmp, "daemon", "stop", *where(short_tmp))
