@@ -115,10 +115,10 @@ class KsiMcp:
 
 async def serve_stdio(app: KsiMcp) -> None:
     """Serve `app` on this process's stdin and stdout until the client closes them."""
-    from mcp.server.stdio import stdio_server
+    from ksi_mcp.stdio import stdio_transport
 
     try:
-        async with stdio_server() as (read_stream, write_stream):
+        async with stdio_transport() as (read_stream, write_stream):
             await app.server.run(read_stream, write_stream, app.initialization_options())
     finally:
         await app.close()
