@@ -85,6 +85,7 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         # key-value pairs a client attached (the Conversations API's `metadata`)
         "metadata": dict((meta.get("extra") or {}).get("metadata") or {}),
         "cost": float(meta.get("cost") or 0.0),
+        "external_ids": dict((meta.get("extra") or {}).get("external_ids") or {}),
     }
 
 

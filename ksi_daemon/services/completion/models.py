@@ -36,6 +36,9 @@ class CompletionAsync(EventData):
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
     options: dict[str, Any] = Field(default_factory=dict, description="other provider options (top_p, stop, seed, ...)")
     consortium: dict[str, Any] | None = Field(default=None, description="an inline consortium definition")
+    external_ids: dict[SafeId, SafeId] = Field(
+        default_factory=dict,
+        description="this conversation's ids in other tools, e.g. {\"llm\": ID}; recorded in its metadata when this request creates it")
 
     @field_validator("options")
     @classmethod

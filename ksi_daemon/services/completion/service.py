@@ -17,6 +17,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
+from ksi_daemon.events import NoData
 from ksi_daemon.providers.options import check_options, circuit_key, is_routing_option
 from ksi_daemon.providers.base import (
     Provider,
@@ -57,6 +58,7 @@ INLINE_CONSORTIUM = "consortium/inline"  # the model of a request carrying its o
 
 CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
 CALIBRATION_SAVE_INTERVAL = 5.0  # seconds: a crash loses at most this much learning
+BUILTIN_MODEL = "echo/demo"  # the built-in echo provider answers every `echo/...` name
 
 
 class ModelFacts(Protocol):
@@ -159,6 +161,8 @@ class CompletionService:
                        "State of a request: queued, running, done, failed or cancelled."),
             r.register("completion:cancel", self.handle_cancel, CompletionCancel,
                        "Cancel a queued or running request."),
+            r.register("completion:models", self.handle_models, NoData,
+                       "Models to offer by name: the default, those configured by exact name, the built-in echo."),
         ]
 
     async def start(self) -> None:
@@ -231,6 +235,13 @@ class CompletionService:
                 await found.done.wait()
             return {**self.describe(found), "cancelled": found.status == "cancelled"}
         return {**self.describe(found), "cancelled": False}
+
+    async def handle_models(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
+        # Any model litellm reaches is served; these are the names worth offering to a picker.
+        # Configured patterns (`openai/*`) name no model, so only exact names are listed.
+        configured = [name for name in self.settings.models if not any(c in name for c in "*?[")]
+        names = list(dict.fromkeys([self.settings.default_model, *configured, BUILTIN_MODEL]))
+        return {"default": self.settings.default_model, "models": names}
 
     def outcome(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
         """Result data when done; a failure for failed or cancelled; else the status."""
@@ -362,8 +373,12 @@ class CompletionService:
             # before anything is written (an existing one is checked against its own last model)
             if conversation_id is None or not await asyncio.to_thread(self.cache.store.exists, conversation_id):
                 self._check_options(chosen or self.settings.default_model, data)
+        # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
+        # survives restarts of both and any door can show it.
+        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
         if conversation_id is None:
-            return await self.create_conversation(new_id("conv-"), agent_id=data.agent_id, system=agent.system if agent else None)
+            return await self.create_conversation(new_id("conv-"), agent_id=data.agent_id,
+                                                  system=agent.system if agent else None, extra=extra)
         memory = await self.cache.get(conversation_id)
         if memory is not None:
             return memory
@@ -372,7 +387,7 @@ class CompletionService:
             raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
                            conversation_id=conversation_id)
         return await self.create_conversation(conversation_id, agent_id=data.agent_id,
-                                              system=agent.system if agent else None)
+                                              system=agent.system if agent else None, extra=extra)
 
     async def create_conversation(self, conversation_id: str, **fields: Any) -> ConversationMemory:
         now = format_ts(self.clock())

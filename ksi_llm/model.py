@@ -1,0 +1,167 @@
+"""`ksi/...` models for `llm`: each prompt is one KSI request in the KSI conversation tied to
+`llm`'s conversation, so `llm` sends only the new prompt and KSI rebuilds the history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llm
+from pydantic import Field
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id
+from ksi_common.sync_client import SyncClient
+
+PREFIX = "ksi/"
+AGENT_PREFIX = "agent/"
+CONVERSATION_PREFIX = "llm-"  # the KSI conversation of llm conversation X is llm-X
+LINK_KEY = "llm"  # the name of llm's id in a KSI conversation's external ids
+ACK_TIMEOUT = 30.0  # seconds for a request's acknowledgement (and any other single read)
+WAIT_SLICE = 60.0  # seconds per completion:wait; waits repeat while the request is queued or running
+# KSI embeds attached files as text in the prompt, so only text-like files are offered
+TEXT_TYPES = frozenset({
+    "text/plain", "text/markdown", "text/csv", "text/html", "text/xml", "text/x-python", "text/x-script.python",
+    "text/x-c", "text/x-shellscript", "text/javascript", "application/json", "application/xml",
+    "application/x-yaml", "application/yaml", "application/toml", "application/javascript",
+})
+
+
+class KsiModelError(llm.ModelError):
+    """A KSI error as `llm` shows it: the code first, then the message and what to do."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        super().__init__(f"[{code}] {message}" + (f"\n{hint}" if hint else ""))
+        self.code = code
+
+
+def ksi_conversation_id(llm_conversation_id: str) -> str:
+    """The KSI conversation that holds llm conversation `llm_conversation_id`."""
+    ksi_id = CONVERSATION_PREFIX + llm_conversation_id
+    if not is_safe_id(ksi_id):
+        raise KsiModelError(ErrorCode.VALIDATION_ERROR,
+                            f"llm conversation id {llm_conversation_id!r} cannot name a KSI conversation")
+    return ksi_id
+
+
+def continues_in_ksi(conversation: llm.Conversation) -> bool:
+    """Whether an earlier turn of this llm conversation was answered through KSI (so its KSI
+    conversation exists); on the first KSI turn it is created instead."""
+    return any(response.model.model_id.startswith(PREFIX) for response in conversation.responses)
+
+
+def hint_for(error: KsiError, socket_path: Path, conversation_id: str | None) -> str | None:
+    match error.code:
+        case ErrorCode.DAEMON_UNREACHABLE:
+            return f"Is the KSI daemon running? Start it with: ksi daemon start (this looked for {socket_path})"
+        case ErrorCode.CONVERSATION_EXPIRED | ErrorCode.CONVERSATION_FULL | ErrorCode.CONVERSATION_ARCHIVED:
+            return (f"Start a new llm conversation (leave out -c/--cid), or see it with: "
+                    f"ksi conversation show {conversation_id}")
+        case ErrorCode.CONVERSATION_NOT_FOUND:
+            return ("Its KSI conversation is gone (deleted, or this daemon has another var dir); "
+                    "start a new llm conversation (leave out -c/--cid)")
+        case ErrorCode.CONSORTIUM_NOT_FOUND:
+            return "Saved consortia: ksi send consortium:list"
+        case ErrorCode.AGENT_NOT_FOUND | ErrorCode.AGENT_TERMINATED:
+            return "Agents: ksi agents"
+    return None
+
+
+class KsiModel(llm.Model):
+    """`ksi/NAME`: KSI model, `ksi/consortium/NAME`, or `ksi/agent/ID` (the agent answers)."""
+
+    can_stream = True
+    attachment_types = TEXT_TYPES
+
+    class Options(llm.Options):
+        temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature")
+        max_tokens: int | None = Field(default=None, gt=0, description="Upper bound on the answer's tokens")
+
+    def __init__(self, name: str, socket_path: Path) -> None:
+        self.model_id = PREFIX + name
+        self.name = name
+        self.socket_path = socket_path
+
+    def request_data(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
+                     conversation: llm.Conversation | None) -> dict[str, Any]:
+        """The `completion:async` payload: only this turn's input, in the tied KSI conversation."""
+        data: dict[str, Any] = {"prompt": prompt.prompt, "stream": stream,
+                                "metadata": {"llm_response_id": response.id}}
+        if self.name.startswith(AGENT_PREFIX):
+            data["agent_id"] = self.name[len(AGENT_PREFIX):]
+        else:
+            data["model"] = self.name
+        if conversation is not None:
+            data["conversation_id"] = ksi_conversation_id(conversation.id)
+            data["metadata"]["llm_conversation_id"] = conversation.id
+            if not continues_in_ksi(conversation):
+                data["create"] = True
+                data["external_ids"] = {LINK_KEY: conversation.id}
+        if prompt.system:
+            data["system"] = prompt.system
+        for option in ("temperature", "max_tokens"):
+            value = getattr(prompt.options, option, None)
+            if value is not None:
+                data[option] = value
+        files = []
+        for attachment in prompt.attachments:
+            if not attachment.path:
+                raise KsiModelError(ErrorCode.VALIDATION_ERROR,
+                                    f"KSI attaches files by path; {attachment.url or 'piped content'} has none",
+                                    "Save it to a file and attach that path with -a")
+            files.append(str(Path(attachment.path).resolve()))
+        if files:
+            data["files"] = files
+        return data
+
+    def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
+                conversation: llm.Conversation | None) -> Iterator[str]:
+        data = self.request_data(prompt, stream, response, conversation)
+        try:
+            result = yield from self._answer(data, stream)
+        except KsiError as error:
+            raise KsiModelError(error.code, error.message,
+                                hint_for(error, self.socket_path, data.get("conversation_id"))) from None
+        response.response_json = {
+            key: result[key] for key in ("conversation_id", "response_id", "request_id", "model", "agent_id",
+                                         "finish_reason", "cost", "run_id") if result.get(key) is not None
+        }
+        usage = result.get("usage") or {}
+        response.set_usage(input=usage.get("prompt_tokens"), output=usage.get("completion_tokens"))
+        if result.get("model") and result["model"] != self.name:
+            response.set_resolved_model(result["model"])
+
+    def _answer(self, data: dict[str, Any], stream: bool) -> Iterator[str]:
+        """Yield the answer's text as it streams in; return the result data."""
+        with SyncClient(self.socket_path, timeout=ACK_TIMEOUT) as client:
+            if stream:
+                client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+            request_id = client.request("completion:async", data)["request_id"]
+            shown: list[str] = []
+            try:
+                result = None
+                while result is None:
+                    waiting = client.send("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
+                    for frame in client.frames(timeout=WAIT_SLICE + ACK_TIMEOUT):
+                        payload = frame.get("data") or {}
+                        if frame.get("push"):
+                            if frame.get("event") == "completion:chunk" and payload.get("request_id") == request_id:
+                                shown.append(str(payload.get("text") or ""))
+                                yield shown[-1]
+                        elif frame.get("correlation_id") == waiting:
+                            if "error" in frame:
+                                raise KsiError.from_wire(frame["error"])
+                            result = payload if "content" in payload else None  # else still queued or running
+                            break
+            except (KeyboardInterrupt, GeneratorExit):
+                try:  # do not leave the abandoned answer running
+                    client.send("completion:cancel", {"request_id": request_id})
+                except KsiError:
+                    pass
+                raise
+        # Chunks still on their way when the result came are not waited for: the result completes them.
+        content, streamed = str(result["content"]), "".join(shown)
+        if content.startswith(streamed) and len(content) > len(streamed):
+            yield content[len(streamed):]
+        return result
