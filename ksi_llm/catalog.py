@@ -8,6 +8,7 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,19 @@ def logged_names(logs_db: Path, prefix: str) -> list[str]:
     """KSI models that earlier `llm` prompts used (from llm's own log), so `llm -c` finds them."""
     if not logs_db.is_file():
         return []
+    found: set[str] = set()
     try:
-        with sqlite3.connect(f"file:{logs_db}?mode=ro", uri=True) as db:
-            rows = db.execute("select distinct model from responses where substr(model, 1, ?) = ?",
-                              (len(prefix), prefix)).fetchall()
+        with closing(sqlite3.connect(f"file:{logs_db}?mode=ro", uri=True)) as db:
+            # `turns` is where llm logs now; `responses` holds what older versions logged
+            tables = {name for (name,) in db.execute("select name from sqlite_master where type = 'table'")}
+            for table in ("turns", "responses"):
+                if table in tables:
+                    rows = db.execute(f"select distinct model from {table} where substr(model, 1, ?) = ?",
+                                      (len(prefix), prefix))
+                    found.update(str(model).removeprefix(prefix) for (model,) in rows)
     except sqlite3.Error:
         return []
-    return sorted(str(model).removeprefix(prefix) for (model,) in rows)
+    return sorted(found)
 
 
 def ask_daemon(socket_path: Path) -> Catalog:
