@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -126,6 +127,14 @@ async def one_conversation_of_two(where: Place) -> tuple[str, list[dict[str, Any
     meta = json.loads(where.daemon.layout.meta_file(ksi_id).read_text())
     assert meta["extra"]["external_ids"] == {"llm": logs[0]["conversation_id"]}
     return ksi_id, logs
+
+
+def test_plugin_stays_off_the_daemon_and_litellm() -> None:
+    probe = ("import sys, ksi_llm.plugin, ksi_llm.model;"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ksi_daemon', 'litellm')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # -- continuity ---------------------------------------------------------------------------
