@@ -24,7 +24,7 @@ import pexpect
 from ksi_common.records import read_index
 from ksi_daemon.daemon import Daemon
 from tests.conftest import PROVIDER_PREFIXES, connected, running_daemon
-from tests.stub_openai import StubOpenAI
+from tests.stub_openai import Reply, StubOpenAI
 
 TIMEOUT = 60.0
 BIN = Path(sys.executable).parent
@@ -299,3 +299,14 @@ async def test_expired_conversation_behind_llm_c(short_tmp: Path) -> None:
         assert code != 0 and "[conversation_expired]" in err and f"ksi conversation show {ksi_id}" in err
         assert len(await where.logs()) == 1
         assert [entry.n for entry in where.index(ksi_id)] == [1]
+
+
+async def test_provider_error_mid_conversation(short_tmp: Path) -> None:
+    async with place(short_tmp) as where:
+        await where.llm("-m", "ksi/openai/stub-model", "My name is Alice")
+        ksi_id = (await where.logs())[0]["response_json"]["conversation_id"]
+        where.stubs["stub"].enqueue(Reply(status=400))  # refused: not worth a retry
+        code, out, err = await where.run("llm", "-c", "What is my name?")
+        assert code != 0 and "[provider_error]" in err
+        assert len(await where.logs()) == 1
+        assert [entry.n for entry in where.index(ksi_id)] == [1]  # a failed request is never indexed
