@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common.errors import KsiError
-from ksi_common.sync_client import SyncClient
+from ksi_common.oneshot import Connection
 
 DISCOVERY_TIMEOUT = 2.0  # seconds: `llm` asks on every start, a hung daemon must not hang it long
 BUILTIN_MODELS = ("echo/demo",)  # every KSI daemon serves its built-in echo model
@@ -76,10 +76,10 @@ def logged_names(logs_db: Path, prefix: str) -> list[str]:
 
 def ask_daemon(socket_path: Path) -> Catalog:
     """The catalog of the running daemon; raises `KsiError` when it cannot be reached."""
-    with SyncClient(socket_path, timeout=DISCOVERY_TIMEOUT) as client:
-        models = client.request("completion:models")
-        consortia = client.request("consortium:list")
-        agents = client.request("agent:list", {"status": "active"})
+    with Connection(socket_path, timeout=DISCOVERY_TIMEOUT) as connection:
+        models = connection.request("completion:models")
+        consortia = connection.request("consortium:list")
+        agents = connection.request("agent:list", {"status": "active"})
     return Catalog(
         default=models.get("default"),
         models=[str(name) for name in models.get("models", [])],

@@ -3,22 +3,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import llm
 from pydantic import Field
 
+from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
-from ksi_common.sync_client import SyncClient
+from ksi_common.oneshot import Connection
 
 PREFIX = "ksi/"
 AGENT_PREFIX = "agent/"
 CONVERSATION_PREFIX = "llm-"  # the KSI conversation of llm conversation X is llm-X
 LINK_KEY = "llm"  # the name of llm's id in a KSI conversation's external ids
-ACK_TIMEOUT = 30.0  # seconds for a request's acknowledgement (and any other single read)
+ACK_TIMEOUT = 30.0  # seconds for a request's acknowledgement, beyond a wait's own time
 WAIT_SLICE = 60.0  # seconds per completion:wait; waits repeat while the request is queued or running
 # KSI embeds attached files as text in the prompt, so only text-like files are offered
 TEXT_TYPES = frozenset({
@@ -45,7 +47,7 @@ def ksi_conversation_id(llm_conversation_id: str) -> str:
     return ksi_id
 
 
-def continues_in_ksi(conversation: llm.Conversation) -> bool:
+def continues_in_ksi(conversation: llm.Conversation | llm.AsyncConversation) -> bool:
     """Whether an earlier turn of this llm conversation was answered through KSI (so its KSI
     conversation exists); on the first KSI turn it is created instead."""
     return any(response.model.model_id.startswith(PREFIX) for response in conversation.responses)
@@ -68,8 +70,8 @@ def hint_for(error: KsiError, socket_path: Path, conversation_id: str | None) ->
     return None
 
 
-class KsiModel(llm.Model):
-    """`ksi/NAME`: KSI model, `ksi/consortium/NAME`, or `ksi/agent/ID` (the agent answers)."""
+class KsiTarget:
+    """What the blocking and the async `ksi/...` model share: the name, the request, the record."""
 
     can_stream = True
     attachment_types = TEXT_TYPES
@@ -83,11 +85,11 @@ class KsiModel(llm.Model):
         self.name = name
         self.socket_path = socket_path
 
-    def request_data(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
-                     conversation: llm.Conversation | None) -> dict[str, Any]:
+    def request_data(self, prompt: llm.Prompt, stream: bool, response_id: str,
+                     conversation: llm.Conversation | llm.AsyncConversation | None) -> dict[str, Any]:
         """The `completion:async` payload: only this turn's input, in the tied KSI conversation."""
         data: dict[str, Any] = {"prompt": prompt.prompt, "stream": stream,
-                                "metadata": {"llm_response_id": response.id}}
+                                "metadata": {"llm_response_id": response_id}}
         if self.name.startswith(AGENT_PREFIX):
             data["agent_id"] = self.name[len(AGENT_PREFIX):]
         else:
@@ -115,14 +117,11 @@ class KsiModel(llm.Model):
             data["files"] = files
         return data
 
-    def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
-                conversation: llm.Conversation | None) -> Iterator[str]:
-        data = self.request_data(prompt, stream, response, conversation)
-        try:
-            result = yield from self._answer(data, stream)
-        except KsiError as error:
-            raise KsiModelError(error.code, error.message,
-                                hint_for(error, self.socket_path, data.get("conversation_id"))) from None
+    def model_error(self, error: KsiError, data: dict[str, Any]) -> KsiModelError:
+        return KsiModelError(error.code, error.message, hint_for(error, self.socket_path, data.get("conversation_id")))
+
+    def record(self, response: llm.Response | llm.AsyncResponse, result: dict[str, Any]) -> None:
+        """Where to find the answer in KSI, its usage, and the model that gave it."""
         response.response_json = {
             key: result[key] for key in ("conversation_id", "response_id", "request_id", "model", "agent_id",
                                          "finish_reason", "cost", "run_id") if result.get(key) is not None
@@ -132,36 +131,105 @@ class KsiModel(llm.Model):
         if result.get("model") and result["model"] != self.name:
             response.set_resolved_model(result["model"])
 
-    def _answer(self, data: dict[str, Any], stream: bool) -> Iterator[str]:
+
+def remainder(result: dict[str, Any], shown: list[str]) -> str:
+    """What the streamed chunks did not show: chunks still on their way when the result came are
+    not waited for, the result completes them."""
+    content, streamed = str(result["content"]), "".join(shown)
+    return content[len(streamed):] if content.startswith(streamed) else ""
+
+
+def chunk_text(frame: dict[str, Any], request_id: str) -> str | None:
+    payload = frame.get("data") or {}
+    if frame.get("event") == "completion:chunk" and payload.get("request_id") == request_id:
+        return str(payload.get("text") or "")
+    return None
+
+
+class KsiModel(KsiTarget, llm.Model):
+    """`ksi/NAME`: KSI model, `ksi/consortium/NAME`, or `ksi/agent/ID` (the agent answers)."""
+
+    def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
+                conversation: llm.Conversation | None) -> Iterator[str]:
+        data = self.request_data(prompt, stream, response.id, conversation)
+        try:
+            result = yield from self._answer(data, stream)
+        except KsiError as error:
+            raise self.model_error(error, data) from None
+        self.record(response, result)
+
+    def _answer(self, data: dict[str, Any], stream: bool) -> Generator[str, None, dict[str, Any]]:
         """Yield the answer's text as it streams in; return the result data."""
-        with SyncClient(self.socket_path, timeout=ACK_TIMEOUT) as client:
+        with Connection(self.socket_path, timeout=WAIT_SLICE + ACK_TIMEOUT) as connection:
             if stream:
-                client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-            request_id = client.request("completion:async", data)["request_id"]
+                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+            request_id = connection.request("completion:async", data)["request_id"]
             shown: list[str] = []
             try:
                 result = None
                 while result is None:
-                    waiting = client.send("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
-                    for frame in client.frames(timeout=WAIT_SLICE + ACK_TIMEOUT):
-                        payload = frame.get("data") or {}
+                    waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
+                    while True:
+                        # pushes kept while the acknowledgement was awaited come first
+                        frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
                         if frame.get("push"):
-                            if frame.get("event") == "completion:chunk" and payload.get("request_id") == request_id:
-                                shown.append(str(payload.get("text") or ""))
-                                yield shown[-1]
+                            if (text := chunk_text(frame, request_id)) is not None:
+                                shown.append(text)
+                                yield text
                         elif frame.get("correlation_id") == waiting:
                             if "error" in frame:
                                 raise KsiError.from_wire(frame["error"])
+                            payload = frame.get("data") or {}
                             result = payload if "content" in payload else None  # else still queued or running
                             break
             except (KeyboardInterrupt, GeneratorExit):
                 try:  # do not leave the abandoned answer running
-                    client.send("completion:cancel", {"request_id": request_id})
+                    connection.send("completion:cancel", {"request_id": request_id})
                 except KsiError:
                     pass
                 raise
-        # Chunks still on their way when the result came are not waited for: the result completes them.
-        content, streamed = str(result["content"]), "".join(shown)
-        if content.startswith(streamed) and len(content) > len(streamed):
-            yield content[len(streamed):]
+        if rest := remainder(result, shown):
+            yield rest
         return result
+
+
+class AsyncKsiModel(KsiTarget, llm.AsyncModel):
+    """The same models for `llm --async` and llm's async Python API, on the async client."""
+
+    async def execute(self, prompt: llm.Prompt, stream: bool, response: llm.AsyncResponse,
+                      conversation: llm.AsyncConversation | None) -> AsyncIterator[str]:
+        data = self.request_data(prompt, stream, response.id, conversation)
+        shown: list[str] = []
+        try:
+            async with KsiClient(self.socket_path) as client:
+                if stream:
+                    await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+                request_id = (await client.request("completion:async", data))["request_id"]
+                try:
+                    result = None
+                    while result is None:
+                        waiter = asyncio.ensure_future(
+                            client.request("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE}))
+                        while not waiter.done():
+                            pusher = asyncio.ensure_future(client.next_push())
+                            done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
+                            if pusher not in done:
+                                pusher.cancel()
+                            elif (frame := pusher.result()) is None:  # closed: the waiter fails with it
+                                await asyncio.wait({waiter})
+                            elif (text := chunk_text(frame, request_id)) is not None:
+                                shown.append(text)
+                                yield text
+                        reply = waiter.result()
+                        result = reply if "content" in reply else None  # else still queued or running
+                except (asyncio.CancelledError, GeneratorExit):
+                    try:  # do not leave the abandoned answer running
+                        await asyncio.shield(client.send_frame("completion:cancel", {"request_id": request_id}))
+                    except KsiError:
+                        pass
+                    raise
+        except KsiError as error:
+            raise self.model_error(error, data) from None
+        if rest := remainder(result, shown):
+            yield rest
+        self.record(response, result)

@@ -13,7 +13,7 @@ import llm
 
 from ksi_cli.locate import locate
 from ksi_llm.catalog import Catalog, discover, logged_names, requested_names
-from ksi_llm.model import PREFIX, KsiModel
+from ksi_llm.model import PREFIX, AsyncKsiModel, KsiModel
 
 CACHE_FILE = "ksi-models.json"  # in llm's user directory: the last catalog, for when the daemon is down
 
@@ -39,4 +39,4 @@ def register_models(register: Callable[..., Any]) -> None:
     socket_path = locate().socket
     catalog, names = offered(socket_path, llm.user_dir(), tuple(sys.argv))
     for name in names:
-        register(KsiModel(name, socket_path), aliases=aliases_for(name, catalog))
+        register(KsiModel(name, socket_path), AsyncKsiModel(name, socket_path), aliases=aliases_for(name, catalog))

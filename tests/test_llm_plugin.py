@@ -242,7 +242,7 @@ async def test_llm_then_ksi_ask_then_llm_c(short_tmp: Path) -> None:
         assert "stub-other" not in await where.llm("models")
         await where.llm("-m", "ksi/openai/stub-other", "My name is Alice")
         ksi_id = (await where.logs())[0]["response_json"]["conversation_id"]
-        code, out, err = await where.run("ksi", "ask", "--conversation", ksi_id, "I live in Paris")
+        code, out, err = await where.run("ksi", "ask", "--cid", ksi_id, "I live in Paris")
         assert code == 0, err
         await where.llm("-c", "Where do I live?")
         index = where.index(ksi_id)
@@ -310,3 +310,18 @@ async def test_provider_error_mid_conversation(short_tmp: Path) -> None:
         assert code != 0 and "[provider_error]" in err
         assert len(await where.logs()) == 1
         assert [entry.n for entry in where.index(ksi_id)] == [1]  # a failed request is never indexed
+
+
+async def test_async_llm_continues_too(short_tmp: Path) -> None:
+    async with place(short_tmp) as where:
+        assert await where.llm("--async", "-m", "ksi/openai/stub-model", "My name is Alice") == \
+            "stub heard: My name is Alice\n"
+        await where.llm("--async", "-c", "--no-stream", "What is my name?")
+        ksi_id, logs = await one_conversation_of_two(where)
+        stub = where.stubs["stub"]
+
+    assert stub.requests[0]["stream"] is True
+    assert stub.requests[1]["messages"][-3:] == [
+        {"role": "user", "content": "My name is Alice"}, {"role": "assistant", "content": "stub heard: My name is Alice"},
+        {"role": "user", "content": "What is my name?"}]
+    assert logs[1]["input_tokens"] == 14
