@@ -166,6 +166,11 @@ class LiteLLMProvider:
             kwargs.setdefault("api_base", overrides.api_base)
         if overrides.api_key_env and os.environ.get(overrides.api_key_env):
             kwargs.setdefault("api_key", os.environ[overrides.api_key_env])
+        if overrides.api_base and call.model.startswith("openai/") and "api_key" not in kwargs \
+                and not os.environ.get("OPENAI_API_KEY"):
+            # A local OpenAI-compatible server often wants no key, but the SDK refuses to call without one
+            # (an empty one counts as missing): the daemon sends this placeholder so the user need not.
+            kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.model.startswith(("claude-cli/", "gemini-cli/")):
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         return kwargs
@@ -182,7 +187,7 @@ class LiteLLMProvider:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise map_error(litellm, exc, self.redact) from None
+            raise map_error(litellm, exc, self.redact, url=kwargs.get("api_base")) from None
         return self._reply(litellm, call, response)
 
     async def _stream(self, litellm: ModuleType, call: ProviderCall, kwargs: dict[str, Any]) -> ProviderReply:
@@ -313,7 +318,23 @@ def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
     return None
 
 
-def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] = str) -> ProviderFailure:
+KEYLESS_PLACEHOLDER = "no-key"
+
+
+def _connection_failed(exc: BaseException) -> bool:
+    """True when the provider could not be reached: litellm wraps that in other errors (a 500)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionError) or type(current).__name__ in ("APIConnectionError", "ConnectError"):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] = str,
+              url: str | None = None) -> ProviderFailure:
     """A litellm exception as a ProviderFailure with the design's error code, secrets hidden."""
     errors = litellm.exceptions
     message = redact(str(getattr(exc, "message", None) or exc))[:2000]
@@ -329,9 +350,10 @@ def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] 
                                retry_after=_retry_after(exc), status=429)
     if isinstance(exc, errors.Timeout):
         return ProviderFailure(ErrorCode.TIMEOUT, message, retryable=True, status=status)
-    if isinstance(exc, errors.APIConnectionError):
-        return ProviderFailure(ErrorCode.PROVIDER_ERROR, message, retryable=True, status=status,
-                               reason="connection")
+    if isinstance(exc, errors.APIConnectionError) or _connection_failed(exc):
+        where = url or "the provider's default URL"  # a connection error says where it tried
+        return ProviderFailure(ErrorCode.PROVIDER_ERROR, f"cannot connect to {where}: {message}", retryable=True,
+                               status=status, reason="connection", url=url)
     retryable = isinstance(status, int) and (status >= 500 or status in (408, 409, 429))
     return ProviderFailure(ErrorCode.PROVIDER_ERROR, message, retryable=retryable,
                            retry_after=_retry_after(exc) if retryable else None, status=status)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
@@ -16,6 +16,16 @@ from ksi_daemon.router import Router, Unregister
 
 class SubscribeData(EventData):
     patterns: list[Text] = Field(default_factory=lambda: ["*"], description="`*`, `ns:*` or exact names")
+    event_patterns: list[Text] | None = Field(default=None, description="older clients' name for patterns")
+    client_id: Text | None = Field(default=None, description="older clients name themselves; echoed back")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_names(cls, data: Any) -> Any:
+        # The original KSI client subscribes with {client_id, event_patterns}.
+        if isinstance(data, dict) and data.get("event_patterns") is not None and "patterns" not in data:
+            data = {**data, "patterns": data["event_patterns"]}
+        return data
 
     @field_validator("patterns")
     @classmethod
@@ -65,7 +75,10 @@ class MonitorService:
         removers = [self.router.listen(pattern, forward) for pattern in data.patterns]
         removers.append(origin.on_close(lambda: self._drop(subscription_id)))
         self.subscriptions[subscription_id] = removers
-        return {"subscription_id": subscription_id, "patterns": data.patterns}
+        reply: dict[str, Any] = {"subscription_id": subscription_id, "patterns": data.patterns, "status": "subscribed"}
+        if data.client_id is not None or data.event_patterns is not None:  # what the original client reads
+            reply.update(client_id=data.client_id, event_patterns=data.patterns, subscribed=True)
+        return reply
 
     async def unsubscribe(self, data: UnsubscribeData, _context: EventContext) -> dict[str, Any]:
         if data.subscription_id not in self.subscriptions:

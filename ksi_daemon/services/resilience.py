@@ -9,10 +9,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import structlog
+
 from ksi_common.errors import ErrorCode
 from ksi_daemon.providers.base import ProviderFailure
 
 T = TypeVar("T")
+log = structlog.get_logger("ksi.resilience")
 
 
 @dataclass(slots=True)
@@ -60,18 +63,25 @@ class CircuitBreaker:
         circuit.opened_at = None
         circuit.failures = self.threshold - 1
 
-    def success(self, key: str) -> None:
+    def success(self, key: str) -> bool:
+        """Record a success; True when it closed a circuit that had tripped."""
         circuit = self.circuits.get(key)
-        if circuit is not None:
-            circuit.failures = 0
-            circuit.opened_at = None
+        if circuit is None:
+            return False
+        recovering = circuit.trips > 0 and circuit.failures > 0
+        circuit.failures = 0
+        circuit.opened_at = None
+        return recovering
 
-    def failure(self, key: str) -> None:
+    def failure(self, key: str) -> bool:
+        """Record a failure; True when it opened the circuit."""
         circuit = self.circuits.setdefault(key, Circuit())
         circuit.failures += 1
         if circuit.failures >= self.threshold and circuit.opened_at is None:
             circuit.opened_at = self.clock()
             circuit.trips += 1
+            return True
+        return False
 
     def report(self) -> dict[str, Any]:
         now = self.clock()
@@ -92,8 +102,13 @@ async def with_retries(
     breaker: CircuitBreaker,
     key: str,
     attempts_log: list[dict[str, Any]],
+    log_fields: dict[str, Any] | None = None,
 ) -> T:
-    """Run `call` under the breaker, retrying retryable failures; every attempt is logged."""
+    """Run `call` under the breaker, retrying retryable failures; every attempt is logged.
+
+    Retries and circuit changes also go to the daemon log with `log_fields` (request,
+    conversation, model), so `ksi logs --level warning` shows what went wrong."""
+    fields = log_fields or {}
     for attempt in range(1, policy.attempts + 1):
         breaker.check(key)
         started = time.perf_counter()
@@ -101,8 +116,8 @@ async def with_retries(
             result = await call()
         except ProviderFailure as failure:
             counts_against_provider = failure.retryable
-            if counts_against_provider:
-                breaker.failure(key)
+            if counts_against_provider and breaker.failure(key):
+                log.warning("circuit_opened", provider=key, code=failure.code, reset_seconds=breaker.reset, **fields)
             entry: dict[str, Any] = {
                 "attempt": attempt, "ok": False, "code": failure.code, "message": failure.message[:500],
                 "duration_ms": round((time.perf_counter() - started) * 1000, 2),
@@ -114,9 +129,12 @@ async def with_retries(
             delay = policy.delay(attempt, failure.retry_after)
             entry["retry_in"] = round(delay, 3)
             attempts_log.append(entry)
+            log.warning("completion_retry", code=failure.code, attempt=attempt, retry_in=entry["retry_in"],
+                        reason=failure.message[:200], **fields)
             await asyncio.sleep(delay)
             continue
-        breaker.success(key)
+        if breaker.success(key):
+            log.warning("circuit_closed", provider=key, **fields)
         attempts_log.append({"attempt": attempt, "ok": True,
                              "duration_ms": round((time.perf_counter() - started) * 1000, 2)})
         return result

@@ -18,6 +18,7 @@ from ksi_daemon.router import Router, Unregister
 
 class DiscoverData(EventData):
     namespace: Text | None = Field(default=None, description="only events of this namespace")
+    level: Text | None = Field(default=None, description="accepted from older clients; every level lists the same")
 
 
 class HelpData(EventData):

@@ -23,13 +23,33 @@ class AgentSpawn(EventData):
     prompt: NonBlank | None = Field(default=None, description="a first message, queued at once")
     stream: bool = Field(default=False, description="stream the first reply as completion:chunk events")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept with the agent")
+    component: Text | None = Field(default=None, description="older clients' name for profile")
+
+    @model_validator(mode="after")
+    def _component_names_the_profile(self) -> AgentSpawn:
+        # The original KSI client spawns with `component`; it means a profile when one has that name.
+        if self.component is not None:
+            if self.profile is not None and self.profile != self.component:
+                raise ValueError("give profile or component, not two different names")
+            self.profile = self.component
+        return self
 
 
 class AgentSendMessage(AgentRef):
-    message: NonBlank = Field(description="the text the agent receives")
+    message: NonBlank = Field(description="the text the agent receives (older clients: {role, content})")
     wait: bool | float = Field(default=False, description="true or seconds: reply like completion:wait (ignored for agents)")
     stream: bool = Field(default=False, description="push completion:chunk events while the reply arrives")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the message")
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _message_object(cls, value: Any) -> Any:
+        # The original KSI client sends {"role": "user", "content": "..."}: its content is the text.
+        if isinstance(value, dict) and set(value) <= {"role", "content"} and "content" in value:
+            if value.get("role", "user") != "user":
+                raise ValueError("a message object must have role user")
+            return value["content"]
+        return value
 
     @field_validator("wait")
     @classmethod

@@ -273,8 +273,9 @@ class AgentService:
         outcomes = []
         for item in found:
             if not is_allowed(item.event, record.allowed_events):
-                log.warning("agent_event_denied", agent_id=record.agent_id, event_name=item.event,
-                            request_id=result.get("request_id"))
+                log.warning("agent_event_denied", code="event_not_allowed", agent_id=record.agent_id,
+                            event_name=item.event, request_id=result.get("request_id"),
+                            conversation_id=result.get("conversation_id"), model=result.get("model"))
                 outcomes.append(Outcome(item.event, "denied"))
                 continue
             if not self._chain_budget.take(context.chain_id):

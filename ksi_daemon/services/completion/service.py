@@ -144,6 +144,7 @@ class CompletionService:
         self.scheduler = Scheduler(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
+        self._overload_logged_at = -1.0e9
         self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
         self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
@@ -359,6 +360,11 @@ class CompletionService:
 
     def _check_capacity(self) -> None:
         if self.scheduler.queued >= self.settings.max_queued:
+            now = time.monotonic()
+            if now - self._overload_logged_at >= 1.0:  # once a second: an overload must not flood the log
+                self._overload_logged_at = now
+                log.warning("overloaded", code=ErrorCode.OVERLOADED, queued=self.scheduler.queued,
+                            limit=self.settings.max_queued)
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
 
@@ -476,7 +482,9 @@ class CompletionService:
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
                     attempts: list[dict[str, Any]]) -> ProviderReply:
         reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
-                                   self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts)
+                                   self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
+                                   log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
+                                               "model": state.model})
         if answerer is self.provider and prepared.call.resume_session is None:
             # a resumed CLI session or a consortium counts a prompt we never built: nothing to learn
             self.calibration.observe(state.model, prepared.estimate, reply.usage.get("prompt_tokens", 0))
@@ -658,7 +666,11 @@ class CompletionService:
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:
-        """Failed requests are logged in responses/ but never indexed."""
+        """Failed requests are logged in responses/ but never indexed, and named in the daemon log."""
+        (log.info if error.code == ErrorCode.CANCELLED else log.warning)(
+            "completion_failed" if error.code != ErrorCode.CANCELLED else "completion_cancelled",
+            code=error.code, reason=error.message[:300], model=state.model, conversation_id=state.conversation_id,
+            request_id=state.request_id, agent_id=state.agent_id, attempts=len(attempts))
         if state.response_id is None:
             return
         line = records.error_line(state, error, attempts)
