@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,16 @@ from tests.test_cli_ask import clean_env, ksi, where
 TIMEOUT = 30
 
 
+def _interruptible() -> None:
+    # A suite started in the background of a non-interactive shell ignores SIGINT, and children
+    # inherit that; Python then raises no KeyboardInterrupt. A user's terminal does not do this.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(root: Path, *args: str) -> pexpect.spawn:
     """`ksi ARGS` with stdin, stdout and stderr on one pseudo-terminal."""
     return pexpect.spawn(sys.executable, ["-m", "ksi_cli", *args], cwd=str(root), env=clean_env(),
-                         encoding="utf-8", timeout=TIMEOUT, dimensions=(40, 200))
+                         encoding="utf-8", timeout=TIMEOUT, dimensions=(40, 200), preexec_fn=_interruptible)
 
 
 async def expect(child: pexpect.spawn, pattern: Any) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_daemon.daemon import Daemon
+from tests.conftest import complete, running_daemon, stub_settings
 
 
 async def test_monitor_subscribe_with_client_id_and_event_patterns(daemon: Daemon, client: KsiClient) -> None:
@@ -53,3 +57,26 @@ async def test_spawn_with_component_names_the_profile(client: KsiClient) -> None
 async def test_discover_accepts_a_level(client: KsiClient) -> None:
     reply = await client.request("system:discover", {"level": "namespace"})
     assert "system:health" in reply["events"]
+
+
+async def test_finished_requests_answer_status_after_a_clean_restart(short_tmp: Path, stub: Any) -> None:
+    from tests.stub_openai import Reply
+
+    stub.enqueue(Reply(status=400, body='{"error": {"message": "bad request"}}'))
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, KsiClient(daemon.settings.socket) as client:
+        failed = await client.request("completion:async", {"prompt": "fails"})
+        with pytest.raises(KsiError):
+            await client.request("completion:wait", {"request_id": failed["request_id"], "timeout": 30})
+        done = await complete(client, prompt="works")
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, KsiClient(daemon.settings.socket) as client:
+        status = await client.request("completion:status", {"request_id": done["request_id"]})
+        assert (status["status"], status["response_id"], status["conversation_id"]) == (
+            "done", done["response_id"], done["conversation_id"])
+        status = await client.request("completion:status", {"request_id": failed["request_id"]})
+        assert (status["status"], status["reason"]) == ("failed", "provider_error")
+        with pytest.raises(KsiError) as again:
+            await client.request("completion:wait", {"request_id": failed["request_id"], "timeout": 1})
+        assert again.value.code == "provider_error"
+        with pytest.raises(KsiError) as unknown:
+            await client.request("completion:status", {"request_id": "req-never"})
+        assert unknown.value.code == "request_not_found"

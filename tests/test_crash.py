@@ -389,10 +389,11 @@ def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: Path) -
         {"request_id": "r3", "conversation_id": "c", "status": "done"},
     ])
     recovered = {r["request_id"]: r for r in journal.recover()}
-    assert set(recovered) == {"r1", "r2"}
-    assert all(r["status"] == "failed" and r["code"] == "daemon_restart" for r in recovered.values())
+    assert set(recovered) == {"r1", "r2", "r3"}  # the finished one is kept, for completion:status
+    assert recovered["r3"]["status"] == "done"
+    assert all(recovered[r]["status"] == "failed" and recovered[r]["code"] == "daemon_restart" for r in ("r1", "r2"))
     # a second restart still knows them, and the torn line is gone
-    assert {r["request_id"] for r in journal.recover()} == {"r1", "r2"}
+    assert {r["request_id"]: r["status"] for r in journal.recover()} == {"r1": "failed", "r2": "failed", "r3": "done"}
     assert not journal.path.read_bytes().endswith(b"torn")
 
 

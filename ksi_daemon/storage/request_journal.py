@@ -21,11 +21,14 @@ class RequestJournal:
         self.path = layout.requests_file
         self._fd: int | None = None  # kept open: three lines a request, a reopen each is waste
 
-    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None) -> None:
+    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
+               code: str | None = None) -> None:
         line = {"v": 1, "request_id": request_id, "conversation_id": conversation_id,
                 "status": status, "ts": utc_now()}
         if response_id is not None:
             line["response_id"] = response_id
+        if code is not None:
+            line["code"] = code
         payload = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
         if self._fd is None:
             append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
@@ -39,7 +42,9 @@ class RequestJournal:
             self._fd = None
 
     def recover(self) -> list[dict[str, Any]]:
-        """Requests that never finished; the journal is compacted to just those, now failed."""
+        """Every request the journal knows, finished ones as they ended and unfinished ones now
+        failed (or done when indexed); the journal is compacted to the most recent of them, so
+        `completion:status` still answers for finished requests after a restart."""
         self.close()  # the file is replaced below
         last: dict[str, dict[str, Any]] = {}
         for line in read_records(self.path):
@@ -56,8 +61,8 @@ class RequestJournal:
                 interrupted.append({**line, "status": "done", "recovered": True, "result": result, "ts": utc_now()})
             else:
                 interrupted.append({**line, "status": "failed", "code": "daemon_restart", "ts": utc_now()})
-        earlier = [line for line in last.values() if line.get("code") == "daemon_restart" or line.get("recovered")]
-        kept = (earlier + interrupted)[-10_000:]
+        finished = [line for line in last.values() if line.get("status") in ("done", "failed", "cancelled")]
+        kept = (finished + interrupted)[-10_000:]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_bytes(jsonl(kept))

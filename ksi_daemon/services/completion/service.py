@@ -246,11 +246,14 @@ class CompletionService:
 
     def outcome(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
         """Result data when done; a failure for failed or cancelled; else the status."""
-        if isinstance(found, dict):  # a request the previous daemon left unfinished
-            if found.get("status") == "done" and found.get("result"):
-                return found["result"]  # its exchange was indexed just before the crash
-            raise KsiError(found.get("code", ErrorCode.DAEMON_RESTART),
-                           "the request was interrupted by a daemon restart", request_id=found["request_id"])
+        if isinstance(found, dict):  # a request of the previous daemon, finished or left unfinished
+            if found.get("status") == "done":
+                # indexed just before a crash: its result was rebuilt; else the status names its response
+                return found.get("result") or self.describe(found)
+            code = found.get("code", ErrorCode.DAEMON_RESTART)
+            message = ("the request was interrupted by a daemon restart" if code == ErrorCode.DAEMON_RESTART
+                       else f"the request ended {found.get('status')} ({code}) before the daemon restarted")
+            raise KsiError(code, message, request_id=found["request_id"])
         if found.status == "done" and found.result is not None:
             return found.result
         if found.status in ("failed", "cancelled") and found.error is not None:
@@ -265,7 +268,8 @@ class CompletionService:
                         "status": "done", "response_id": found.get("response_id"), "queue_position": 0,
                         "recovered": True}
             return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
-                    "status": "failed", "reason": found.get("code", "daemon_restart"), "queue_position": 0}
+                    "status": "cancelled" if found.get("status") == "cancelled" else "failed",
+                    "reason": found.get("code", "daemon_restart"), "queue_position": 0}
         description: dict[str, Any] = {
             "request_id": found.request_id,
             "conversation_id": found.conversation_id,
@@ -683,7 +687,7 @@ class CompletionService:
                 error: KsiError | None = None) -> None:
         state.finish(status, result, error)
         self.requests.retire(state)
-        self.journal.record(state.request_id, state.conversation_id, status)
+        self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
         if status == "done" and result is not None:
             self.router.emit("completion:result", result, context)
