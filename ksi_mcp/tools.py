@@ -106,8 +106,13 @@ class Tools:
             task = asyncio.get_running_loop().create_task(
                 self.caller.request("completion:cancel", {"request_id": request_id}))
             self._cancels.add(task)
-            task.add_done_callback(self._cancels.discard)
+            task.add_done_callback(self._cancel_sent)
             raise
+
+    def _cancel_sent(self, task: asyncio.Task[Any]) -> None:
+        self._cancels.discard(task)
+        if not task.cancelled():
+            task.exception()  # a daemon gone meanwhile has nothing left to cancel
 
     def _turn(self, result: dict[str, Any], extra: dict[str, Any] | None = None) -> Reply:
         conversation_id = result["conversation_id"]

@@ -323,3 +323,42 @@ async def test_mcp_command_stays_off_the_daemon(short_tmp: Path) -> None:
                                                    stderr=asyncio.subprocess.PIPE)
     _out, err = await process.communicate()
     assert process.returncode == 0, err.decode()
+
+
+async def test_a_cancelled_tool_call_cancels_the_request(short_tmp: Path, stub: StubOpenAI) -> None:
+    stub.hold = 8.0  # the answer takes this long (the stub waits it out when it stops)
+    async with served(short_tmp, stub) as (daemon, client), connected(daemon) as socket:
+        await socket.request("monitor:subscribe", {"patterns": ["completion:cancelled"]})
+        call_task = asyncio.create_task(client.call_tool("chat", {"prompt": "slow"}))
+        async with asyncio.timeout(60):  # the first call loads litellm
+            while stub.in_flight == 0:
+                await asyncio.sleep(0.01)
+        call_task.cancel()
+        pushed = await socket.next_push(timeout=10)
+        assert pushed is not None and pushed["event"] == "completion:cancelled"
+        assert len((await client.list_tools()).tools) == 6
+
+
+async def test_a_malformed_line_is_answered_and_the_server_goes_on(short_tmp: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ksi_cli", "mcp", "--no-start", *where(short_tmp), cwd=short_tmp, env=clean_env(),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert process.stdin is not None and process.stdout is not None
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    lines = [hello, "this is not json", {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "chat", "arguments": []}},
+             {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]
+    for line in lines:
+        process.stdin.write((line if isinstance(line, str) else json.dumps(line)).encode() + b"\n")
+    await process.stdin.drain()
+    replies: dict[Any, dict[str, Any]] = {}
+    async with asyncio.timeout(30):
+        while 3 not in replies:
+            reply = json.loads(await process.stdout.readline())
+            replies[reply.get("id")] = reply
+    process.stdin.close()
+    assert await asyncio.wait_for(process.wait(), 30) == 0
+    assert replies[1]["result"]["serverInfo"]["name"] == "ksi"
+    assert "error" in replies[2] or replies[2]["result"]["isError"]  # arguments must be an object
+    assert len(replies[3]["result"]["tools"]) == 6
