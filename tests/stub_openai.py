@@ -54,6 +54,7 @@ class StubOpenAI:
         self.counted: list[int] = []  # the prompt tokens of every request, as the stub counted them
         self.overflows = 0
         self.model_delay: dict[str, float] = {}  # model name -> seconds every answer of it waits
+        self.model_gate: dict[str, asyncio.Event] = {}  # model name -> answers of it wait until set
         self.model_script: dict[str, deque[Reply]] = {}  # model name -> its own scripted answers
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -112,6 +113,8 @@ class StubOpenAI:
                 await asyncio.sleep(self.hold)
             if self.model_delay.get(model):
                 await asyncio.sleep(self.model_delay[model])
+            if model in self.model_gate:
+                await self.model_gate[model].wait()
             if reply.delay:
                 await asyncio.sleep(reply.delay)
             if reply.close:

@@ -158,7 +158,7 @@ async def test_compaction_off_keeps_only_the_note(short_tmp: Path, stub: Any) ->
 
 async def test_a_slow_summariser_never_delays_a_turn(short_tmp: Path, stub: Any) -> None:
     stub.answer = answer
-    stub.model_delay[WRITER_AT_STUB] = 30.0
+    gate = stub.model_gate[WRITER_AT_STUB] = asyncio.Event()  # the summariser answers only when told
     async with running_daemon(short_tmp, **settings(stub, summariser=WRITER)) as daemon:
         async with connected(daemon) as client:
             turn = 0
@@ -169,7 +169,9 @@ async def test_a_slow_summariser_never_delays_a_turn(short_tmp: Path, stub: Any)
             for extra in range(turn + 1, turn + 4):  # turns go on while it is still writing
                 await complete(client, model=SMALL, prompt=prompt(extra), conversation_id="busy")
                 assert daemon.completion.compactor.health()["running"] == 1
-        assert len(summariser_calls(stub)) == 1
+            assert len(summariser_calls(stub)) == 1
+            gate.set()
+            await settled(daemon)
 
 
 async def test_a_failing_summariser_leaves_turns_working_and_is_retried(short_tmp: Path, stub: Any) -> None:
