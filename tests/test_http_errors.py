@@ -173,3 +173,11 @@ async def test_nothing_is_written_outside_the_var_dir(short_tmp: Path, stub: Stu
         assert (await http.post("/v1/responses", json={"input": "hi"})).status_code == 200
         assert (await http.get("/v1/responses/..%2F..%2Fescape")).status_code in (400, 404)
     assert sorted(p.name for p in short_tmp.iterdir()) == ["var"]
+
+
+async def test_a_model_the_provider_refuses_is_the_clients_400_not_a_gateway_error(http_daemon: HttpDaemon) -> None:
+    async with api(http_daemon) as http:
+        reply = await http.post("/v1/responses", json={"input": "hi", "model": "no-such-provider-model"})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == ErrorCode.PROVIDER_ERROR
+    assert reply.json()["error"]["details"]["status"] == 400

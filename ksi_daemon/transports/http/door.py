@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.context import INTERNAL, EventContext, Origin
-from ksi_daemon.transports.http.errors import error_body, retry_after, status_for
+from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
 
 # the daemon's request function (Daemon._handle_request): event, data, context -> reply data
 RequestHandler = Callable[[str, Any, EventContext], Awaitable[dict[str, Any]]]
@@ -94,4 +94,4 @@ def error_response(error: KsiError) -> Response:
     headers = {}
     if (seconds := retry_after(error)) is not None:
         headers["Retry-After"] = seconds
-    return JSONResponse(error_body(error), status_code=status_for(error.code), headers=headers)
+    return JSONResponse(error_body(error), status_code=status_of(error), headers=headers)

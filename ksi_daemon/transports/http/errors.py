@@ -52,9 +52,19 @@ def status_for(code: str) -> int:
     return 404 if code.endswith("_not_found") else 400
 
 
+def status_of(error: KsiError) -> int:
+    """The HTTP status of an error: a provider that refused the request itself (unknown model, bad
+    parameter: its own 4xx other than 429) points at the client's input, so that is a 400."""
+    upstream = error.details.get("status")
+    if error.code == ErrorCode.PROVIDER_ERROR and isinstance(upstream, int) and 400 <= upstream < 500 \
+            and upstream != 429:
+        return 400
+    return status_for(error.code)
+
+
 def retry_after(error: KsiError) -> str | None:
     """Whole seconds for a `Retry-After` header, from the error's hint (at least 1)."""
-    if status_for(error.code) != 429 and error.code not in ("provider_unavailable", "shutting_down"):
+    if status_of(error) != 429 and error.code not in ("provider_unavailable", "shutting_down"):
         return None
     hint = error.details.get("retry_after")
     seconds = hint if isinstance(hint, int | float) and not isinstance(hint, bool) else 1
@@ -63,7 +73,7 @@ def retry_after(error: KsiError) -> str | None:
 
 def error_body(error: KsiError) -> dict[str, Any]:
     """OpenAI's error object; `param` names the first invalid field when KSI knows it."""
-    status = status_for(error.code)
+    status = status_of(error)
     fields = error.details.get("fields")
     param = next(iter(fields), None) if isinstance(fields, dict) and fields else error.details.get("param")
     body: dict[str, Any] = {
