@@ -102,3 +102,14 @@ def _root() -> Any:
     from ksi_daemon.context import EventContext
 
     return EventContext.root()
+
+
+async def test_the_listener_sets_nodelay_so_replies_are_not_held_back(http_daemon: HttpDaemon) -> None:
+    import socket
+
+    # accepted sockets inherit TCP_NODELAY from the listener (asyncio skips sockets whose proto
+    # is 0); without it every keep-alive reply waited ~40 ms for a delayed ACK
+    server = http_daemon.daemon.http._server
+    assert server is not None
+    listener = server.servers[0].sockets[0]
+    assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
