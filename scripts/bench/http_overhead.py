@@ -50,7 +50,7 @@ ROOT = HERE.parents[1]
 RESULTS = HERE / "results" / "http_overhead.json"
 CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 MODEL = "openai/stub-model"
-TOKEN = "bench-token-0123456789"
+TOKEN = "sk-bench-token-0123456789"  # litellm's proxy wants its master key to start with sk-
 CONVERSATIONS = 10
 
 if str(ROOT) not in sys.path:
@@ -323,6 +323,7 @@ def proxy_config(path: Path, api_base: str) -> None:
         "model_list": [{"model_name": MODEL, "litellm_params": {"model": MODEL, "api_base": api_base,
                                                                  "api_key": "x", "max_retries": 0}}],
         "litellm_settings": {"drop_params": True, "telemetry": False},
+        "general_settings": {"master_key": TOKEN},  # the proxy refuses to start without one
     }))
 
 
