@@ -146,7 +146,9 @@ class Attachments:
         refs: dict[str, dict[str, Any] | None] = {}
         for exchange in exchanges:
             for ref in exchange.files:
-                path = ref.get("path") if isinstance(ref, dict) else None
+                if not isinstance(ref, dict) or ref.get("imported"):
+                    continue  # a reference that came with an import is history, never read from disk
+                path = ref.get("path")
                 if path:
                     refs.pop(path, None)  # re-inserting moves it to the newest position
                     refs[path] = ref
