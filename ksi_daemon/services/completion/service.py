@@ -145,6 +145,7 @@ class CompletionService:
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._overload_logged_at = -1.0e9
+        self._held: dict[str, ConversationMemory] = {}  # request id -> the conversation it keeps in memory
         self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
         self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
@@ -358,6 +359,8 @@ class CompletionService:
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
         self.requests.add(state)
+        memory.users += 1  # held in memory until the request ends (see ConversationCache._keep)
+        self._held[state.request_id] = memory
         self.journal.record(state.request_id, state.conversation_id, "queued")
         self.scheduler.submit(state.job)
         return state
@@ -685,6 +688,9 @@ class CompletionService:
 
     def _finish(self, state: RequestState, status: str, *, result: dict[str, Any] | None = None,
                 error: KsiError | None = None) -> None:
+        held = self._held.pop(state.request_id, None)
+        if held is not None:
+            held.users -= 1
         state.finish(status, result, error)
         self.requests.retire(state)
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)

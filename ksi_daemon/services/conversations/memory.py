@@ -65,8 +65,13 @@ class ConversationMemory:
         self._eligible_n: list[int] = []
         self._sums: list[int] = [0]
         self.lock = asyncio.Lock()
+        self.users = 0  # requests queued or running on it: it is not evicted meanwhile
         # summaries standing in for left-out exchanges, oldest first; None until first needed
         self.summaries: list[Summary] | None = None
+
+    @property
+    def in_use(self) -> bool:
+        return self.users > 0 or self.lock.locked()
 
     @property
     def conversation_id(self) -> str:
@@ -168,11 +173,12 @@ class ConversationCache:
         self._items[memory.conversation_id] = memory
         self._items.move_to_end(memory.conversation_id)
         while len(self._items) > self.capacity:
-            oldest = next(iter(self._items))
-            if self._items[oldest].lock.locked():
-                self._items.move_to_end(oldest)
+            # a conversation with requests queued or running (or a commit under way) stays: a
+            # second copy loaded beside it would miss the exchanges they write into the first
+            victim = next((cid for cid, held in self._items.items() if not held.in_use), None)
+            if victim is None:
                 break
-            self._items.popitem(last=False)
+            del self._items[victim]
         return memory
 
     async def get(self, conversation_id: str, budget: int = 0) -> ConversationMemory | None:
