@@ -156,6 +156,11 @@ async def test_consortium_continues_with_llm_c(short_tmp: Path) -> None:
         assert [row["prompt"] for row in shown] == ["My name is Alice", "What is my name?"]
         assert {row["conversation_id"] for row in shown} == {logs[0]["conversation_id"]}
         assert [row["response_json"]["conversation_id"] for row in shown] == [ksi_id, ksi_id]
+        code, out, err = await where.run("ksi", "conversation", "show", ksi_id)  # the same turns, in KSI
+        assert code == 0, err
+        transcript = json.loads(out)
+        assert [e["response_id"] for e in transcript["exchanges"]] == [r["response_json"]["response_id"] for r in shown]
+        assert transcript["conversation"]["external_ids"] == {"llm": logs[0]["conversation_id"]}
 
     earlier = [{"role": "user", "content": "My name is Alice"}, {"role": "assistant", "content": "Hello Alice."}]
     for name in ("ma", "mb", "mc", "judge"):
@@ -325,3 +330,33 @@ async def test_async_llm_continues_too(short_tmp: Path) -> None:
         {"role": "user", "content": "My name is Alice"}, {"role": "assistant", "content": "stub heard: My name is Alice"},
         {"role": "user", "content": "What is my name?"}]
     assert logs[1]["input_tokens"] == 14
+
+
+async def test_attachments_are_ksi_files(short_tmp: Path) -> None:
+    allowed = short_tmp / "files"
+    allowed.mkdir()
+    (allowed / "note.txt").write_text("The secret word is heron.\n")
+    (short_tmp / "elsewhere.txt").write_text("not for the model\n")
+    async with place(short_tmp, allowed_file_roots=[allowed]) as where:
+        await where.llm("-m", "ksi/openai/stub-model", "-a", "files/note.txt", "What is the secret word?")
+        code, out, err = await where.run("llm", "-c", "-a", "elsewhere.txt", "And this?")
+        assert code != 0 and "[path_not_allowed]" in err
+        logs = await where.logs()
+        stub = where.stubs["stub"]
+        index = where.index(logs[0]["response_json"]["conversation_id"])
+
+    assert len(logs) == 1 and [entry.n for entry in index] == [1]
+    assert len(stub.requests) == 1
+    assert "The secret word is heron." in stub.requests[0]["messages"][-1]["content"]
+
+
+async def test_full_conversation_behind_llm_c(short_tmp: Path) -> None:
+    async with place(short_tmp) as where:
+        await where.llm("-m", "ksi/echo/demo", "My name is Alice")
+        ksi_id = (await where.logs())[0]["response_json"]["conversation_id"]
+        async with connected(where.daemon) as client:
+            await client.request("conversation:update", {"conversation_id": ksi_id, "turn_cap": 1})
+        code, out, err = await where.run("llm", "-c", "What is my name?")
+        assert code != 0 and "[conversation_full]" in err
+        assert len(await where.logs()) == 1
+        assert [entry.n for entry in where.index(ksi_id)] == [1]
