@@ -189,7 +189,8 @@ def logs(var_dir: str | None, as_json: bool, follow: bool, level: str | None, gr
     if not path.exists() and not follow:
         click.secho(f"no log at {path}", fg="yellow", err=True)
         sys.exit(EXIT_ERROR)
-    for record in logview.read(path, level, grep, tail or None):
+    # `-n 0` prints nothing (then follows, with --follow), as `tail -n 0` does
+    for record in logview.read(path, level, grep, tail) if tail else []:
         emit(record)
     if not follow:
         return

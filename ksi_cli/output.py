@@ -84,4 +84,4 @@ def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = No
         grid.add_column(column)
     for row in rows:
         grid.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    Console(no_color=not color_enabled()).print(grid)
+    Console(color_system="auto" if color_enabled() else None).print(grid)

@@ -121,8 +121,12 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
                 raise click.UsageError(str(exc)) from None
         if key == "timeout" and fields and key in fields and isinstance(data[key], int | float):
             timeout, timeout_given = float(data[key]), True  # the event's own timeout bounds the wait too
-    if wait and event == "agent:send_message":
-        data.setdefault("wait", timeout)
+    if event == "agent:send_message":
+        if wait:
+            data.setdefault("wait", timeout)
+        if data.get("wait") is True and timeout_given:
+            data["wait"] = timeout  # `--wait --timeout S` after the event: wait that long
+        wait = wait or bool(data.get("wait"))
     reply = request_or_exit(location, event, data, as_json, timeout=timeout + 5)
     if wait and event == "completion:async" and "request_id" in reply:
         reply = request_or_exit(location, "completion:wait",

@@ -343,7 +343,8 @@ async def test_profiles_from_a_directory(short_tmp: Path) -> None:
     async with running_daemon(short_tmp, profiles_dir=profiles) as daemon, connected(daemon) as client:
         listed = await client.request("agent:profiles")
         by_name = {p["name"]: p for p in listed["profiles"]}
-        assert set(by_name) == {"tester", "plain"}
+        # the directory's profiles join the shipped ones
+        assert set(by_name) == {"tester", "plain", "assistant", "coordinator", "reviewer"}
         assert by_name["plain"]["model"] == "echo/plain"
         assert by_name["tester"]["model"] == daemon.settings.default_model
         assert by_name["tester"]["description"] == "remembers things"

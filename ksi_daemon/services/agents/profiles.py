@@ -122,17 +122,30 @@ class ProfileSet:
 
 
 class ProfileLibrary:
-    """Reads the profiles directory on each use, so edited or added files count without a restart."""
+    """The shipped profiles plus those of the profiles directory (which win on a shared name),
+    read on each use, so edited or added files count without a restart."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory or shipped_profiles_dir()
+        self.directories = [shipped_profiles_dir()]
+        if directory is not None and directory.resolve() != self.directories[0].resolve():
+            self.directories.append(directory)
 
     def load(self) -> ProfileSet:
-        """Every profile in the directory (blocking: run it in a worker thread)."""
+        """Every profile of every directory (blocking: run it in a worker thread)."""
         found = ProfileSet()
-        if not self.directory.is_dir():
+        for directory in self.directories:
+            own = self._load_one(directory)
+            found.profiles.update(own.profiles)
+            found.invalid.extend(own.invalid)
+        return found
+
+    @staticmethod
+    def _load_one(directory: Path) -> ProfileSet:
+        found = ProfileSet()
+        if not directory.is_dir():
             return found
-        for path in sorted(p for p in self.directory.iterdir() if p.suffix in SUFFIXES and p.is_file()):
+        for path in sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and p.is_file()):
             try:
                 profile = parse_profile(path)
             except ValidationError as exc:
@@ -155,6 +168,7 @@ class ProfileLibrary:
         profile = found.profiles.get(name)
         if profile is None:
             unusable = [item for item in found.invalid if Path(item["file"]).stem == name]
-            raise KsiError(ErrorCode.PROFILE_NOT_FOUND, f"no profile {name!r} in {self.directory}",
+            raise KsiError(ErrorCode.PROFILE_NOT_FOUND,
+                           f"no profile {name!r} in {', '.join(map(str, self.directories))}",
                            profile=name, available=sorted(found.profiles), invalid=unusable)
         return profile

@@ -349,6 +349,11 @@ class CompletionService:
         if chosen is None:
             await self._check_answerer(model, data)
         self._check_options(model, data)
+        if (agent is not None and agent.system and memory.conversation_id != agent.conversation_id
+                and data.system is None and data.instructions is None):
+            # an agent joining another conversation speaks under its own profile's system prompt, for its
+            # turn only: the conversation keeps its own (as `instructions` does)
+            data = data.model_copy(update={"instructions": agent.system})
         self._check_capacity()  # again: other requests may have been queued while this one waited
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
