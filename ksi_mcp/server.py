@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as types
-from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server import InitializationOptions, NotificationOptions, Server, ServerRequestContext
 from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
 
@@ -48,7 +48,7 @@ class KsiMcp:
             on_subscriptions_listen=ListenHandler(self.watch.bus),
         )
 
-    def initialization_options(self) -> Any:
+    def initialization_options(self) -> InitializationOptions:
         return self.server.create_initialization_options(NotificationOptions())
 
     async def close(self) -> None:
