@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -24,13 +25,19 @@ BIN = Path(sys.executable).parent
 RESULTS = Path(__file__).parent / "results"
 
 
-def timed(command: list[str], env: dict[str, str], cwd: Path) -> float:
-    start = time.perf_counter()
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Wall time and CPU time of one command (CPU is steadier on a busy machine)."""
+    cpu, start = children_cpu(), time.perf_counter()
     done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, children_cpu() - cpu
     if done.returncode != 0 and "daemon_unreachable" not in done.stderr:
         raise SystemExit(f"{' '.join(command)} failed: {done.stderr}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -57,24 +64,31 @@ def main() -> None:
             "llm -c (continue it)": ([llm, "-c", "again"], env),
         }
         samples: dict[str, list[float]] = {name: [] for name in cases}
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
         for round_no in range(args.rounds):
             names = list(cases)
             names = names[round_no % len(names):] + names[:round_no % len(names)]  # rotate the order
             for name in names:
                 command, case_env = cases[name]
-                samples[name].append(timed(command, case_env, root))
+                wall, used = timed(command, case_env, root)
+                samples[name].append(wall)
+                cpu[name].append(used)
     finally:
         subprocess.run([ksi, "daemon", "stop"], env=env, cwd=root, capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
 
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    base = medians["llm models, no plugins (baseline: llm's own start)"]
-    print(f"{'command':58} {'median s':>9} {'vs llm start':>13}")
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    base_name = "llm models, no plugins (baseline: llm's own start)"
+    base, base_cpu = medians[base_name], cpu_medians[base_name]
+    print(f"{'command':58} {'wall s':>7} {'vs base':>8} {'CPU s':>7} {'vs base':>8}")
     for name, value in medians.items():
-        print(f"{name:58} {value:9.3f} {value - base:+13.3f}")
+        used = cpu_medians[name]
+        print(f"{name:58} {value:7.3f} {value - base:+8.3f} {used:7.3f} {used - base_cpu:+8.3f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "llm_plugin.json"
-    out.write_text(json.dumps({"rounds": args.rounds, "median_seconds": medians, "samples": samples,
+    out.write_text(json.dumps({"rounds": args.rounds, "median_seconds": medians, "median_cpu_seconds": cpu_medians,
+                               "samples": samples, "cpu_samples": cpu,
                                "load_average": os.getloadavg()}, indent=2))
     print(f"wrote {out}")
 
