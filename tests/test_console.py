@@ -30,7 +30,7 @@ from tests.stub_openai import StubOpenAI
 
 CHROMIUM = "/usr/bin/chromium"  # the distribution's browser: never downloaded at run time
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
-WAIT_MS = 10_000
+WAIT_MS = 20_000  # generous: two cores shared with other work
 
 
 def verdict(_messages: list[dict[str, Any]]) -> str:
@@ -105,6 +105,7 @@ async def console() -> AsyncIterator[Console]:
         served = await stack.enter_async_context(running_http_daemon(
             root, models=models, default_model="openai/stub-model", http_token=None))
         client = await stack.enter_async_context(connected(served.daemon))
+        await served.daemon.litellm.ensure_loaded()  # its import is not what the tests' waits measure
         playwright = await stack.enter_async_context(async_playwright())
         browser = await playwright.chromium.launch(executable_path=CHROMIUM)
         context = await browser.new_context(viewport={"width": 1280, "height": 800})

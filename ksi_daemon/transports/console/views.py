@@ -61,7 +61,9 @@ def money(value: Any) -> str:
         amount = float(value or 0.0)
     except (TypeError, ValueError):
         return "-"
-    return f"${amount:.4f}" if amount else "-"
+    if not amount:
+        return "-"
+    return f"${amount:.4f}" if amount >= 0.0001 else f"${amount:.6f}"
 
 
 def count(value: Any) -> str:
