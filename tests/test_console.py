@@ -318,3 +318,19 @@ async def test_the_health_page_shows_in_flight_requests_per_model_and_the_storag
         await page.close()
     finally:
         console.stub.hold = 0.0
+
+
+async def run_ksi(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ksi_cli", *args, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_ksi_console_says_when_there_is_no_http_front_or_no_daemon(daemon: Daemon, short_tmp: Path) -> None:
+    code, out, err = await run_ksi("console", "--no-browser", "--socket", str(daemon.settings.socket))
+    assert (code, out) == (1, "") and "--http" in err
+    code, out, err = await run_ksi("console", "--no-browser", "--socket", str(short_tmp / "nobody.sock"))
+    assert (code, out) == (3, "") and "daemon_unreachable" in err
