@@ -119,6 +119,19 @@ async def test_conversation_objects_with_items(
     texts = [(item.role, item.content[0].text) for item in items.data]  # type: ignore[union-attr]
     assert texts == [("user", "Hi, I am Bo"), ("assistant", "Hello Bo"), ("user", "Who am I?"),
                      ("assistant", "stub answer to: Who am I?")]
+    added = await client.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "user", "content": "I moved to Oslo"},
+        {"type": "message", "role": "assistant", "content": "Noted, Oslo"}])
+    assert [(item.role, item.content[0].text) for item in added.data] == [  # type: ignore[union-attr]
+        ("user", "I moved to Oslo"), ("assistant", "Noted, Oslo")]
+    await client.responses.create(input="Where do I live?", conversation=conversation.id)
+    assert seen(stub)[-3:] == [("user", "I moved to Oslo"), ("assistant", "Noted, Oslo"), ("user", "Where do I live?")]
+    assert [line["n"] for line in index_of(http_daemon, conversation.id)] == [1, 2, 3, 4]
+    with pytest.raises(openai.BadRequestError) as unpaired:
+        await client.conversations.items.create(conversation.id, items=[
+            {"type": "message", "role": "user", "content": "no reply"}])
+    assert unpaired.value.code == "validation_error"
+    assert len(index_of(http_daemon, conversation.id)) == 4
     updated = await client.conversations.update(conversation.id, metadata={"project": "beta"})
     assert updated.metadata == {"project": "beta"}
     assert (await client.conversations.retrieve(conversation.id)).metadata == {"project": "beta"}

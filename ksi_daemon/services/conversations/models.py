@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
-from ksi_daemon.events import EventData, SafeId, Text
+from ksi_daemon.events import EventData, NonBlank, SafeId, Text
 
 
 class ConversationRef(EventData):
@@ -88,3 +88,13 @@ class ConversationDelete(ConversationRef):
 
 class ResponseRef(EventData):
     response_id: SafeId = Field(description="the response (a Responses API id is a KSI response_id)")
+
+
+class AppendedExchange(EventData):
+    inputs: list[NonBlank] = Field(min_length=1, description="the user inputs of the exchange")
+    reply: Text = Field(description="the assistant's reply to them")
+
+
+class ConversationAppend(ConversationRef):
+    exchanges: list[AppendedExchange] = Field(min_length=1, max_length=1000,
+                                              description="exchanges to add at the end, oldest first")

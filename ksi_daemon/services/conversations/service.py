@@ -26,6 +26,7 @@ from ksi_common.transcripts import VarReader, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
+    ConversationAppend,
     ConversationArchive,
     ConversationDelete,
     ConversationExport,
@@ -39,7 +40,7 @@ from ksi_daemon.services.conversations.models import (
     ResponseRef,
 )
 from ksi_daemon.services.conversations.history import fork_chain
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.conversations import ConversationMeta
@@ -107,6 +108,8 @@ class ConversationService:
                        "A new conversation from a json or jsonl export, with fresh response ids."),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
+            r.register("conversation:append", self.handle_append, ConversationAppend,
+                       "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
             r.register("response:show", self.handle_response_show, ResponseRef,
                        "One response: its inputs, outcome, and its place in its conversation."),
             r.register("response:delete", self.handle_response_delete, ResponseRef,
@@ -309,6 +312,51 @@ class ConversationService:
         )
         self.store.save_meta(meta)
         return meta, skipped
+
+    # -- append ---------------------------------------------------------------
+    async def handle_append(self, data: ConversationAppend, context: EventContext) -> dict[str, Any]:
+        """Exchanges a client already has (the Conversations API's items) become this conversation's
+        newest ones, written in the daemon's durability order under the lock a completion commits under."""
+        memory = await self.cache.require(data.conversation_id)
+        if memory.meta.status == "archived":
+            raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
+                           conversation_id=data.conversation_id)
+        count = self.cache.count_tokens
+        async with memory.lock:
+            now = format_ts(self.clock())
+            appended: list[tuple[IndexEntry, Exchange]] = []
+            files: list[tuple[str, list[dict[str, Any]]]] = []
+            for position, exchange in enumerate(data.exchanges):
+                response_id = new_response_id("appended")
+                lines: list[dict[str, Any]] = [
+                    {"v": 1, "type": "user", "content": text, "ts": now, "conversation_id": memory.conversation_id}
+                    for text in exchange.inputs]
+                lines.append({"v": 1, "type": "assistant", "content": exchange.reply, "model": None, "usage": {},
+                              "ts": now, "conversation_id": memory.conversation_id, "appended": True})
+                files.append((response_id, lines))
+                entry = IndexEntry(n=memory.next_n + position, response_id=response_id, ts=now,
+                                   tokens_in=sum(count(text) + 4 for text in exchange.inputs),
+                                   tokens_out=count(exchange.reply) + 4)
+                appended.append((entry, Exchange(inputs=[{"role": "user", "content": t} for t in exchange.inputs],
+                                                 reply=exchange.reply)))
+            meta = memory.meta.model_copy(update={"exchanges": memory.meta.exchanges + len(appended),
+                                                  "last_activity": now})
+
+            def persist() -> None:
+                for response_id, lines in files:
+                    self.responses.write(response_id, lines)
+                for entry, _exchange in appended:
+                    self.store.append_exchange(memory.conversation_id, entry)
+                self.store.save_meta(meta)
+
+            await asyncio.to_thread(persist)
+            for entry, exchange_texts in appended:
+                memory.append(entry, exchange_texts)
+            memory.meta = meta
+        self._changed(memory.conversation_id, "updated", context)
+        return {"conversation_id": memory.conversation_id,
+                "response_ids": [entry.response_id for entry, _exchange in appended],
+                "exchanges": [entry.n for entry, _exchange in appended]}
 
     # -- responses ------------------------------------------------------------
     async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:

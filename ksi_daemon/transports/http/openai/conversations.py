@@ -12,7 +12,12 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.lists import list_page
-from ksi_daemon.transports.http.openai.schemas import ConversationCreate, ConversationItem, ConversationUpdate
+from ksi_daemon.transports.http.openai.schemas import (
+    ConversationCreate,
+    ConversationItem,
+    ConversationUpdate,
+    ItemsCreate,
+)
 from ksi_daemon.transports.http.openai.translate import Door
 
 
@@ -82,3 +87,22 @@ class Conversations:
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
         items = shapes.conversation_items(conversation_id, shown["exchanges"])
         return JSONResponse(list_page(items, request))
+
+    async def add_items(self, request: Request) -> Response:
+        """New items are exchanges a client already has: user messages each followed by the reply."""
+        body: ItemsCreate = await self.door.body(request, ItemsCreate)
+        document = items_document(body.items)
+        if document["conversation"]["system"] is not None:
+            position = next(i for i, item in enumerate(body.items) if item.role in ("system", "developer"))
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "system items can only start a conversation",
+                           fields={f"items.{position}.role": "no system items in an existing conversation"})
+        conversation_id = request.path_params["id"]
+        exchanges = [{"inputs": [line["content"] for line in exchange["inputs"]],
+                      "reply": exchange["reply"]["content"]} for exchange in document["exchanges"]]
+        await call(self.door.handle_request, "conversation:append",
+                   {"conversation_id": conversation_id, "exchanges": exchanges})
+        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        added = sum(len(exchange["inputs"]) + 1 for exchange in document["exchanges"])
+        items = shapes.conversation_items(conversation_id, shown["exchanges"])[-added:]
+        return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
+                             "has_more": False})

@@ -12,6 +12,7 @@ from ksi_daemon.transports.http.openai.schemas import (
     ChatCompletionCreate,
     ConversationCreate,
     ConversationUpdate,
+    ItemsCreate,
     ResponseCreate,
 )
 
@@ -98,7 +99,8 @@ _COMPLETION_ERRORS = (404, 409, 413, 429, 500, 502, 503, 504)
 
 def openapi_document() -> dict[str, Any]:
     """The document served at /openapi.json."""
-    models = [(m, "validation") for m in (ResponseCreate, ChatCompletionCreate, ConversationCreate, ConversationUpdate)]
+    models = [(m, "validation") for m in (ResponseCreate, ChatCompletionCreate, ConversationCreate, ConversationUpdate,
+                                          ItemsCreate)]
     refs, definitions = models_json_schema(models, ref_template="#/components/schemas/{model}")
     schemas: dict[str, Any] = dict(definitions.get("$defs", {}))
     schemas.update({"Error": _ERROR, "Response": _RESPONSE, "Conversation": _CONVERSATION})
@@ -142,9 +144,13 @@ def openapi_document() -> dict[str, Any]:
                      "responses": {"200": _json(conversation_ref), **_errors(404, 413)}},
             "delete": {"operationId": "deleteConversation", "responses": {"200": _json(_DELETED), **_errors(404)}},
         },
-        "/v1/conversations/{id}/items": {"get": {
-            "operationId": "listConversationItems", "parameters": _ID + _PAGE,
-            "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}}},
+        "/v1/conversations/{id}/items": {
+            "parameters": _ID,
+            "get": {"operationId": "listConversationItems", "parameters": _PAGE,
+                    "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}},
+            "post": {"operationId": "createConversationItems", "requestBody": body(ItemsCreate),
+                     "description": "Items are exchanges: user messages each followed by the assistant reply.",
+                     "responses": {"200": _json(_list(_MESSAGE)), **_errors(404, 409, 413)}}},
     }
     return {
         "openapi": "3.1.0",

@@ -59,4 +59,5 @@ def build_routes(handle_request: RequestHandler, settings: Settings) -> list[Bas
         Route("/v1/conversations/{id}", conversations.update, methods=["POST"]),
         Route("/v1/conversations/{id}", conversations.delete, methods=["DELETE"]),
         Route("/v1/conversations/{id}/items", conversations.list_items, methods=["GET"]),
+        Route("/v1/conversations/{id}/items", conversations.add_items, methods=["POST"]),
     ]
