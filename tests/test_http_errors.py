@@ -181,3 +181,24 @@ async def test_a_model_the_provider_refuses_is_the_clients_400_not_a_gateway_err
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == ErrorCode.PROVIDER_ERROR
     assert reply.json()["error"]["details"]["status"] == 400
+
+
+async def test_a_stream_whose_provider_fails_ends_with_response_failed(http_daemon: HttpDaemon,
+                                                                         stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(status=400))  # refused outright: no retry
+    kinds: list[str] = []
+    async with openai.AsyncOpenAI(base_url=f"{http_daemon.base_url}/v1", api_key=http_daemon.token,
+                                  max_retries=0) as client:
+        stream = await client.responses.create(model="openai/stub-model", input="hi", stream=True)
+        async for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.failed":
+                assert event.response.error is not None
+                assert event.response.error.code == ErrorCode.PROVIDER_ERROR  # type: ignore[comparison-overlap]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+    assert "response.completed" not in kinds
+    responses = list(http_daemon.daemon.layout.responses_dir.glob("*.jsonl"))
+    record = read_response(responses[0])
+    assert record is not None and record.outcome is not None and record.outcome["type"] == "error"
+    conversation_id = record.inputs[0]["conversation_id"]
+    assert read_records(http_daemon.daemon.layout.index_file(conversation_id)) == []  # never in history
