@@ -17,7 +17,8 @@ The MCP overhead is the median over rounds of (median mcp turn - median socket t
 round; the goal is under 5 ms. Wall time on a shared, loaded machine includes waiting for a CPU
 at each process hop (stdio has one hop more than the socket), so the CPU the MCP layer spends per
 turn is measured too (psutil): the `ksi mcp` process's, and the daemon's extra CPU for an HTTP
-MCP turn over a socket turn. Also measured: the size of the tool list in tokens (cl100k,
+MCP turn over a socket turn; and the client's own CPU per turn (the official MCP client's vs
+KsiClient's), which is on the path but not KSI's. Also measured: the size of the tool list in tokens (cl100k,
 the tokenizer litellm counts OpenAI models with; goal under 2,000).
 
 Prints a table and writes scripts/bench/results/mcp_overhead.json.
@@ -173,7 +174,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
             rounds: dict[str, list[float]] = {name: [] for name in ways}
             cpu: dict[str, list[float]] = {"ksi mcp process": [], "daemon, socket turn": [],
-                                            "daemon, mcp-http turn": []}
+                                            "daemon, mcp-http turn": [],
+                                            **{f"client, {name} turn": [] for name in ("socket", "mcp-stdio",
+                                                                                      "mcp-http")}}
             order = list(ways)
             counter = 0
             for r in range(args.repeats):
@@ -181,12 +184,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     turn, count = ways[name]
                     times = []
                     mcp_cpu, daemon_cpu = cpu_ms(mcp_process), cpu_ms(daemon_process)
+                    client_cpu = time.process_time()
                     for _ in range(count):
                         counter += 1
                         start = time.perf_counter()
                         await turn(counter)
                         times.append((time.perf_counter() - start) * 1000)
                     rounds[name].append(statistics.median(times))
+                    if name != "ksi-ask":  # the client's own CPU: the official MCP client's, or KsiClient's
+                        cpu[f"client, {name} turn"].append((time.process_time() - client_cpu) * 1000 / count)
                     if name == "mcp-stdio":
                         cpu["ksi mcp process"].append((cpu_ms(mcp_process) - mcp_cpu) / count)
                     elif name in ("socket", "mcp-http"):
