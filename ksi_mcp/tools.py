@@ -72,7 +72,7 @@ class Tools:
                            fields={"consortium": "give this or models", "models": "give this or consortium"})
         data: dict[str, Any] = {"prompt": args["prompt"]}
         if "consortium" in args:
-            data["model"] = f"consortium/{args['consortium']}"
+            data["model"] = f"consortium/{args['consortium'].removeprefix('consortium/')}"  # either spelling
         elif not args["models"]:
             raise KsiError(ErrorCode.VALIDATION_ERROR, "consensus: models must name at least one model",
                            fields={"models": "must not be empty"})

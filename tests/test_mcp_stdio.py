@@ -220,6 +220,7 @@ async def test_bad_input_is_a_tool_error_with_ksis_code(short_tmp: Path, stub: S
         await refused(client, "validation_error", "chat", prompt="hi", continuation_id="../escape")
         await refused(client, "path_not_allowed", "chat", prompt="read it", files=[str(outside)])
         await refused(client, "agent_not_found", "agent_message", agent_id="ghost", message="hi")
+        await refused(client, "consortium_not_found", "consensus", prompt="hi", consortium="consortium/nope")
         unknown = await client.call_tool("no_such_tool", {})
         assert unknown.is_error and unknown.content[0].text.startswith("validation_error: ")
 
