@@ -334,3 +334,31 @@ async def test_ksi_console_says_when_there_is_no_http_front_or_no_daemon(daemon:
     assert (code, out) == (1, "") and "--http" in err
     code, out, err = await run_ksi("console", "--no-browser", "--socket", str(short_tmp / "nobody.sock"))
     assert (code, out) == (3, "") and "daemon_unreachable" in err
+
+
+async def test_the_live_view_filters_and_pauses(console: Console) -> None:
+    page = await console.page("/events")
+    await expect(page.locator("[data-state]")).to_have_text("live", timeout=WAIT_MS)
+    client = console.client
+    await client.request("conversation:list", {"tag": "filter-a"})
+    await client.request("system:help", {"event": "system:health"})
+    rows = page.locator("[data-rows] tr")
+    await expect(rows.filter(has_text="filter-a")).to_have_count(1, timeout=WAIT_MS)
+    await page.fill("input[name=namespace]", "system")
+    await expect(rows.filter(has_text="conversation:list")).to_have_count(0)
+    await expect(rows.filter(has_text="system:help").first).to_be_visible()
+    await page.fill("input[name=namespace]", "")
+    await page.select_option("select[name=level]", "error")
+    await expect(rows).to_have_count(0)
+    await page.select_option("select[name=level]", "")
+
+    await page.click("[data-pause]")
+    await expect(page.locator("[data-pause]")).to_have_attribute("aria-pressed", "true")
+    for number in range(3):
+        await client.request("conversation:list", {"tag": f"while-paused-{number}"})
+    await page.wait_for_function("window.ksiEvents.pending >= 3", timeout=WAIT_MS)
+    await expect(rows.filter(has_text="while-paused")).to_have_count(0)  # the table holds still
+    await page.click("[data-pause]")
+    await expect(rows.filter(has_text="while-paused")).to_have_count(3)
+    await console.shot(page, "events-filtered")
+    await page.close()
