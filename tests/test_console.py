@@ -221,6 +221,7 @@ async def test_conversation_content_is_escaped(console: Console) -> None:
     assert await page.locator("main img").count() == 0
     listing = await console.page("/conversations?text=__injected")
     await expect(listing.locator("table.conversations")).to_contain_text("hostile")
+    await console.shot(listing, "conversations")
     await page.close()
     await listing.close()
 
