@@ -1,15 +1,19 @@
-"""Inspection commands that read `var/` directly and work with the daemon stopped:
+"""Inspection commands that read storage directly and work with the daemon stopped:
 `ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`.
 
-Standard library, click and ksi_common readers only (no pydantic, no daemon code).
+They read through the daemon's own read port (`ksi_common.reading`, the backend named by
+`KSI_STORAGE`). Standard library, click and ksi_common readers only (no pydantic, no daemon code);
+a database driver is imported only when that backend is chosen.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -18,7 +22,10 @@ from ksi_cli.locate import locate
 from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.transcripts import STATES, VarReader
+from ksi_common.reading import open_reader
+from ksi_common.transcripts import STATES, Transcripts
+
+T = TypeVar("T")
 
 
 def _var_dir_option(command: Any) -> Any:
@@ -29,8 +36,21 @@ def _json_option(command: Any) -> Any:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")(command)
 
 
-def _reader(var_dir: str | None) -> VarReader:
-    return VarReader(locate(var_dir).layout)
+def _read(var_dir: str | None, work: Callable[[Transcripts], Awaitable[T]]) -> T:
+    """Run `work` over the transcripts of the configured backend, then release the reader."""
+    where = locate(var_dir)
+
+    async def run() -> T:
+        try:
+            reader = open_reader(where.storage, where.layout, where.database_url)
+        except ValueError as error:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, str(error), fields={"KSI_STORAGE": str(error)}) from None
+        try:
+            return await work(Transcripts(reader))
+        finally:
+            await reader.aclose()
+
+    return asyncio.run(run())
 
 
 def _short_time(text: str | None) -> str:
@@ -53,8 +73,8 @@ def conversations(var_dir: str | None, as_json: bool, status: str | None, tag: s
     """List conversations, most recently active first (reads var/ directly)."""
     location = locate(var_dir)
     try:
-        items, total = VarReader(location.layout).listing(time.time(), agent_id=agent_id, model=model, status=status,
-                                                tag=tag, text=text, since=since, limit=limit, offset=offset)
+        items, total = _read(var_dir, lambda t: t.listing(time.time(), agent_id=agent_id, model=model, status=status,
+                                                          tag=tag, text=text, since=since, limit=limit, offset=offset))
     except KsiError as error:
         fail(error, as_json)
         return
@@ -89,7 +109,7 @@ def conversation() -> None:
 def conversation_show(conversation_id: str, var_dir: str | None, as_json: bool, no_inherited: bool) -> None:
     """Show CONVERSATION_ID: its facts and every exchange."""
     try:
-        transcript = _reader(var_dir).transcript(conversation_id, not no_inherited)
+        transcript = _read(var_dir, lambda t: t.transcript(conversation_id, not no_inherited))
     except KsiError as error:
         fail(error, as_json)
         return
@@ -109,7 +129,7 @@ def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_
                         output: str | None) -> None:
     """Export CONVERSATION_ID as markdown, json or jsonl (the daemon's conversation:export format)."""
     try:
-        text = export.render(_reader(var_dir).transcript(conversation_id, not no_inherited), fmt)
+        text = export.render(_read(var_dir, lambda t: t.transcript(conversation_id, not no_inherited)), fmt)
     except KsiError as error:
         fail(error, False)
         return
@@ -132,7 +152,7 @@ def response() -> None:
 def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
     """Show RESPONSE_ID: the request's raw inputs and its outcome."""
     try:
-        record = _reader(var_dir).response(response_id)
+        record = _read(var_dir, lambda t: t.response(response_id))
         if record is None:
             raise KsiError(ErrorCode.VALIDATION_ERROR, f"no response {response_id}",
                            fields={"response_id": "no such response file"}, response_id=response_id)

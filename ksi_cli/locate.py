@@ -34,6 +34,8 @@ class Location:
     socket: Path
     found_by: str = "--var-dir"
     socket_given: bool = False  # --socket was on the command line
+    storage: str = "jsonl"  # KSI_STORAGE: which backend the inspection commands read
+    database_url: str | None = None  # KSI_DATABASE_URL, for storage=postgres
 
     @property
     def layout(self) -> VarLayout:
@@ -57,4 +59,5 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
                     else "per-user var dir")
     sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
     return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
-                    socket_given=socket is not None)
+                    socket_given=socket is not None, storage=_setting("KSI_STORAGE") or "jsonl",
+                    database_url=_setting("KSI_DATABASE_URL"))

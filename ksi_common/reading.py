@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -17,8 +20,10 @@ import orjson
 from ksi_common.ids import is_safe_id
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
+from ksi_common.summaries import Summary, read_summaries
 
 STORAGE_NAMES = ("jsonl", "postgres")
+SETTLED_NS = 2_000_000_000  # a file time this old can no longer share its tick with a new change
 
 
 class StoredReader(Protocol):
@@ -33,6 +38,11 @@ class StoredReader(Protocol):
         minimal record (exchanges, last activity, models); None when neither exists."""
         ...
 
+    async def all_metas(self) -> list[dict[str, Any]]:
+        """The metadata of every conversation, as `metas` gives it (what a listing filters); a
+        backend may serve it from a cache of its own as long as every change shows."""
+        ...
+
     async def entries(self, conversation_id: str) -> list[IndexEntry]:
         """Every complete exchange of the conversation's own index, in order (legacy lines too)."""
         ...
@@ -45,6 +55,10 @@ class StoredReader(Protocol):
         """Conversations whose metadata names this one as their parent, sorted."""
         ...
 
+    async def summaries(self, conversation_id: str) -> list[Summary]:
+        """The conversation's own summaries (compaction), oldest first."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the reader holds (a connection pool); a no-op for files."""
         ...
@@ -55,6 +69,10 @@ class JsonlFiles:
 
     def __init__(self, layout: VarLayout) -> None:
         self.layout = layout
+        # listing 10,000 conversations re-reads only the metadata files that changed
+        self._listed: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        self._listed_stamp: tuple[int, int] = (0, 0)  # mtimes of the metadata and index directories
+        self._listed_all: list[dict[str, Any]] | None = None
 
     def conversation_ids(self) -> list[str]:
         ids = {p.stem for p in self.layout.conversations_dir.glob("*.jsonl")}
@@ -82,6 +100,52 @@ class JsonlFiles:
                 "last_activity": entries[-1].ts if entries else None,
                 "models": list(dict.fromkeys(e.model for e in entries if e.model))}
 
+    def all_metas(self) -> list[dict[str, Any]]:
+        """Every conversation's metadata; files unchanged since the last call (same mtime, size
+        and inode) are not re-read."""
+        # Metadata is replaced by rename, which changes its directory. A file system stamps times
+        # coarsely (a few ms), so a stamp is trusted only once it is older than SETTLED_NS.
+        settled = time.time_ns() - SETTLED_NS
+        stamp = (_mtime(self.layout.conversation_meta_dir), _mtime(self.layout.conversations_dir))
+        if stamp == self._listed_stamp and self._listed_all is not None and max(stamp) < settled:
+            return self._listed_all
+        listed: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        try:
+            with os.scandir(self.layout.conversation_meta_dir) as found:
+                for item in found:
+                    if not item.name.endswith(".json") or item.name.startswith("."):
+                        continue
+                    conversation_id = item.name[:-5]
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        continue  # deleted meanwhile
+                    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+                    known = self._listed.get(conversation_id)
+                    if known is None or known[0] != key or stat.st_mtime_ns >= settled:
+                        meta = self.meta(conversation_id)
+                        if meta is None:
+                            continue
+                        known = (key, meta)
+                    listed[conversation_id] = known
+        except FileNotFoundError:
+            pass
+        self._listed = listed
+        metas = [meta for _key, meta in listed.values()]
+        try:
+            with os.scandir(self.layout.conversations_dir) as found:
+                for item in found:
+                    conversation_id = item.name[:-6]
+                    if (item.name.endswith(".jsonl") and not item.name.startswith(".")
+                            and conversation_id not in listed):
+                        meta = self.meta(conversation_id)  # an index without metadata (older layouts)
+                        if meta is not None:
+                            metas.append(meta)
+        except FileNotFoundError:
+            pass
+        self._listed_stamp, self._listed_all = stamp, metas
+        return metas
+
     def entries(self, conversation_id: str) -> list[IndexEntry]:
         if not is_safe_id(conversation_id):
             return []
@@ -91,6 +155,11 @@ class JsonlFiles:
         if not is_safe_id(response_id):
             return None
         return read_response(self.layout.response_file(response_id))
+
+    def summaries(self, conversation_id: str) -> list[Summary]:
+        if not is_safe_id(conversation_id):
+            return []
+        return read_summaries(self.layout.summaries_file(conversation_id))
 
     def forks_of(self, conversation_id: str) -> list[str]:
         forks = []
@@ -116,6 +185,9 @@ class JsonlReader:
     async def metas(self, conversation_ids: list[str]) -> list[dict[str, Any] | None]:
         return await asyncio.to_thread(lambda: [self.files.meta(c) for c in conversation_ids])
 
+    async def all_metas(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.files.all_metas)
+
     async def entries(self, conversation_id: str) -> list[IndexEntry]:
         return await asyncio.to_thread(self.files.entries, conversation_id)
 
@@ -125,8 +197,18 @@ class JsonlReader:
     async def forks_of(self, conversation_id: str) -> list[str]:
         return await asyncio.to_thread(self.files.forks_of, conversation_id)
 
+    async def summaries(self, conversation_id: str) -> list[Summary]:
+        return await asyncio.to_thread(self.files.summaries, conversation_id)
+
     async def aclose(self) -> None:
         return None
+
+
+def _mtime(directory: Path) -> int:
+    try:
+        return directory.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 # name -> "module:class" of its reader, built as `cls(layout, database_url)`; imported only when

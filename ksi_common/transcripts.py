@@ -1,6 +1,6 @@
-"""Conversations as the files under `var/` record them: metadata, fork chain, exchanges, stats.
+"""Conversations as storage records them: metadata, fork chain, exchanges, stats.
 
-Read-only and client-light (standard library and orjson), shared by the daemon's
+Read-only and client-light, over any backend's `StoredReader`: shared by the daemon's
 `conversation:*` events and the `ksi` inspection commands, so both tell the same story.
 Torn last lines (a crash mid-append) are skipped by the readers underneath.
 """
@@ -11,21 +11,16 @@ import fnmatch
 import os
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.ids import check_id, is_safe_id
-from ksi_common.layout import VarLayout
-from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
-from ksi_common.summaries import read_summaries
+from ksi_common.ids import check_id
+from ksi_common.reading import StoredReader
+from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.timefmt import format_ts, parse_ts
 
 DEFAULT_MAX_FORK_DEPTH = 32
 STATES = ("active", "archived", "expired")
-SETTLED_NS = 2_000_000_000  # a file time this old can no longer share its tick with a new change
 
 
 def _ts(text: Any) -> float | None:
@@ -178,11 +173,11 @@ def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class VarReader:
-    """Reads conversations and responses under one var dir; every method is blocking."""
+class Transcripts:
+    """Fork chains, transcripts and listings over any backend's reader; every method is a coroutine."""
 
-    def __init__(self, layout: VarLayout, max_fork_depth: int = DEFAULT_MAX_FORK_DEPTH) -> None:
-        self.layout = layout
+    def __init__(self, reader: StoredReader, max_fork_depth: int = DEFAULT_MAX_FORK_DEPTH) -> None:
+        self.reader = reader
         self.max_fork_depth = max_fork_depth
         # metadata by conversation, with the (mtime, size) it was read at: a long-lived reader
         # (the daemon's) lists 10,000 conversations by stat-ing their files, not re-reading them
@@ -190,98 +185,29 @@ class VarReader:
         self._listed_stamp: tuple[int, int] = (0, 0)  # mtimes of the metadata and index directories
         self._listed_all: list[tuple[dict[str, Any], float]] | None = None
 
-    # -- single files -------------------------------------------------------
-    def meta(self, conversation_id: str) -> dict[str, Any] | None:
+    async def meta(self, conversation_id: str) -> dict[str, Any] | None:
         """The metadata as stored; an index without metadata gets a minimal record."""
         check_id(conversation_id, "conversation_id")
-        path = self.layout.meta_file(conversation_id)
-        try:
-            raw = orjson.loads(path.read_bytes())
-        except FileNotFoundError:
-            raw = None
-        except orjson.JSONDecodeError:
-            raw = {}
-        if isinstance(raw, dict) and raw:
-            raw.setdefault("conversation_id", conversation_id)
-            return raw
-        index = self.layout.index_file(conversation_id)
-        if raw is None and not index.exists():
-            return None
-        entries = read_index(index)
-        return {"conversation_id": conversation_id, "exchanges": len(entries),
-                "last_activity": entries[-1].ts if entries else None,
-                "models": list(dict.fromkeys(e.model for e in entries if e.model))}
+        (meta,) = await self.reader.metas([conversation_id])
+        return meta
 
-    def require_meta(self, conversation_id: str) -> dict[str, Any]:
-        meta = self.meta(conversation_id)
+    async def require_meta(self, conversation_id: str) -> dict[str, Any]:
+        meta = await self.meta(conversation_id)
         if meta is None:
             raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
                            conversation_id=conversation_id)
         return meta
 
-    def entries(self, conversation_id: str) -> list[IndexEntry]:
-        return read_index(self.layout.index_file(conversation_id))
-
-    def response(self, response_id: str) -> ResponseRecord | None:
+    async def response(self, response_id: str) -> ResponseRecord | None:
         check_id(response_id, "response_id")
-        return read_response(self.layout.response_file(response_id))
-
-    def _metas(self) -> list[tuple[dict[str, Any], float]]:
-        """Every conversation's metadata with its last activity as a number; files unchanged
-        since the last call (same mtime and size) are not re-read."""
-        # Metadata is replaced by rename, which changes its directory. A file system stamps times
-        # coarsely (a few ms), so a stamp is trusted only once it is older than SETTLED_NS.
-        settled = time.time_ns() - SETTLED_NS
-        stamp = (_mtime(self.layout.conversation_meta_dir), _mtime(self.layout.conversations_dir))
-        if stamp == self._listed_stamp and self._listed_all is not None and max(stamp) < settled:
-            return self._listed_all
-        listed: dict[str, tuple[tuple[int, int, int], dict[str, Any], float]] = {}
-        try:
-            with os.scandir(self.layout.conversation_meta_dir) as found:
-                for item in found:
-                    if not item.name.endswith(".json") or item.name.startswith("."):
-                        continue
-                    conversation_id = item.name[:-5]
-                    try:
-                        stat = item.stat()
-                    except FileNotFoundError:
-                        continue  # deleted meanwhile
-                    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-                    known = self._listed.get(conversation_id)
-                    if known is None or known[0] != key or stat.st_mtime_ns >= settled:
-                        meta = self.meta(conversation_id) if is_safe_id(conversation_id) else None
-                        if meta is None:
-                            continue
-                        known = (key, meta, _ts(meta.get("last_activity")) or 0.0)
-                    listed[conversation_id] = known
-        except FileNotFoundError:
-            pass
-        self._listed = listed
-        metas = [(meta, last) for _key, meta, last in listed.values()]
-        try:
-            with os.scandir(self.layout.conversations_dir) as found:
-                for item in found:
-                    conversation_id = item.name[:-6]
-                    if (item.name.endswith(".jsonl") and not item.name.startswith(".")
-                            and conversation_id not in listed and is_safe_id(conversation_id)):
-                        meta = self.meta(conversation_id)  # an index without metadata (older layouts)
-                        if meta is not None:
-                            metas.append((meta, _ts(meta.get("last_activity")) or 0.0))
-        except FileNotFoundError:
-            pass
-        self._listed_stamp, self._listed_all = stamp, metas
-        return metas
-
-    def conversation_ids(self) -> list[str]:
-        ids = {p.stem for p in self.layout.conversations_dir.glob("*.jsonl")}
-        ids |= {p.stem for p in self.layout.conversation_meta_dir.glob("*.json")}
-        return sorted(i for i in ids if not i.startswith("."))
+        (record,) = await self.reader.responses([response_id])
+        return record
 
     # -- fork chains and transcripts ----------------------------------------
-    def chain(self, conversation_id: str) -> tuple[list[tuple[str, dict[str, Any], int | None]], str | None]:
+    async def chain(self, conversation_id: str) -> tuple[list[tuple[str, dict[str, Any], int | None]], str | None]:
         """The conversation and its ancestors (self first), each with the last exchange it
         contributes, and the id of a parent that no longer exists (if the chain breaks)."""
-        meta = self.require_meta(conversation_id)
+        meta = await self.require_meta(conversation_id)
         chain: list[tuple[str, dict[str, Any], int | None]] = [(conversation_id, meta, None)]
         seen = {conversation_id}
         limit: int | None = None
@@ -295,7 +221,7 @@ class VarReader:
                                conversation_id=conversation_id, at=parent_id)
             seen.add(parent_id)
             try:
-                parent = self.meta(parent_id)
+                parent = await self.meta(parent_id)
             except KsiError:
                 parent = None
             if parent is None:
@@ -305,38 +231,41 @@ class VarReader:
             current = parent
         return chain, None
 
-    def transcript(self, conversation_id: str, inherited: bool = True, now: float | None = None) -> dict[str, Any]:
+    async def transcript(self, conversation_id: str, inherited: bool = True,
+                         now: float | None = None) -> dict[str, Any]:
         """Metadata and every exchange, oldest first; inherited ones (from the fork chain) marked."""
-        chain, missing_parent = self.chain(conversation_id) if inherited else (
-            [(conversation_id, self.require_meta(conversation_id), None)], None)
-        exchanges: list[dict[str, Any]] = []
+        chain, missing_parent = await self.chain(conversation_id) if inherited else (
+            [(conversation_id, await self.require_meta(conversation_id), None)], None)
+        picked: list[tuple[str, IndexEntry]] = []
         for owner, _meta, upto in reversed(chain):
-            for entry in self.entries(owner):
+            for entry in await self.reader.entries(owner):
                 if upto is not None and entry.n > upto:
                     break
-                record = self.response(entry.response_id) if _safe(entry.response_id) else None
-                exchanges.append(exchange_view(entry, record, owner, owner != conversation_id))
+                picked.append((owner, entry))
+        records = await self.reader.responses([entry.response_id for _owner, entry in picked])
+        exchanges = [exchange_view(entry, record, owner, owner != conversation_id)
+                     for (owner, entry), record in zip(picked, records, strict=True)]
         summary = summarize(chain[0][1], time.time() if now is None else now)
         transcript: dict[str, Any] = {"conversation": summary, "exchanges": exchanges}
         if missing_parent:
             transcript["missing_parent"] = missing_parent
-        summaries = self.summaries_of(chain)
+        summaries = await self.summaries_of(chain)
         if summaries:
             transcript["summaries"] = summaries
         return transcript
 
-    def summaries_of(self, chain: list[tuple[str, dict[str, Any], int | None]]) -> list[dict[str, Any]]:
+    async def summaries_of(self, chain: list[tuple[str, dict[str, Any], int | None]]) -> list[dict[str, Any]]:
         """The summaries a conversation may use: its own, and each ancestor's that covers only the
         prefix the fork shares; oldest coverage first."""
         found = []
         for owner, _meta, upto in chain:
-            for summary in read_summaries(self.layout.summaries_file(owner)):
+            for summary in await self.reader.summaries(owner):
                 if upto is None or summary.upto <= upto:
                     found.append({**summary.to_record(), "type": "summary"})
         return sorted(found, key=lambda s: (s["upto"], s["ts"] or ""))
 
     # -- listing ------------------------------------------------------------
-    def listing(
+    async def listing(
         self,
         now: float | None = None,
         *,
@@ -353,8 +282,9 @@ class VarReader:
         now = time.time() if now is None else now
         since_ts = _ts(since) if since else None
         matched: list[tuple[float, str, dict[str, Any]]] = []
-        for meta, last in self._metas():
+        for meta in await self.reader.all_metas():
             conversation_id = str(meta["conversation_id"])
+            last = _ts(meta.get("last_activity")) or 0.0
             if status and status not in (meta.get("status") or "active", _state(meta, last, now)):
                 continue
             if tag and tag not in (meta.get("tags") or ()):
@@ -364,75 +294,24 @@ class VarReader:
             if since_ts is not None and last < since_ts:
                 continue
             if agent_id and meta.get("agent_id") != agent_id and not any(
-                    e.agent_id == agent_id for e in self.entries(conversation_id)):
+                    e.agent_id == agent_id for e in await self.reader.entries(conversation_id)):
                 continue
             if text and text.casefold() not in (meta.get("title") or "").casefold() \
-                    and not self._contains(conversation_id, text):
+                    and not await self._contains(conversation_id, text):
                 continue
             matched.append((last, conversation_id, meta))
         matched.sort(key=lambda found: (found[0], found[1]), reverse=True)
         end = None if limit is None else offset + limit
         return [summarize(meta, now) for _last, _id, meta in matched[offset:end]], len(matched)
 
-    def _contains(self, conversation_id: str, text: str) -> bool:
+    async def _contains(self, conversation_id: str, text: str) -> bool:
         """Whether any input or reply of the conversation's own exchanges contains `text`."""
         needle = text.casefold()
-        for entry in self.entries(conversation_id):
-            record = self.response(entry.response_id) if _safe(entry.response_id) else None
+        entries = await self.reader.entries(conversation_id)
+        for record in await self.reader.responses([e.response_id for e in entries]):
             if record is None:
                 continue
             texts: Iterable[Any] = [line.get("content") for line in record.inputs]
             if any(isinstance(t, str) and needle in t.casefold() for t in [*texts, record.content]):
                 return True
         return False
-
-    # -- ownership, for deletion ---------------------------------------------
-    def response_files_of(self, conversation_id: str) -> list[Path]:
-        """Response files whose lines say they belong to `conversation_id`: indexed exchanges,
-        failed requests and calls logged on the conversation's behalf."""
-        owned = []
-        needle = b'"conversation_id":' + orjson.dumps(conversation_id)
-        for path in self.layout.responses_dir.glob("*.jsonl"):
-            try:
-                with open(path, "rb") as handle:
-                    head = handle.read(64 * 1024)
-            except OSError:
-                continue
-            if needle not in head:
-                continue
-            for raw in head.split(b"\n"):
-                try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(line, dict) and "conversation_id" in line:
-                    if line["conversation_id"] == conversation_id:
-                        owned.append(path)
-                    break
-        return owned
-
-    def forks_of(self, conversation_id: str) -> list[str]:
-        forks = []
-        for path in self.layout.conversation_meta_dir.glob("*.json"):
-            try:
-                raw = orjson.loads(path.read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                continue
-            if isinstance(raw, dict) and raw.get("parent_id") == conversation_id:
-                forks.append(path.stem)
-        return sorted(forks)
-
-
-def _mtime(directory: Path) -> int:
-    try:
-        return directory.stat().st_mtime_ns
-    except FileNotFoundError:
-        return 0
-
-
-def _safe(identifier: str) -> bool:
-    try:
-        check_id(identifier, "response_id")
-    except KsiError:
-        return False
-    return True

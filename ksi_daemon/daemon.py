@@ -20,22 +20,19 @@ from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.agents.service import AgentService
 from ksi_daemon.services.agents.profiles import ProfileLibrary
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
 from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.lifecycle import Starts, Stops
+from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
-from ksi_daemon.storage.agents import AgentStore
-from ksi_daemon.storage.calibration import CalibrationFile
-from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
-from ksi_daemon.storage.conversations import ConversationStore
-from ksi_daemon.storage.request_journal import RequestJournal
-from ksi_daemon.storage.responses import ResponseLog
-from ksi_daemon.storage.summaries import SummaryLog
+from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.transports.http.binding import NoHttpFront
 from ksi_daemon.transports.unix import SocketServer
 
@@ -79,33 +76,38 @@ class Daemon:
             allow_uids=settings.allow_uids,
             max_connections=settings.max_connections,
         )
-        fsync = settings.fsync_enabled
-        self.store = ConversationStore(self.layout, fsync)
-        self.responses = ResponseLog(self.layout, fsync)
+        self.storage = build_storage(settings)  # KSI_STORAGE picks the backend by name
+        self.store = self.storage.conversations
+        self.responses = self.storage.responses
         self.litellm = LiteLLMProvider(settings)
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
                                        count_tokens=self.litellm.count_tokens_loading)
+        # one set of limits for every provider call, plain completions and consortium members alike
+        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
-            settings, self.router, ConsortiumStore(self.layout, fsync), TraceLog(self.layout, fsync),
-            self.responses, provider=self.litellm,
+            settings, self.router, self.storage.consortia, self.storage.traces, self.responses,
+            provider=self.litellm, limits=self.limits,
         )
+        # the agents' registry is built before both services that use it: the completion service
+        # reads agents' defaults from it, the agent service submits completions
+        self.agent_registry = AgentRegistry(settings, self.storage.agents)
         self.completion = CompletionService(
-            settings, self.router, self.cache, self.responses, RequestJournal(self.layout),
+            settings, self.router, self.cache, self.responses, self.storage.journal,
             provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
-            clock=clock, calibration=Calibration(CalibrationFile(self.layout), enabled=settings.calibration),
-            summaries=SummaryLog(self.layout, fsync),
+            clock=clock, agents=self.agent_registry, limits=self.limits,
+            calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
+            summaries=self.storage.summaries,
         )
         self.conversations = ConversationService(
-            settings, self.router, self.cache, self.responses, clock=clock,
+            settings, self.router, self.cache, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
             calibration=self.completion.calibration.report,
         )
         self.agents = AgentService(
-            settings, self.router, self.completion, self.cache, AgentStore(self.layout, fsync),
+            settings, self.router, self.completion, self.cache, self.agent_registry,
             ProfileLibrary(settings.profiles_dir),
         )
-        self.completion.agents = self.agents
         self.monitor = MonitorService(self.router)
         self.system = SystemService(
             self.router,
@@ -144,13 +146,14 @@ class Daemon:
         self._acquire_lock()
         try:
             self._clear_stale_files()
+            await self.storage.open()
         except BaseException:
             self._release_lock()
             raise
         for service in self._services:
             self._unregister.extend(service.register())
         for service in self._services:
-            if hasattr(service, "start"):
+            if isinstance(service, Starts):
                 await service.start()
         await self.server.start()
         await self.http.start()
@@ -180,7 +183,7 @@ class Daemon:
         self.shutting_down = True
         self.server.stop_accepting()
         for service in reversed(self._services):
-            if hasattr(service, "stop"):
+            if isinstance(service, Stops):
                 try:
                     await service.stop(self.settings.shutdown_timeout)
                 except Exception:
@@ -191,6 +194,10 @@ class Daemon:
         for unregister in self._unregister:
             unregister()
         self._unregister.clear()
+        try:
+            await self.storage.close()
+        except Exception:
+            log.exception("storage_close_failed")
         try:
             self.layout.pid_file.unlink()
         except FileNotFoundError:
@@ -234,13 +241,7 @@ class Daemon:
             if mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise UnsafeVarDir(f"{run_dir} is writable by other users; refusing to start (chmod 700 it)")
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for directory in (
-            self.layout.responses_dir,
-            self.layout.conversations_dir,
-            self.layout.consortium_dir,
-            self.layout.state_dir,
-            self.layout.daemon_log.parent,
-        ):
+        for directory in (self.layout.state_dir, self.layout.daemon_log.parent):
             private_dir(directory)
 
     def _acquire_lock(self) -> None:

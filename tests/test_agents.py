@@ -147,7 +147,7 @@ async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path
         assert meta["conversation_id"] == "bob-1" and meta["exchanges"] == 2
         assert meta["extra"]["reset_from"] == "bob"
         assert len(read_index(index)) == 1
-        assert {"bob", "bob-1"} <= set(daemon.store.list_ids())
+        assert {"bob", "bob-1"} <= set(await daemon.store.conversation_ids())
         listed = await client.request("conversation:list", {"agent_id": "bob"})
         assert {c["conversation_id"] for c in listed["conversations"]} == {"bob", "bob-1"}
         shown = await client.request("conversation:show", {"conversation_id": "bob-1"})

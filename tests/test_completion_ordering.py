@@ -4,7 +4,6 @@ queue lifecycle: status, wait, cancel and the events emitted."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -367,13 +366,13 @@ async def test_result_and_error_events_carry_ids_and_context(stub_daemon: Daemon
 async def test_a_cancel_arriving_while_the_exchange_is_written_is_too_late(stub_daemon: Daemon, stub: Any) -> None:
     store = stub_daemon.cache.store
     original = store.append_exchange
-    writing = threading.Event()
-    release = threading.Event()
+    writing = asyncio.Event()
+    release = asyncio.Event()
 
-    def held_append(conversation_id: str, entry: Any) -> None:  # runs in the worker thread
+    async def held_append(conversation_id: str, entry: Any, **parts: Any) -> None:
         writing.set()
-        release.wait(TIMEOUT)
-        original(conversation_id, entry)
+        await asyncio.wait_for(release.wait(), TIMEOUT)
+        await original(conversation_id, entry, **parts)
 
     async with connected(stub_daemon) as client:
         await complete(client, prompt="one", conversation_id="late", create=True)

@@ -11,7 +11,8 @@ import pytest
 
 from ksi_common.errors import KsiError
 from ksi_common.export import parse_export, render
-from ksi_common.transcripts import VarReader
+from ksi_common.reading import JsonlReader
+from ksi_common.transcripts import Transcripts
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected
 
@@ -113,7 +114,7 @@ async def test_export_matches_the_shared_renderer(stub_daemon: Daemon, stub: Any
         await complete(client, prompt="in the fork", conversation_id=fork["conversation_id"])
         replies = {fmt: (await client.request("conversation:export", {"conversation_id": "fk", "format": fmt}))["content"]
                    for fmt in ("markdown", "json", "jsonl")}
-    transcript = VarReader(stub_daemon.layout).transcript("fk")
+    transcript = await Transcripts(JsonlReader(stub_daemon.layout)).transcript("fk")
     for fmt, content in replies.items():
         rendered = render(transcript, fmt)
         if fmt == "markdown":  # the state line depends on the clock only through expiry; none here

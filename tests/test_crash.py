@@ -27,8 +27,11 @@ from ksi_common.errors import KsiError
 from ksi_common.jsonl import read_records
 from ksi_common.layout import VarLayout
 from ksi_common.records import read_index, read_response
-from ksi_daemon.storage.files import append_lines
-from ksi_daemon.storage.request_journal import RequestJournal
+from ksi_daemon.services.completion.recovery import recover
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.files import append_lines
+from ksi_daemon.storage.jsonl.journal import JsonlJournal
+from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from tests.stub_openai import StubOpenAI
 
 REPO = Path(__file__).resolve().parent.parent
@@ -371,16 +374,21 @@ def test_complete_line_without_newline_counts_as_torn(tmp_path: Path) -> None:
     assert [e.response_id for e in read_index(path)] == ["a", "c"]
 
 
-def _journal(tmp_path: Path, lines: list[dict[str, Any]]) -> RequestJournal:
+def _journal(tmp_path: Path, lines: list[dict[str, Any]]) -> JsonlJournal:
     layout = VarLayout(tmp_path)
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     layout.conversations_dir.mkdir(parents=True, exist_ok=True)
     layout.responses_dir.mkdir(parents=True, exist_ok=True)
     layout.requests_file.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines) + b'{"request_id": "torn')
-    return RequestJournal(layout)
+    return JsonlJournal(layout)
 
 
-def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: Path) -> None:
+async def _recover(tmp_path: Path, journal: JsonlJournal) -> list[dict[str, Any]]:
+    layout = VarLayout(tmp_path)
+    return await recover(journal, JsonlConversations(layout, fsync=False), JsonlResponses(layout, fsync=False))
+
+
+async def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: Path) -> None:
     journal = _journal(tmp_path, [
         {"request_id": "r1", "conversation_id": "c", "status": "queued"},
         {"request_id": "r2", "conversation_id": "c", "status": "queued"},
@@ -388,16 +396,16 @@ def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: Path) -
         {"request_id": "r3", "conversation_id": "c", "status": "queued"},
         {"request_id": "r3", "conversation_id": "c", "status": "done"},
     ])
-    recovered = {r["request_id"]: r for r in journal.recover()}
+    recovered = {r["request_id"]: r for r in await _recover(tmp_path, journal)}
     assert set(recovered) == {"r1", "r2", "r3"}  # the finished one is kept, for completion:status
     assert recovered["r3"]["status"] == "done"
     assert all(recovered[r]["status"] == "failed" and recovered[r]["code"] == "daemon_restart" for r in ("r1", "r2"))
     # a second restart still knows them, and the torn line is gone
-    assert {r["request_id"]: r["status"] for r in journal.recover()} == {"r1": "failed", "r2": "failed", "r3": "done"}
+    assert {r["request_id"]: r["status"] for r in await _recover(tmp_path, journal)} == {"r1": "failed", "r2": "failed", "r3": "done"}
     assert not journal.path.read_bytes().endswith(b"torn")
 
 
-def test_journal_recovers_a_request_indexed_just_before_the_kill(tmp_path: Path) -> None:
+async def test_journal_recovers_a_request_indexed_just_before_the_kill(tmp_path: Path) -> None:
     # killed after the index line was appended but before the journal said `done`:
     # the exchange is in the history, so the request is done, not failed (a retry would duplicate it)
     journal = _journal(tmp_path, [
@@ -411,8 +419,8 @@ def test_journal_recovers_a_request_indexed_just_before_the_kill(tmp_path: Path)
                         "request_id": "r1", "conversation_id": "c", "usage": {}, "finish_reason": "stop"})
         + b"\n")
     layout.index_file("c").write_bytes(orjson.dumps({"v": 1, "n": 1, "response_id": "m-1"}) + b"\n")
-    (record,) = journal.recover()
+    (record,) = await _recover(tmp_path, journal)
     assert record["status"] == "done" and record["response_id"] == "m-1"
     assert record["result"]["content"] == "hello" and record["result"]["exchange"] == 1
-    (again,) = journal.recover()
+    (again,) = await _recover(tmp_path, journal)
     assert again["status"] == "done"

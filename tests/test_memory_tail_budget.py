@@ -9,37 +9,38 @@ from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry
 from ksi_daemon.services.conversations.history import build_messages, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache
-from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.responses import JsonlResponses
+from ksi_daemon.storage.models import ConversationMeta
 
 BUDGET = 1000
 
 
-def write_conversation(layout: VarLayout, conversation_id: str, exchanges: int) -> None:
+async def write_conversation(layout: VarLayout, conversation_id: str, exchanges: int) -> None:
     for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    store, responses = ConversationStore(layout, fsync=False), ResponseLog(layout, fsync=False)
+    store = JsonlConversations(layout, fsync=False)
+    await store.create(ConversationMeta(conversation_id=conversation_id))
     for n in range(1, exchanges + 1):
         response_id = f"m-{n:012x}"
-        responses.write(response_id, [{"v": 1, "type": "user", "content": f"question {n}"},
-                                      {"v": 1, "type": "assistant", "content": f"answer {n}"}])
-        store.append_exchange(conversation_id, IndexEntry(n=n, response_id=response_id, tokens_in=50, tokens_out=47))
-    store.save_meta(ConversationMeta(conversation_id=conversation_id))
+        await store.append_exchange(conversation_id, IndexEntry(n=n, response_id=response_id, tokens_in=50, tokens_out=47),
+                                    response=[{"v": 1, "type": "user", "content": f"question {n}"},
+                                              {"v": 1, "type": "assistant", "content": f"answer {n}"}])
 
 
 async def test_warm_turns_do_not_reread_the_index_tail(short_tmp: Path) -> None:
     layout = VarLayout(short_tmp / "var")
-    write_conversation(layout, "c-long", 200)  # 200 x 97 tokens, far beyond the budget
-    store = ConversationStore(layout, fsync=False)
+    await write_conversation(layout, "c-long", 200)  # 200 x 97 tokens, far beyond the budget
+    store = JsonlConversations(layout, fsync=False)
     reads: list[int] = []
     read_tail = store.read_tail
 
-    def counting_read_tail(conversation_id: str, budget: int) -> Any:
+    async def counting_read_tail(conversation_id: str, budget: int) -> Any:
         reads.append(budget)
-        return read_tail(conversation_id, budget)
+        return await read_tail(conversation_id, budget)
 
     store.read_tail = counting_read_tail  # type: ignore[method-assign]
-    cache = ConversationCache(store, ResponseLog(layout, fsync=False), capacity=10)
+    cache = ConversationCache(store, JsonlResponses(layout, fsync=False), capacity=10)
 
     async def prepare(budget: int) -> list[dict[str, Any]]:
         await cache.require("c-long")

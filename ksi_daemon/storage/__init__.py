@@ -1,2 +1,2 @@
-"""Storage: append-only JSONL logs, the conversation index, state files. Blocking calls;
-services run them in a worker thread."""
+"""Storage: the ports services use (`ports.py`, in domain types from `models.py`) and their
+backends (`jsonl/`, the `var/logs` layout; `postgres/`), chosen by name in `backends.py`."""

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ksi_common.reading import StoredReader
 from ksi_common.records import IndexEntry, ResponseRecord
+from ksi_common.summaries import Summary
 from ksi_daemon.storage.models import AgentRecord, ConversationMeta
 
 
@@ -127,6 +128,10 @@ class ResponseStore(Protocol):
         """Records in the order asked, None for a missing one; one round trip where it can."""
         ...
 
+    async def ids(self) -> list[str]:
+        """Every stored response id, sorted (indexed or not: failed requests, consortium calls)."""
+        ...
+
 
 class AgentStore(Protocol):
     async def create(self, record: AgentRecord) -> None:
@@ -167,6 +172,10 @@ class TraceStore(Protocol):
         """The run's lines in order; None for an unknown run."""
         ...
 
+    async def run_ids(self) -> list[str]:
+        """Every run with a trace, sorted."""
+        ...
+
 
 class RequestJournal(Protocol):
     """Request states, so work interrupted by a crash is reported after a restart.
@@ -176,18 +185,39 @@ class RequestJournal(Protocol):
     its own journal: a shared backend keys it by the daemon's identity.
     """
 
-    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None) -> None: ...
+    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
+               code: str | None = None) -> None: ...
 
-    async def unfinished(self) -> list[dict[str, Any]]:
-        """The last state of every request (queued or running) the previous run left unfinished,
-        plus the ones kept from earlier recoveries (`code` or `recovered` set)."""
+    async def states(self) -> list[dict[str, Any]]:
+        """The last state of every request the journal holds, in journal order (the lines of a
+        request merged, later fields winning): finished ones and the ones left queued or running."""
         ...
 
     async def replace(self, lines: list[dict[str, Any]]) -> None:
-        """Compact the journal to exactly `lines` (the recovered requests)."""
+        """Compact the journal to exactly `lines` (the requests kept after a recovery)."""
         ...
 
     async def close(self) -> None: ...
+
+
+class SummaryStore(Protocol):
+    """Compaction summaries: per conversation, appended in order (each covers exchanges 1..upto)."""
+
+    async def append(self, summary: Summary) -> None: ...
+
+    async def read(self, conversation_id: str) -> list[Summary]:
+        """The conversation's summaries, oldest first; a damaged one is skipped."""
+        ...
+
+
+class CalibrationStore(Protocol):
+    """Learned token-count ratios per model, kept across restarts (replaced whole)."""
+
+    async def load(self) -> dict[str, dict[str, Any]]:
+        """{model: {ratio, samples, tightened}}; empty when none or unreadable."""
+        ...
+
+    async def save(self, ratios: dict[str, dict[str, Any]]) -> None: ...
 
 
 class Storage(Protocol):
@@ -199,6 +229,8 @@ class Storage(Protocol):
     consortia: ConsortiumStore
     traces: TraceStore
     journal: RequestJournal
+    summaries: SummaryStore
+    calibration: CalibrationStore
 
     async def open(self) -> None:
         """Connect and prepare (directories, schema); raises `KsiError(storage_unavailable)`."""

@@ -168,10 +168,10 @@ ABLATIONS = {
     "instant_provider": "the provider answers at once, no litellm call: the daemon alone",
     "no_cost_lookup": "skip the daemon's litellm.completion_cost fallback for unpriced models",
     "gc_freeze": "gc.freeze() right after litellm loads (full collections skip its ~300k objects)",
-    "no_meta_save": "ConversationStore.save_meta does nothing (metadata file not rewritten)",
-    "no_response_file": "ResponseLog.write does nothing (no response file created)",
-    "no_index_append": "ConversationStore.append_exchange does nothing",
-    "no_journal": "RequestJournal.record does nothing (3 appends per request)",
+    "no_meta_save": "the exchange's metadata is not saved (metadata file not rewritten)",
+    "no_response_file": "the exchange's response record is not written (no response file created)",
+    "no_index_append": "the exchange's index line is not appended",
+    "no_journal": "the request journal's record does nothing (3 appends per request)",
     "inline_to_thread": "asyncio.to_thread runs the function inline on the event loop",
 }
 
@@ -215,9 +215,8 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
     asyncio.to_thread = to_thread  # type: ignore[assignment]
 
     from ksi_daemon.providers.litellm_provider import LiteLLMProvider
-    from ksi_daemon.storage.conversations import ConversationStore
-    from ksi_daemon.storage.request_journal import RequestJournal
-    from ksi_daemon.storage.responses import ResponseLog
+    from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+    from ksi_daemon.storage.jsonl.journal import JsonlJournal
 
     if "instant_provider" in ablate:
         from ksi_daemon.providers.base import ProviderReply
@@ -252,22 +251,24 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
             return original_reply(self, litellm, call, response)
 
         LiteLLMProvider._reply = _reply  # type: ignore[method-assign]
-    if "no_meta_save" in ablate:
-        original_save = ConversationStore.save_meta
-        created: set[str] = set()
+    # the JSONL conversation store writes an exchange as response file, index line, metadata
+    original_append = JsonlConversations._append
 
-        def save_meta(self: Any, meta: Any) -> None:  # the first save creates the conversation
-            if meta.conversation_id not in created:
-                created.add(meta.conversation_id)
-                original_save(self, meta)
+    def _append(self: Any, conversation_id: str, entry: Any, response: Any, meta: Any) -> None:
+        if "no_response_file" in ablate:
+            response = None
+        if "no_meta_save" in ablate:
+            meta = None
+        if "no_index_append" in ablate:
+            if meta is not None:
+                self._save_meta(meta)
+            return
+        original_append(self, conversation_id, entry, response, meta)
 
-        ConversationStore.save_meta = save_meta  # type: ignore[method-assign]
-    if "no_response_file" in ablate:
-        ResponseLog.write = lambda self, response_id, records: None  # type: ignore[method-assign]
-    if "no_index_append" in ablate:
-        ConversationStore.append_exchange = lambda self, cid, entry: None  # type: ignore[method-assign]
+    if ablate & {"no_response_file", "no_meta_save", "no_index_append"}:
+        JsonlConversations._append = _append  # type: ignore[method-assign]
     if "no_journal" in ablate:
-        RequestJournal.record = lambda self, *a, **k: None  # type: ignore[method-assign]
+        JsonlJournal.record = lambda self, *a, **k: None  # type: ignore[method-assign]
 
     def start(*_: Any) -> None:
         state["loop"] = cProfile.Profile(time.thread_time)

@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/bench/history_cost.py [--sizes 10,100,1000,10000] [--window 8192]
 
-Conversations are built directly on disk in the real formats with the daemon's own storage
-classes (ResponseLog.write for each response file, ConversationStore.append_exchange for each
-index line, ConversationStore.save_meta), then turn N+1 is prepared in this process with the
+Conversations are built directly on disk in the real formats through the daemon's own JSONL
+conversation store (its `append_exchange` writes each response file and index line, as a
+completion does), then turn N+1 is prepared in this process with the
 real ConversationCache + select_history + build_messages from ksi_daemon/services, the way
 CompletionService._prepare does it (budget = window - output reserve - system - new input -
 note reserve; no provider call):
@@ -68,9 +68,10 @@ from ksi_daemon.services.conversations.history import (  # noqa: E402
     select_history,
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response  # noqa: E402
-from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore  # noqa: E402
-from ksi_daemon.storage.responses import ResponseLog  # noqa: E402
-from ksi_daemon.storage.summaries import SummaryLog  # noqa: E402
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations  # noqa: E402
+from ksi_daemon.storage.jsonl.responses import JsonlResponses  # noqa: E402
+from ksi_daemon.storage.models import ConversationMeta  # noqa: E402
+from ksi_daemon.storage.jsonl.summaries import JsonlSummaries  # noqa: E402
 
 MODEL = "openai/gpt-4o-mini"
 SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."
@@ -91,13 +92,13 @@ def sentence(rng: random.Random, words: int) -> str:
 
 
 # -- building conversations on disk -----------------------------------------------------------
-def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) -> dict[str, Any]:
+async def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) -> dict[str, Any]:
     """`exchanges` exchanges written the way the daemon writes them (fsync off, for speed)."""
     rng = random.Random(seed)
-    store = ConversationStore(layout, fsync=False)
-    responses = ResponseLog(layout, fsync=False)
+    store = JsonlConversations(layout, fsync=False)
     for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
         directory.mkdir(parents=True, exist_ok=True)
+    await store.create(ConversationMeta(conversation_id=conversation_id, system=SYSTEM))
     tokens = 0
     started = time.perf_counter()
     for n in range(1, exchanges + 1):
@@ -108,7 +109,7 @@ def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) ->
         reply = " ".join(sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8)))
         tokens_in = count_tokens(user) + MESSAGE_OVERHEAD
         tokens_out = count_tokens(reply) + MESSAGE_OVERHEAD
-        responses.write(response_id, [
+        response = [
             {"v": 1, "type": "user", "content": user, "ts": ts, "request_id": request_id,
              "conversation_id": conversation_id},
             {"v": 1, "type": "assistant", "content": reply, "model": MODEL, "provider": "openai",
@@ -117,12 +118,12 @@ def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) ->
              "cost": None, "finish_reason": "stop", "duration_ms": 812.5,
              "provider_response_id": f"chatcmpl-{n:010x}", "attempts": [], "ts": ts,
              "request_id": request_id, "conversation_id": conversation_id},
-        ])
-        store.append_exchange(conversation_id, IndexEntry(
+        ]
+        await store.append_exchange(conversation_id, IndexEntry(
             n=n, response_id=response_id, ts=ts, model=MODEL, provider="openai",
-            tokens_in=tokens_in, tokens_out=tokens_out))
+            tokens_in=tokens_in, tokens_out=tokens_out), response=response)
         tokens += tokens_in + tokens_out
-    store.save_meta(ConversationMeta(conversation_id=conversation_id, system=SYSTEM, exchanges=exchanges,
+    await store.save_meta(ConversationMeta(conversation_id=conversation_id, system=SYSTEM, exchanges=exchanges,
                                      models=[MODEL]))
     index = layout.index_file(conversation_id)
     return {"exchanges": exchanges, "history_tokens": tokens, "index_bytes": index.stat().st_size,
@@ -188,14 +189,14 @@ class Preparer:
 
     def __init__(self, layout: VarLayout, window: int, reserve: int, max_depth: int = 32,
                  compaction: bool = False) -> None:
-        store = ConversationStore(layout, fsync=False)
-        self.cache = ConversationCache(store, ResponseLog(layout, fsync=False), capacity=1000)
+        store = JsonlConversations(layout, fsync=False)
+        self.cache = ConversationCache(store, JsonlResponses(layout, fsync=False), capacity=1000)
         self.window = window
         self.reserve = reserve
         self.max_depth = max_depth
         settings = Settings(_env_file=None, var_dir=layout.root, summariser=None if compaction else "off")
         # only the reading side of the compactor runs here: no provider, no budget callback
-        self.compactor = Compactor(settings, Router(), self.cache, SummaryLog(layout, fsync=False),
+        self.compactor = Compactor(settings, Router(), self.cache, JsonlSummaries(layout, fsync=False),
                                    provider=None, count_tokens=count_tokens, budget_for=None)  # type: ignore[arg-type]
 
     async def prepare(self, conversation_id: str, text: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -286,7 +287,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     first_kept = result["sent"]["exchanges_total"] - result["sent"]["exchanges_sent"]
     if first_kept > 0:
         text = sentence(random.Random(size), 300)
-        SummaryLog(layout, fsync=False).append(Summary(
+        await JsonlSummaries(layout, fsync=False).append(Summary(
             conversation_id=conversation_id, upto=first_kept, text=text, model=MODEL,
             tokens=count_tokens(text) + MESSAGE_OVERHEAD, ts=utc_now()))
     compacted_cold = []
@@ -399,7 +400,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         built = {}
         for size in sizes:
-            built[size] = build(layout, f"conv-bench-{size}", size, seed=size)
+            built[size] = await build(layout, f"conv-bench-{size}", size, seed=size)
             print(f"  built {size} exchanges in {built[size]['build_s']:.1f}s", file=sys.stderr, flush=True)
         report["tokens_per_exchange"] = statistics.mean(b["history_tokens"] / b["exchanges"] for b in built.values())
         for size in sizes:

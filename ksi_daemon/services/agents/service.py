@@ -4,6 +4,7 @@ other, and act on the events they write into their replies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -26,12 +27,13 @@ from ksi_daemon.services.agents.models import (
     AgentTerminate,
 )
 from ksi_daemon.services.agents.profiles import Profile, ProfileLibrary
-from ksi_daemon.services.completion.service import AgentDefaults, CompletionService
+from ksi_daemon.services.agents.registry import AgentRegistry
+from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.storage.agents import AgentRecord, AgentStore, archive_conversation, repoint_forks
-from ksi_daemon.storage.conversations import ConversationMeta
+from ksi_daemon.storage.models import AgentRecord, ConversationMeta
+from ksi_daemon.storage.ports import AgentExists, ConversationExists
 
 log = structlog.get_logger("ksi.agent")
 
@@ -39,7 +41,7 @@ ID_MAX = 128
 
 
 class AgentService:
-    """The agent registry (also the completion service's agent directory) and the `agent:*` handlers."""
+    """The `agent:*` handlers, over the agent registry the completion service reads too."""
 
     def __init__(
         self,
@@ -47,16 +49,17 @@ class AgentService:
         router: Router,
         completion: CompletionService,
         cache: ConversationCache,
-        store: AgentStore,
+        registry: AgentRegistry,
         profiles: ProfileLibrary,
     ) -> None:
         self.settings = settings
         self.router = router
         self.completion = completion
         self.cache = cache
-        self.store = store
+        self.registry = registry
+        self.store = registry.store
         self.profiles = profiles
-        self.records: dict[str, AgentRecord] = {}
+        self.records = registry.records
         self._reserved: set[str] = set()  # ids being spawned right now
         self._tasks: set[asyncio.Task[None]] = set()  # acting on events found in replies
         self._chain_budget = ChainBudget(settings.max_events_per_chain)
@@ -81,8 +84,7 @@ class AgentService:
         ]
 
     async def start(self) -> None:
-        for record in await asyncio.to_thread(self.store.load_all):
-            self.records[record.agent_id] = record
+        await self.registry.load()
         log.info("agents_loaded", count=len(self.records))
 
     async def stop(self, timeout: float) -> None:
@@ -100,14 +102,6 @@ class AgentService:
         """Replies whose events are being dispatched right now."""
         return len(self._tasks)
 
-    # -- the completion service's agent directory -----------------------------
-    def defaults(self, agent_id: str) -> AgentDefaults:
-        record = self._active(agent_id)
-        return AgentDefaults(
-            conversation_id=record.conversation_id, system=record.system, model=self._model(record),
-            temperature=record.temperature, options=dict(record.options),
-        )
-
     # -- events -------------------------------------------------------------
     async def handle_spawn(self, data: AgentSpawn, context: EventContext) -> dict[str, Any]:
         profile = await asyncio.to_thread(self.profiles.get, data.profile) if data.profile else None
@@ -118,7 +112,7 @@ class AgentService:
                            status=existing.status if existing else "spawning")
         self._reserved.add(agent_id)
         try:
-            if self.cache.cached(agent_id) is not None or await asyncio.to_thread(self.cache.store.exists, agent_id):
+            if self.cache.cached(agent_id) is not None or await self.cache.store.exists(agent_id):
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                f"a conversation {agent_id} already exists; an agent's id names its conversation",
                                fields={"agent_id": "a conversation with this id already exists"})
@@ -128,11 +122,18 @@ class AgentService:
                 # an agent cannot hand a child more than it may do itself
                 record.allowed_events = [p for p in record.allowed_events if is_allowed(p, parent.allowed_events)]
             # the record first: an agent whose conversation is missing gets it on its first message
-            await asyncio.to_thread(self.store.save, record)
+            try:
+                await self.store.create(record)
+            except AgentExists:  # spawned by another daemon on the same storage meanwhile
+                raise KsiError(ErrorCode.AGENT_EXISTS, f"agent {agent_id} already exists", agent_id=agent_id,
+                               status="active") from None
             self.records[agent_id] = record
         finally:
             self._reserved.discard(agent_id)
-        await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system)
+        try:
+            await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system)
+        except ConversationExists:  # created meanwhile (by the agent's first message elsewhere): keep it
+            log.info("agent_conversation_exists", agent_id=agent_id)
         log.info("agent_spawned", agent_id=agent_id, profile=record.profile, spawned_by=record.spawned_by)
         reply = self._summary(record, None)
         if data.prompt is not None:
@@ -146,7 +147,7 @@ class AgentService:
         return reply
 
     async def handle_send(self, data: AgentSendMessage, context: EventContext) -> dict[str, Any]:
-        record = self._active(data.agent_id)
+        record = await self.registry.active(data.agent_id)
         sender = context.agent_id  # set when another agent emitted this message
         state = await self._submit(record, data.message, context, from_agent=sender, stream=data.stream,
                                    metadata=data.metadata)
@@ -164,7 +165,7 @@ class AgentService:
         return {"agents": agents, "count": len(agents)}
 
     async def handle_info(self, data: AgentInfo, _context: EventContext) -> dict[str, Any]:
-        record = self._get(data.agent_id)
+        record = await self.registry.get(data.agent_id)
         meta = (await self._metas([record.conversation_id])).get(record.conversation_id)
         requests = [self.completion.describe(s) for s in self._live(record)]
         return {
@@ -190,7 +191,7 @@ class AgentService:
                 "invalid": found.invalid}
 
     async def handle_reset(self, data: AgentReset, _context: EventContext) -> dict[str, Any]:
-        record = self._active(data.agent_id)
+        record = await self.registry.active(data.agent_id)
         conversation_id = record.conversation_id
         cancelled: list[str] = []
         # End what is queued or running in the conversation (an exchange being written is let
@@ -204,33 +205,39 @@ class AgentService:
         else:
             raise KsiError(ErrorCode.OVERLOADED, f"agent {record.agent_id} keeps receiving requests; retry the reset",
                            retry_after=1.0, agent_id=record.agent_id)
-        # From here to forget() nothing yields, so no request sees a half-moved conversation;
-        # the moves are renames and one small JSON file.
+        # Under the conversation's lock (a commit takes it too), so no exchange is written while
+        # the conversation moves; requests admitted meanwhile run on the fresh one.
         memory = self.cache.cached(conversation_id)
-        if memory is not None:
-            has_history = memory.total > memory.base
-        else:
-            has_history = self.cache.store.index_path(conversation_id).exists()
-        previous = None
-        if has_history:
-            previous = self._archive_id(record)
-            archive_conversation(self.cache.store, conversation_id, previous, reset_from=conversation_id,
-                                 reset_at=utc_now())
-        self.cache.forget(conversation_id)
-        await self.completion.create_conversation(conversation_id, agent_id=record.agent_id, system=record.system)
+        async with memory.lock if memory is not None else contextlib.nullcontext():
+            if memory is not None:
+                has_history = memory.total > memory.base
+            else:
+                has_history = await self.cache.store.head(conversation_id) > 0
+            previous = None
+            forks: list[str] = []
+            if has_history:
+                previous = await self._archive_id(record)
+                forks = await self.cache.store.move(conversation_id, previous,
+                                                    {"reset_from": conversation_id, "reset_at": utc_now()})
+            self.cache.forget(conversation_id)
+            for fork in forks:
+                self.cache.forget(fork)
+            try:
+                await self.completion.create_conversation(conversation_id, agent_id=record.agent_id,
+                                                          system=record.system)
+            except ConversationExists:  # the reset moved nothing and the conversation is already fresh
+                pass
         if previous is not None:
             record.previous_conversations.append(previous)
-            for fork in await asyncio.to_thread(repoint_forks, self.cache.store, conversation_id, previous):
-                self.cache.forget(fork)
         record.last_activity = utc_now()
-        await asyncio.to_thread(self.store.save, record)
+        await self.store.save(record)
         log.info("agent_reset", agent_id=record.agent_id, previous_conversation_id=previous, cancelled=cancelled)
         return {"agent_id": record.agent_id, "conversation_id": conversation_id,
                 "previous_conversation_id": previous, "cancelled": cancelled}
 
     async def handle_terminate(self, data: AgentTerminate, context: EventContext) -> dict[str, Any]:
         if data.agent_id is not None:
-            targets = [self._get(data.agent_id)]
+            targets = [await self.registry.get(data.agent_id)]
         else:
             targets = [r for r in self.records.values() if r.status == "active"]
         stopping = [r for r in targets if r.status == "active"]
@@ -239,7 +246,8 @@ class AgentService:
             record.status, record.terminated_at, record.last_activity = "terminated", now, now
         live = [s for r in stopping for s in self._live(r)]
         cancelled = await self._cancel(live, context) if live else []
-        await asyncio.to_thread(lambda: [self.store.save(r) for r in stopping])
+        for record in stopping:
+            await self.store.save(record)
         for record in stopping:
             log.info("agent_terminated", agent_id=record.agent_id)
         reply: dict[str, Any] = {"terminated": [r.agent_id for r in stopping], "cancelled": cancelled,
@@ -308,21 +316,8 @@ class AgentService:
             log.info("agent_feedback_not_sent", agent_id=record.agent_id, code=error.code, reason=error.message)
 
     # -- helpers ------------------------------------------------------------
-    def _get(self, agent_id: str) -> AgentRecord:
-        record = self.records.get(agent_id)
-        if record is None:
-            raise KsiError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id}", agent_id=agent_id)
-        return record
-
-    def _active(self, agent_id: str) -> AgentRecord:
-        record = self._get(agent_id)
-        if record.status == "terminated":
-            raise KsiError(ErrorCode.AGENT_TERMINATED, f"agent {agent_id} was terminated", agent_id=agent_id,
-                           terminated_at=record.terminated_at)
-        return record
-
     def _model(self, record: AgentRecord) -> str:
-        return record.model or self.settings.default_model
+        return self.registry.model(record)
 
     def _new_agent_id(self) -> str:
         while True:
@@ -345,13 +340,13 @@ class AgentService:
             spawned_by=spawned_by,
         )
 
-    def _archive_id(self, record: AgentRecord) -> str:
+    async def _archive_id(self, record: AgentRecord) -> str:
         """`{agent_id}-{n}`, the first n not taken (shortened to stay a valid id)."""
         n = len(record.previous_conversations) + 1
         while True:
             suffix = f"-{n}"
             candidate = record.agent_id[: ID_MAX - len(suffix)] + suffix
-            if self.cache.cached(candidate) is None and not self.cache.store.exists(candidate):
+            if self.cache.cached(candidate) is None and not await self.cache.store.exists(candidate):
                 return candidate
             n += 1
 
@@ -402,7 +397,7 @@ class AgentService:
             else:
                 missing.append(conversation_id)
         if missing:
-            loaded = await asyncio.to_thread(lambda: [self.cache.store.load_meta(c) for c in missing])
+            loaded = [await self.cache.store.load_meta(c) for c in missing]
             metas.update({c: m for c, m in zip(missing, loaded, strict=True) if m is not None})
         return metas
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
+
+from ksi_daemon.storage.ports import CalibrationStore
 
 log = structlog.get_logger("ksi.calibration")
 
@@ -34,21 +36,13 @@ class ModelCalibration:
         return {"ratio": round(self.ratio, 5), "samples": self.samples, "tightened": self.tightened}
 
 
-class CalibrationStore(Protocol):
-    """Where learned ratios survive restarts."""
-
-    def load(self) -> dict[str, dict[str, Any]]: ...
-
-    def save(self, ratios: dict[str, dict[str, Any]]) -> None: ...
-
-
 class NoCalibrationStore:
     """Ratios kept for the life of the process only."""
 
-    def load(self) -> dict[str, dict[str, Any]]:
+    async def load(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def save(self, ratios: dict[str, dict[str, Any]]) -> None:
+    async def save(self, ratios: dict[str, dict[str, Any]]) -> None:
         return None
 
 
@@ -61,8 +55,8 @@ class Calibration:
         self._models: dict[str, ModelCalibration] = {}
         self.dirty = False
 
-    def load(self) -> None:
-        for model, record in self.store.load().items():
+    async def load(self) -> None:
+        for model, record in (await self.store.load()).items():
             try:
                 ratio = float(record["ratio"])
             except (KeyError, TypeError, ValueError):
@@ -72,7 +66,7 @@ class Calibration:
                                                        int(record.get("tightened") or 0))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """The ratios to save, taken on the loop so a worker thread can write them."""
+        """The ratios to save, taken on the loop before the store writes them."""
         self.dirty = False
         return {model: c.to_record() for model, c in self._models.items()}
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -25,6 +25,7 @@ from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.storage.ports import SummaryStore
 
 log = structlog.get_logger("ksi.compaction")
 
@@ -37,24 +38,16 @@ SUMMARISER_SYSTEM = (
 EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange the summariser is shown
 
 
-class SummaryStore(Protocol):
-    """Blocking reads and appends of summary records (run off the event loop)."""
-
-    def append(self, summary: Summary) -> None: ...
-
-    def read(self, conversation_id: str) -> list[Summary]: ...
-
-
 class NoSummaries:
     """Summaries kept for the life of the process only."""
 
     def __init__(self) -> None:
         self._kept: dict[str, list[Summary]] = {}
 
-    def append(self, summary: Summary) -> None:
+    async def append(self, summary: Summary) -> None:
         self._kept.setdefault(summary.conversation_id, []).append(summary)
 
-    def read(self, conversation_id: str) -> list[Summary]:
+    async def read(self, conversation_id: str) -> list[Summary]:
         return list(self._kept.get(conversation_id, []))
 
 
@@ -129,7 +122,7 @@ class Compactor:
     async def summaries(self, memory: ConversationMemory) -> list[Summary]:
         """Kept on the conversation in memory, so they leave with it (eviction, reset, delete)."""
         if memory.summaries is None:
-            memory.summaries = await asyncio.to_thread(self.store.read, memory.conversation_id)
+            memory.summaries = await self.store.read(memory.conversation_id)
         return memory.summaries
 
     async def for_turn(self, memory: ConversationMemory, model: str) -> Summary | None:
@@ -225,7 +218,7 @@ class Compactor:
         now_cached = self.cache.cached(conversation_id)
         if now_cached is not None and now_cached is not memory:
             return None  # reset meanwhile: this summary is of the conversation that moved away
-        await asyncio.to_thread(self.store.append, summary)
+        await self.store.append(summary)
         known.append(summary)
         log.info("summary_written", conversation_id=conversation_id, upto=target, previous_upto=covered,
                  model=summariser, tokens=summary.tokens)
@@ -282,5 +275,5 @@ class Compactor:
             compaction["covered"] = summary.upto
             compaction["cost"] = float(compaction.get("cost", 0.0)) + summary.cost
             meta.extra["compaction"] = compaction
-            await asyncio.to_thread(self.cache.store.save_meta, meta)
+            await self.cache.store.save_meta(meta)
             memory.meta = meta

@@ -9,7 +9,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.storage.conversations import CliSession, ConversationMeta, SystemChange
+from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange
 
 
 def input_lines(state: RequestState) -> list[dict[str, Any]]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+
+from ksi_daemon.services.limits import ConcurrencyLimits
 
 log = structlog.get_logger("ksi.scheduler")
 
@@ -26,10 +29,9 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, max_concurrency: int, model_limit: Callable[[str], int | None]) -> None:
-        self._global = asyncio.Semaphore(max_concurrency)
-        self._model_limit = model_limit
-        self._model_slots: dict[str, asyncio.Semaphore] = {}
+    def __init__(self, limits: ConcurrencyLimits, takes_slot: Callable[[str], bool] = lambda _model: True) -> None:
+        self._limits = limits
+        self._takes_slot = takes_slot  # False for jobs whose own calls take the slots (a consortium run)
         self._queues: dict[str, deque[Job]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self.running = 0
@@ -76,43 +78,25 @@ class Scheduler:
         job.on_cancel_queued()
         return True
 
-    def _slot(self, model: str) -> asyncio.Semaphore | None:
-        limit = self._model_limit(model)
-        if not limit:
-            return None
-        slot = self._model_slots.get(model)
-        if slot is None:
-            slot = self._model_slots[model] = asyncio.Semaphore(limit)
-        return slot
-
     async def _work(self, key: str, queue: deque[Job]) -> None:
         try:
             while queue:
                 job = queue[0]
-                model_slot = self._slot(job.model)
-                # The model's slot first: a job waiting for its busy model must not hold a global
-                # slot, or one saturated model would stall every other model.
-                if model_slot is not None:
-                    await model_slot.acquire()
-                try:
-                    async with self._global:
-                        if job.cancelled or not queue or queue[0] is not job:
-                            continue
-                        self.running += 1
-                        job.task = asyncio.get_running_loop().create_task(job.run())
-                        try:
-                            await asyncio.shield(job.task)
-                        except asyncio.CancelledError:
-                            if not job.task.done():  # the worker itself is being cancelled
-                                job.task.cancel()
-                                raise
-                        except Exception:
-                            log.exception("job_failed", conversation_id=key)
-                        finally:
-                            self.running -= 1
-                finally:
-                    if model_slot is not None:
-                        model_slot.release()
+                async with self._limits.slot(job.model) if self._takes_slot(job.model) else nullcontext():
+                    if job.cancelled or not queue or queue[0] is not job:
+                        continue
+                    self.running += 1
+                    job.task = asyncio.get_running_loop().create_task(job.run())
+                    try:
+                        await asyncio.shield(job.task)
+                    except asyncio.CancelledError:
+                        if not job.task.done():  # the worker itself is being cancelled
+                            job.task.cancel()
+                            raise
+                    except Exception:
+                        log.exception("job_failed", conversation_id=key)
+                    finally:
+                        self.running -= 1
                 if queue and queue[0] is job:
                     queue.popleft()
         finally:

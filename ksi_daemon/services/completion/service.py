@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -28,6 +28,7 @@ from ksi_daemon.providers.base import (
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.attachments import Attachments
+from ksi_daemon.services.completion.recovery import recover
 from ksi_daemon.services.completion.models import (
     CompletionAsync,
     CompletionCancel,
@@ -35,7 +36,7 @@ from ksi_daemon.services.completion.models import (
     CompletionWait,
 )
 from ksi_daemon.services.completion.calibration import Calibration, NoCalibrationStore
-from ksi_daemon.services.completion.compaction import Compactor, NoSummaries, SummaryStore, summary_block
+from ksi_daemon.services.completion.compaction import Compactor, NoSummaries, summary_block
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -48,9 +49,15 @@ from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
-from ksi_daemon.storage.conversations import ConversationMeta
-from ksi_daemon.storage.request_journal import RequestJournal
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.ports import (
+    ConversationExists,
+    ExchangeConflict,
+    RequestJournal,
+    ResponseStore,
+    SummaryStore,
+)
 
 log = structlog.get_logger("ksi.completion")
 
@@ -83,14 +90,23 @@ class AgentDefaults:
 
 
 class AgentDirectory(Protocol):
-    def defaults(self, agent_id: str) -> AgentDefaults: ...
+    """Where the completion service finds an agent's defaults (the agents' registry)."""
+
+    async def defaults(self, agent_id: str) -> AgentDefaults: ...
 
 
 class NoAgents:
     """The agent directory of a daemon without agents: every id is unknown."""
 
-    def defaults(self, agent_id: str) -> AgentDefaults:
+    async def defaults(self, agent_id: str) -> AgentDefaults:
         raise KsiError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id}", agent_id=agent_id)
+
+
+@runtime_checkable
+class ChecksUpFront(Protocol):
+    """An answerer that can refuse a model before the request is queued (an unknown consortium)."""
+
+    async def check(self, model: str, inline: dict[str, Any] | None) -> None: ...
 
 
 @dataclass(slots=True)
@@ -120,7 +136,7 @@ class CompletionService:
         settings: Settings,
         router: Router,
         cache: ConversationCache,
-        responses: ResponseLog,
+        responses: ResponseStore,
         journal: RequestJournal,
         provider: Provider,
         facts: ModelFacts,
@@ -128,6 +144,8 @@ class CompletionService:
         clock: Callable[[], float] = time.time,
         calibration: Calibration | None = None,
         summaries: SummaryStore | None = None,
+        agents: AgentDirectory | None = None,
+        limits: ConcurrencyLimits | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -137,11 +155,15 @@ class CompletionService:
         self.provider = provider
         self.facts = facts
         self.answerers = answerers or {}  # model prefix -> answerer (e.g. "consortium/")
-        self.agents: AgentDirectory = NoAgents()
+        self.agents: AgentDirectory = agents or NoAgents()
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.requests = RequestRegistry(settings.finished_requests_kept)
-        self.scheduler = Scheduler(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
+        # one limits object with the consortium: its member calls count against the same limits;
+        # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
+        self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
+                                                  lambda m: settings.model_settings(m).max_concurrency)
+        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._overload_logged_at = -1.0e9
@@ -151,6 +173,7 @@ class CompletionService:
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
                                    facts.count_tokens, self.history_budget)
         self._calibration_saved = time.monotonic()
+        self._background: set[asyncio.Task[None]] = set()  # calibration saves under way
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -168,22 +191,24 @@ class CompletionService:
         ]
 
     async def start(self) -> None:
-        for record in await asyncio.to_thread(self.journal.recover):
+        for record in await recover(self.journal, self.cache.store, self.responses):
             self.requests.add_interrupted(record)
-        await asyncio.to_thread(self.calibration.load)
+        await self.calibration.load()
 
     async def stop(self, timeout: float) -> None:
         await self.scheduler.stop(timeout)
         await self.compactor.stop(timeout)
-        self.journal.close()
-        await asyncio.to_thread(self.calibration.store.save, self.calibration.snapshot())
+        await self.journal.close()
+        await self.calibration.store.save(self.calibration.snapshot())
 
     def _save_calibration_now_and_then(self) -> None:
-        """Learned ratios reach storage at most every few seconds, off the loop (and at stop)."""
+        """Learned ratios reach storage at most every few seconds, in the background (and at stop)."""
         now = time.monotonic()
         if self.calibration.dirty and now - self._calibration_saved > CALIBRATION_SAVE_INTERVAL:
             self._calibration_saved = now
-            asyncio.get_running_loop().run_in_executor(None, self.calibration.store.save, self.calibration.snapshot())
+            task = asyncio.get_running_loop().create_task(self.calibration.store.save(self.calibration.snapshot()))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -332,7 +357,7 @@ class CompletionService:
         self._check_capacity()  # refuse before any work is done or any conversation is written
         if data.files:  # refused files fail the ack before any conversation is written
             data = data.model_copy(update={"files": await self.attachments.check(data.files)})
-        agent = self.agents.defaults(data.agent_id) if data.agent_id else None
+        agent = await self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
         if chosen is not None:
             await self._check_answerer(chosen, data)  # before a new conversation is written
@@ -389,7 +414,7 @@ class CompletionService:
                 conversation_id is None or self.cache.cached(conversation_id) is None):
             # a new conversation answers with the chosen or the default model: refuse its options
             # before anything is written (an existing one is checked against its own last model)
-            if conversation_id is None or not await asyncio.to_thread(self.cache.store.exists, conversation_id):
+            if conversation_id is None or not await self.cache.store.exists(conversation_id):
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
@@ -404,15 +429,19 @@ class CompletionService:
         if not (data.create or own_agent_conversation):
             raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
                            conversation_id=conversation_id)
-        return await self.create_conversation(conversation_id, agent_id=data.agent_id,
-                                              system=agent.system if agent else None, extra=extra)
+        try:
+            return await self.create_conversation(conversation_id, agent_id=data.agent_id,
+                                                  system=agent.system if agent else None, extra=extra)
+        except ConversationExists:  # another daemon created it meanwhile: continue it
+            return await self.cache.require(conversation_id)
 
     async def create_conversation(self, conversation_id: str, **fields: Any) -> ConversationMemory:
+        """A new conversation (exclusive: raises `ConversationExists` when the id is taken)."""
         now = format_ts(self.clock())
         meta = ConversationMeta(conversation_id=conversation_id, ttl=self.settings.default_ttl,
                                 created=now, last_activity=now,
                                 **{k: v for k, v in fields.items() if v is not None})
-        await asyncio.to_thread(self.cache.store.save_meta, meta)
+        await self.cache.store.create(meta)
         return self.cache.create(meta)
 
     def _check_open(self, memory: ConversationMemory) -> None:
@@ -505,9 +534,9 @@ class CompletionService:
 
     async def _check_answerer(self, model: str, data: CompletionAsync) -> None:
         """Answerers that can refuse a model up front (an unknown consortium) fail the ack itself."""
-        check = getattr(self._answerer(model), "check", None)
-        if check is not None:
-            await check(model, data.consortium)
+        answerer = self._answerer(model)
+        if isinstance(answerer, ChecksUpFront):
+            await answerer.check(model, data.consortium)
 
     def _answerer(self, model: str) -> Provider:
         for prefix, answerer in self.answerers.items():
@@ -633,32 +662,36 @@ class CompletionService:
 
     async def _commit(self, state: RequestState, prepared: Prepared, reply: ProviderReply,
                       attempts: list[dict[str, Any]]) -> dict[str, Any]:
-        """Response file durable, then the index line, then metadata; only then the result."""
+        """Response record durable, then the index line, then metadata; only then the result.
+
+        The append is conditional: when another writer took the next exchange number first, the
+        conversation is reloaded and the exchange appended after the new head.
+        """
         memory = prepared.memory
         assert state.response_id is not None
         duration_ms = state.duration_ms()
         outcome = records.outcome_line(state, reply, attempts, duration_ms, prepared.sent)
+        lines = [*prepared.inputs, outcome]
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
             tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
-        # the service clock, so TTLs slide with activity
-        meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system, prepared.system_changed,
-                                    format_ts(self.clock()))
-
-        def persist() -> None:
-            self.responses.write(state.response_id, [*prepared.inputs, outcome])
-            self.cache.store.append_exchange(state.conversation_id, entry)
-            self.cache.store.save_meta(meta)
-
-        # Too late to cancel once the write has begun: the index line would be on disk but not in
-        # memory. A cancel arriving now is absorbed; the request completes and is reported done.
-        if not self.settings.fsync_enabled:
-            persist()  # a few small unsynced writes: cheaper on the loop than a hop to a thread
-        else:
-            await self._uncancellable(asyncio.to_thread(persist))
+        while True:
+            # the service clock, so TTLs slide with activity
+            meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
+                                        prepared.system_changed, format_ts(self.clock()))
+            try:
+                # Too late to cancel once the write has begun: the index line would be stored but
+                # not in memory. A cancel arriving now is absorbed; the request is reported done.
+                await self._uncancellable(
+                    self.cache.store.append_exchange(state.conversation_id, entry, response=lines, meta=meta))
+            except ExchangeConflict:
+                await self.cache.reload(memory)
+                entry.n = memory.next_n
+                continue
+            break
         memory.meta = meta
         memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
@@ -687,7 +720,7 @@ class CompletionService:
             return
         line = records.error_line(state, error, attempts)
         try:
-            await asyncio.shield(asyncio.to_thread(self.responses.write, state.response_id, [*inputs, line]))
+            await asyncio.shield(self.responses.write(state.response_id, [*inputs, line]))
         except Exception:
             log.exception("failure_log_failed", request_id=state.request_id)
 

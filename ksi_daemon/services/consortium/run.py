@@ -25,8 +25,7 @@ from ksi_daemon.services.consortium.arbiter import (
 )
 from ksi_daemon.services.consortium.models import ConsortiumDefinition
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
-from ksi_daemon.storage.consortia import TraceLog
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.ports import ResponseStore, TraceStore
 
 log = structlog.get_logger("ksi.consortium")
 
@@ -38,8 +37,8 @@ class RunParts:
     """What every run shares, handed down by the consortium service."""
 
     provider: Provider
-    responses: ResponseLog
-    traces: TraceLog
+    responses: ResponseStore
+    traces: TraceStore
     retry: RetryPolicy
     breaker: CircuitBreaker
     slot: Callable[[str], AbstractAsyncContextManager[Any]]  # bounds concurrent calls per model
@@ -360,7 +359,7 @@ class ConsortiumRun:
                    "details": outcome.details, "model": outcome.model}
         end.update(duration_ms=outcome.duration_ms, attempts=outcome.attempts, ts=utc_now(), **ids)
         try:
-            await asyncio.to_thread(self.parts.responses.write, outcome.response_id, [*lines, end])
+            await self.parts.responses.write(outcome.response_id, [*lines, end])
         except Exception:
             log.exception("consortium_call_log_failed", run_id=self.run_id, response_id=outcome.response_id)
 
@@ -368,7 +367,7 @@ class ConsortiumRun:
         line = {"v": 1, "ts": utc_now(), "run_id": self.run_id, **record}
         try:
             async with self._trace_lock:
-                await asyncio.to_thread(self.parts.traces.append, self.run_id, line, durable)
+                await self.parts.traces.append(self.run_id, line, durable)
         except Exception:
             log.exception("consortium_trace_failed", run_id=self.run_id)
 

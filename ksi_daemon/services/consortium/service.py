@@ -3,9 +3,6 @@ that answer inside the asking conversation, and their traces."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 import structlog
@@ -29,8 +26,8 @@ from ksi_daemon.services.consortium.models import (
 )
 from ksi_daemon.services.consortium.run import ConsortiumRun, RunParts
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy
-from ksi_daemon.storage.consortia import ConsortiumStore, TraceLog
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.storage.ports import ConsortiumStore, ResponseStore, TraceStore
 
 log = structlog.get_logger("ksi.consortium")
 
@@ -43,9 +40,10 @@ class ConsortiumService:
         settings: Settings,
         router: Router,
         store: ConsortiumStore,
-        traces: TraceLog,
-        responses: ResponseLog,
+        traces: TraceStore,
+        responses: ResponseStore,
         provider: Provider,
+        limits: ConcurrencyLimits,
         retry: RetryPolicy | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
@@ -60,10 +58,8 @@ class ConsortiumService:
             provider=provider, responses=responses, traces=traces,
             retry=retry or RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay),
             breaker=breaker or CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
-            slot=self._slot, default_timeout=settings.request_timeout,
+            slot=limits.slot, default_timeout=settings.request_timeout,  # the completions' own limits
         )
-        self._calls = asyncio.Semaphore(settings.max_concurrency)
-        self._model_calls: dict[str, asyncio.Semaphore] = {}
         self.active = 0
         self.runs = 0
 
@@ -79,7 +75,7 @@ class ConsortiumService:
         ]
 
     async def start(self) -> None:
-        for name, record in (await asyncio.to_thread(self.store.load_all)).items():
+        for name, record in (await self.store.load_all()).items():
             definition = self._from_record(name, record)
             if definition is not None:
                 self.definitions[name] = definition
@@ -91,26 +87,26 @@ class ConsortiumService:
     # -- events ---------------------------------------------------------------
     async def handle_save(self, data: ConsortiumSave, _context: EventContext) -> dict[str, Any]:
         definition = ConsortiumDefinition.model_validate(data.model_dump(exclude={"name"}))
-        replaced = data.name in self.definitions or await asyncio.to_thread(self.store.path(data.name).exists)
-        record = await asyncio.to_thread(self.store.save, data.name, definition.to_record())
+        record, replaced = await self.store.save(data.name, definition.to_record())
+        replaced = replaced or data.name in self.definitions
         self.definitions[data.name] = definition
         return {"name": data.name, "model": CONSORTIUM_PREFIX + data.name, "replaced": replaced,
                 "definition": record}
 
     async def handle_list(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
-        records = await asyncio.to_thread(self.store.load_all)
+        records = await self.store.load_all()
         consortia = [{**record, "name": name, "model": CONSORTIUM_PREFIX + name} for name, record in records.items()]
         return {"consortia": consortia, "count": len(consortia)}
 
     async def handle_remove(self, data: ConsortiumRef, _context: EventContext) -> dict[str, Any]:
-        removed = await asyncio.to_thread(self.store.remove, data.name)
+        removed = await self.store.remove(data.name)
         self.definitions.pop(data.name, None)
         if not removed:
             raise self._not_found(data.name)
         return {"name": data.name, "removed": True}
 
     async def handle_trace(self, data: ConsortiumTrace, _context: EventContext) -> dict[str, Any]:
-        lines = await asyncio.to_thread(self.traces.read, data.run_id)
+        lines = await self.traces.read(data.run_id)
         if lines is None:
             # a run belongs to one completion request; its absence is reported like an unknown request
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no consortium run {data.run_id}", run_id=data.run_id)
@@ -130,7 +126,7 @@ class ConsortiumService:
                            "[A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'", fields={"model": "invalid consortium name"})
         definition = self.definitions.get(name)
         if definition is None:  # saved by hand, or by another tool, since the daemon started
-            record = await asyncio.to_thread(self.store.load, name)
+            record = await self.store.load(name)
             definition = self._from_record(name, record) if record is not None else None
             if definition is None:
                 raise self._not_found(name, inline_hint=name == INLINE_NAME)
@@ -147,22 +143,6 @@ class ConsortiumService:
             return await run.execute()
         finally:
             self.active -= 1
-
-    @asynccontextmanager
-    async def _slot(self, model: str) -> AsyncIterator[None]:
-        """Member and arbiter calls of all runs share the daemon's concurrency limits."""
-        # the model's own limit first: waiting for it must not hold a daemon-wide slot
-        async with self._model_slot(model), self._calls:
-            yield
-
-    def _model_slot(self, model: str) -> AbstractAsyncContextManager[Any]:
-        limit = self.settings.model_settings(model).max_concurrency
-        if not limit:
-            return nullcontext()
-        slot = self._model_calls.get(model)
-        if slot is None:
-            slot = self._model_calls[model] = asyncio.Semaphore(limit)
-        return slot
 
     # -- helpers --------------------------------------------------------------
     @staticmethod

@@ -16,8 +16,8 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
-from ksi_daemon.storage.conversations import ConversationMeta, ConversationStore
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.ports import ConversationStore, ResponseStore
 
 
 @dataclass(slots=True)
@@ -153,9 +153,14 @@ def estimate_tokens(text: str) -> int:
 
 
 class ConversationCache:
-    """A bounded LRU of conversations in memory, loading from storage in a worker thread."""
+    """A bounded LRU of conversations in memory, loaded through the conversation store.
 
-    def __init__(self, store: ConversationStore, responses: ResponseLog, capacity: int,
+    When the store is shared with other daemons, every `get` asks the store for the head (a
+    cheap query) and reloads a conversation whose history moved elsewhere, so a turn never
+    sees stale history.
+    """
+
+    def __init__(self, store: ConversationStore, responses: ResponseStore, capacity: int,
                  count_tokens: Callable[[str], int] = estimate_tokens) -> None:
         self.store = store
         self.responses = responses
@@ -185,19 +190,45 @@ class ConversationCache:
         """The conversation, with at least `budget` tokens of history loaded when it has them."""
         memory = self._items.get(conversation_id)
         if memory is None:
-            meta = await asyncio.to_thread(self.store.load_meta, conversation_id)
+            meta = await self.store.load_meta(conversation_id)
             if meta is None:
                 return None
             memory = self._items.get(conversation_id)  # another task may have loaded it meanwhile
             if memory is None:
                 memory = ConversationMemory(meta)
-                entries, total = await asyncio.to_thread(self._read_tail, conversation_id, budget)
+                entries, total = await self._read_tail(conversation_id, budget)
                 memory.set_entries(entries, total)
                 memory.tail_budget = budget
         else:
             self._items.move_to_end(conversation_id)
+            if self.store.shared and not await self.fresh(memory):
+                return await self.get(conversation_id, budget)
         if budget > memory.tail_budget and not memory.complete and memory.eligible_tokens() < budget:
             await self._extend(memory, budget)
+        return self._keep(memory)
+
+    async def fresh(self, memory: ConversationMemory) -> bool:
+        """Whether the store's head is still the one in memory; a stale memory is dropped."""
+        head = await self.store.head(memory.conversation_id)
+        if head == memory.total or (head == 0 and memory.total == memory.base):
+            return True
+        if self._items.get(memory.conversation_id) is memory:
+            del self._items[memory.conversation_id]
+        return False
+
+    async def reload(self, memory: ConversationMemory, budget: int = 0) -> ConversationMemory:
+        """Load the conversation again from the store (after another writer moved its head);
+        `memory` takes over the fresh state, so holders of it (and of its lock) see it."""
+        meta = await self.store.load_meta(memory.conversation_id)
+        if meta is None:
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
+                           conversation_id=memory.conversation_id)
+        memory.meta = meta
+        memory.texts.clear()
+        memory.summaries = None  # read again too: another writer may have added one
+        entries, total = await self._read_tail(memory.conversation_id, max(budget, memory.tail_budget))
+        memory.set_entries(entries, total)
+        memory.tail_budget = max(budget, memory.tail_budget)
         return self._keep(memory)
 
     async def require(self, conversation_id: str, budget: int = 0) -> ConversationMemory:
@@ -208,9 +239,9 @@ class ConversationCache:
         return memory
 
     async def _extend(self, memory: ConversationMemory, budget: int) -> None:
-        entries, total = await asyncio.to_thread(self._read_tail, memory.conversation_id, budget)
-        if total != memory.total:  # the index moved on disk under us: take all of it
-            entries = await asyncio.to_thread(self._read_index, memory.conversation_id)
+        entries, total = await self._read_tail(memory.conversation_id, budget)
+        if total != memory.total:  # the index moved in storage under us: take all of it
+            entries = await self._read_index(memory.conversation_id)
             total = entries[-1].n if entries else 0
         if entries and entries[0].n < memory.first_loaded:
             memory.set_entries(entries, total)
@@ -219,24 +250,25 @@ class ConversationCache:
     async def load_all(self, memory: ConversationMemory) -> None:
         """Load every index entry (for forks of this conversation and inspection)."""
         if not memory.complete:
-            entries = await asyncio.to_thread(self._read_index, memory.conversation_id)
+            entries = await self._read_index(memory.conversation_id)
             memory.set_entries(entries, entries[-1].n if entries else 0)
 
-    # -- blocking readers (worker thread) -----------------------------------
-    def _read_tail(self, conversation_id: str, budget: int) -> tuple[list[IndexEntry], int]:
-        entries, total = self.store.read_tail(conversation_id, budget)
-        return self._counted(entries), total
+    # -- readers ----------------------------------------------------------------
+    async def _read_tail(self, conversation_id: str, budget: int) -> tuple[list[IndexEntry], int]:
+        entries, total = await self.store.read_tail(conversation_id, budget)
+        return await self._counted(entries), total
 
-    def _read_index(self, conversation_id: str) -> list[IndexEntry]:
-        return self._counted(self.store.read_index(conversation_id))
+    async def _read_index(self, conversation_id: str) -> list[IndexEntry]:
+        return await self._counted(await self.store.entries(conversation_id))
 
-    def _counted(self, entries: list[IndexEntry]) -> list[IndexEntry]:
+    async def _counted(self, entries: list[IndexEntry]) -> list[IndexEntry]:
         """Legacy bare-id index lines carry no token counts, so the budget would take their
-        exchanges for free: count them from their response files once, when loaded."""
-        for entry in entries:
-            if entry.tokens_in or entry.tokens_out or entry.is_feedback:
-                continue
-            record = self.responses.read(entry.response_id)
+        exchanges for free: count them from their response records once, when loaded."""
+        uncounted = [e for e in entries if not (e.tokens_in or e.tokens_out or e.is_feedback)]
+        if not uncounted:
+            return entries
+        records = await self.responses.read_many([e.response_id for e in uncounted])
+        for entry, record in zip(uncounted, records, strict=True):
             if record is None:
                 continue
             exchange = exchange_from_response(record)
@@ -246,12 +278,10 @@ class ConversationCache:
         return entries
 
     async def texts(self, memory: ConversationMemory, entries: list[IndexEntry]) -> list[Exchange]:
-        """The exchange texts of `entries`, reading only the response files not in memory."""
+        """The exchange texts of `entries`, reading only the response records not in memory."""
         missing = [e for e in entries if e.n not in memory.texts]
         if missing:
-            records = await asyncio.to_thread(
-                lambda: [self.responses.read(e.response_id) for e in missing]
-            )
+            records = await self.responses.read_many([e.response_id for e in missing])
             for entry, record in zip(missing, records, strict=True):
                 memory.texts[entry.n] = (
                     exchange_from_response(record) if record is not None

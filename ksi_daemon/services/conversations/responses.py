@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
 from ksi_common.records import ResponseRecord
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.ports import ResponseStore
 
 
 @dataclass(slots=True)
@@ -27,15 +26,15 @@ class Located:
         return self.memory is not None and self.n == self.memory.total
 
 
-async def read_response(responses: ResponseLog, response_id: str, code: ErrorCode) -> ResponseRecord:
+async def read_response(responses: ResponseStore, response_id: str, code: ErrorCode) -> ResponseRecord:
     """The response file, or `code` (e.g. response_not_found) when there is none."""
-    record = await asyncio.to_thread(responses.read, response_id) if is_safe_id(response_id) else None
+    record = await responses.read(response_id) if is_safe_id(response_id) else None
     if record is None:
         raise KsiError(code, f"no response {response_id}", response_id=response_id)
     return record
 
 
-async def locate(cache: ConversationCache, responses: ResponseLog, response_id: str,
+async def locate(cache: ConversationCache, responses: ResponseStore, response_id: str,
                  code: ErrorCode = ErrorCode.RESPONSE_NOT_FOUND) -> Located:
     """The response and its exchange number in the conversation whose index lists it.
 

@@ -1,4 +1,4 @@
-"""What the model was sent for one exchange, rebuilt from the files: the system message with its
+"""What the model was sent for one exchange, rebuilt from storage: the system message with its
 notes, the history exchanges shown, the new input and the files embedded with it.
 
 The response file keeps only the raw input; its outcome line records which exchanges were shown
@@ -13,8 +13,8 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
 from ksi_common.records import IndexEntry
-from ksi_common.summaries import Summary, read_summaries
-from ksi_common.transcripts import VarReader
+from ksi_common.summaries import Summary
+from ksi_common.transcripts import Transcripts
 from ksi_daemon.services.completion.compaction import summary_block
 from ksi_daemon.services.conversations.history import system_notes
 
@@ -49,24 +49,24 @@ def _numbers(runs: list[Any]) -> list[int]:
     return shown
 
 
-def _summary(reader: VarReader, ref: Any) -> Summary | None:
+async def _summary(reader: Transcripts, ref: Any) -> Summary | None:
     """The summary a turn used in place of its earliest exchanges, by owner and coverage."""
     if not isinstance(ref, dict) or not isinstance(ref.get("conversation_id"), str) or not is_safe_id(
             ref["conversation_id"]):
         return None
-    found = [s for s in read_summaries(reader.layout.summaries_file(ref["conversation_id"])) if s.upto == ref.get("upto")]
+    found = [s for s in await reader.reader.summaries(ref["conversation_id"]) if s.upto == ref.get("upto")]
     return found[-1] if found else None
 
 
-def rebuild_sent(reader: VarReader, conversation_id: str, n: int, now: float) -> dict[str, Any]:
+async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: float) -> dict[str, Any]:
     """The messages of exchange `n` of a conversation (its fork chain included), as sent."""
-    transcript = reader.transcript(conversation_id, True, now)
+    transcript = await reader.transcript(conversation_id, True, now)
     exchanges = {x["n"]: x for x in transcript["exchanges"]}
     exchange = exchanges.get(n)
     if exchange is None:
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} has no exchange {n}",
                        fields={"n": f"no exchange {n}"}, exchanges=sorted(exchanges))
-    record = reader.response(exchange["response_id"])
+    record = await reader.response(exchange["response_id"])
     outcome = (record.outcome or {}) if record is not None else {}
     sent = outcome.get("sent")
     recorded = isinstance(sent, dict)
@@ -80,11 +80,11 @@ def rebuild_sent(reader: VarReader, conversation_id: str, n: int, now: float) ->
     # the same notes the daemon appended, rebuilt from the exchanges shown
     entries = [IndexEntry(n=k, response_id=exchanges[k]["response_id"], model=exchanges[k].get("model"),
                           agent_id=exchanges[k].get("agent_id")) for k in shown]
-    summary = _summary(reader, sent.get("summary")) if recorded else None
+    summary = await _summary(reader, sent.get("summary")) if recorded else None
     notes = system_notes(omitted, entries, summary_block(summary) if summary is not None else None)
     instructions = outcome.get("instructions")  # a system prompt for that request alone
     system = instructions if isinstance(instructions, str) else _system_in_force(
-        reader.require_meta(exchange["conversation_id"]), n)
+        await reader.require_meta(exchange["conversation_id"]), n)
     messages: list[dict[str, Any]] = []
     system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:

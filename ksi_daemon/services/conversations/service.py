@@ -1,15 +1,14 @@
 """`conversation:*` events: list, show, stats, export and import conversations; fork, update,
 archive and delete them.
 
-Reading goes through `ksi_common.transcripts` (the same reader `ksi conversation ...` uses with
-the daemon stopped) in a worker thread; writing goes through the daemon's storage classes.
+Reading goes through `ksi_common.transcripts` over the conversation store (the same code
+`ksi conversation ...` runs with the daemon stopped); writing goes through the storage ports.
 Metadata changes happen under the conversation's lock, the one the completion service holds
 while it commits an exchange, so neither overwrites the other's change.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,11 +17,11 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
-from ksi_common.ids import is_safe_id, new_id, new_response_id
+from ksi_common.ids import new_id, new_response_id
 from ksi_common.records import INPUT_TYPES, IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
-from ksi_common.transcripts import VarReader, stats_of, summarize
+from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
@@ -43,8 +42,8 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.sent import rebuild_sent
-from ksi_daemon.storage.conversations import ConversationMeta
-from ksi_daemon.storage.responses import ResponseLog
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.ports import ConversationExists
 
 log = structlog.get_logger("ksi.conversation")
 
@@ -69,7 +68,6 @@ class ConversationService:
         settings: Settings,
         router: Router,
         cache: ConversationCache,
-        responses: ResponseLog,
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
         calibration: Callable[[list[str]], dict[str, Any]] = lambda _models: {},
@@ -79,11 +77,10 @@ class ConversationService:
         self.router = router
         self.cache = cache
         self.store = cache.store
-        self.responses = responses
+        self.responses = cache.responses
         self.clock = clock
         self.cancel_requests = cancel_requests
-        self.layout = settings.layout
-        self.reader = VarReader(settings.layout, settings.max_fork_depth)
+        self.reader = Transcripts(cache.store, settings.max_fork_depth)
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -126,14 +123,14 @@ class ConversationService:
 
     # -- reading --------------------------------------------------------------
     async def handle_list(self, data: ConversationList, _context: EventContext) -> dict[str, Any]:
-        items, total = await asyncio.to_thread(
-            self.reader.listing, self.clock(), agent_id=data.agent_id, model=data.model, status=data.status,
+        items, total = await self.reader.listing(
+            self.clock(), agent_id=data.agent_id, model=data.model, status=data.status,
             tag=data.tag, text=data.text, since=data.since, limit=data.limit, offset=data.offset,
         )
         return {"conversations": items, "total": total, "limit": data.limit, "offset": data.offset}
 
     async def _transcript(self, conversation_id: str, inherited: bool = True) -> dict[str, Any]:
-        return await asyncio.to_thread(self.reader.transcript, conversation_id, inherited, self.clock())
+        return await self.reader.transcript(conversation_id, inherited, self.clock())
 
     async def handle_show(self, data: ConversationShow, _context: EventContext) -> dict[str, Any]:
         transcript = await self._transcript(data.conversation_id, data.inherited)
@@ -143,7 +140,7 @@ class ConversationService:
                 "offset": data.offset}
 
     async def handle_sent(self, data: ConversationSent, _context: EventContext) -> dict[str, Any]:
-        return await asyncio.to_thread(rebuild_sent, self.reader, data.conversation_id, data.n, self.clock())
+        return await rebuild_sent(self.reader, data.conversation_id, data.n, self.clock())
 
     async def handle_stats(self, data: ConversationStats, _context: EventContext) -> dict[str, Any]:
         transcript = await self._transcript(data.conversation_id)
@@ -162,7 +159,7 @@ class ConversationService:
         async with memory.lock:
             meta = memory.meta.model_copy(update=changes, deep=True)
             meta = ConversationMeta.model_validate(meta.model_dump())
-            await asyncio.to_thread(self.store.save_meta, meta)
+            await self.store.save_meta(meta)
             memory.meta = meta
         return meta
 
@@ -212,7 +209,10 @@ class ConversationService:
             ttl=parent.meta.ttl, turn_cap=parent.meta.turn_cap,
             models=[model] if model else [],  # so the fork continues with the model it branched from
         )
-        await asyncio.to_thread(self.store.save_meta, meta)
+        try:
+            await self.store.create(meta)
+        except ConversationExists:
+            raise self._taken(fork_id, "new_id") from None
         self.cache.create(meta)
         log.info("conversation_forked", conversation_id=fork_id, parent_id=parent.conversation_id, at=at)
         self._changed(fork_id, "created", context)
@@ -228,9 +228,13 @@ class ConversationService:
         return None
 
     async def _check_free(self, conversation_id: str, field_name: str) -> None:
-        if self.cache.cached(conversation_id) is not None or await asyncio.to_thread(self.store.exists, conversation_id):
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} already exists",
-                           fields={field_name: "a conversation with this id exists"})
+        if self.cache.cached(conversation_id) is not None or await self.store.exists(conversation_id):
+            raise self._taken(conversation_id, field_name)
+
+    @staticmethod
+    def _taken(conversation_id: str, field_name: str) -> KsiError:
+        return KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} already exists",
+                        fields={field_name: "a conversation with this id exists"})
 
     # -- import ---------------------------------------------------------------
     async def handle_import(self, data: ConversationImport, context: EventContext) -> dict[str, Any]:
@@ -238,18 +242,22 @@ class ConversationService:
         conversation_id = data.new_id or new_id("conv-")
         await self._check_free(conversation_id, "new_id")
         now = format_ts(self.clock())
-        meta, skipped = await asyncio.to_thread(self._write_import, document, conversation_id, now, data.title)
+        meta, exchanges, skipped = self._imported(document, conversation_id, now, data.title)
+        try:
+            await self.store.import_conversation(meta, exchanges)
+        except ConversationExists:
+            raise self._taken(conversation_id, "new_id") from None
         log.info("conversation_imported", conversation_id=conversation_id, exchanges=meta.exchanges)
         self._changed(conversation_id, "created", context)
         return {"conversation_id": conversation_id, "exchanges": meta.exchanges, "skipped": skipped,
                 "imported_from": document["conversation"].get("conversation_id"),
                 "conversation": self._summary(meta)}
 
-    def _write_import(self, document: dict[str, Any], conversation_id: str, now: str,
-                      title: str | None) -> tuple[ConversationMeta, int]:
-        """Response files first, then index lines, then metadata: the daemon's durability order."""
+    def _imported(self, document: dict[str, Any], conversation_id: str, now: str, title: str | None
+                  ) -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int]:
+        """The new conversation's metadata and exchanges (index entry and response lines each)."""
         source = document["conversation"]
-        entries: list[IndexEntry] = []
+        exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]] = []
         models: list[str] = []
         tokens_in = tokens_out = 0
         cost = 0.0
@@ -284,14 +292,13 @@ class ConversationService:
                 "duration_ms": reply.get("duration_ms"), "ts": reply.get("ts") or ts,
                 "conversation_id": conversation_id, "imported_from": exchange.get("response_id"),
             }
-            self.responses.write(response_id, [*lines, outcome])
             text_in = sum(len(line["content"]) for line in lines if line["type"] != "system")
-            entries.append(IndexEntry(
-                n=len(entries) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
+            exchanges.append((IndexEntry(
+                n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
                 agent_id=exchange.get("agent_id"), tokens_in=_int(exchange.get("tokens_in"), text_in // 4 + 4),
                 tokens_out=_int(exchange.get("tokens_out"), len(reply["content"]) // 4 + 4),
                 is_feedback=bool(exchange.get("is_feedback")),
-            ))
+            ), [*lines, outcome]))
             tokens_in += _int(usage.get("prompt_tokens"), 0)
             tokens_out += _int(usage.get("completion_tokens"), 0)
             cost += float(reply.get("cost") or 0.0)
@@ -299,19 +306,16 @@ class ConversationService:
                 if model in models:
                     models.remove(model)
                 models.append(model)
-        for entry in entries:
-            self.store.append_exchange(conversation_id, entry)
         tags = source.get("tags") if isinstance(source.get("tags"), list) else []
         meta = ConversationMeta(
             conversation_id=conversation_id, created=now, last_activity=now,
             title=title if title is not None else _text(source.get("title")),
             tags=[str(t) for t in tags], agent_id=_text(source.get("agent_id")), system=_text(source.get("system")),
-            ttl=self.settings.default_ttl, exchanges=len(entries), tokens_in=tokens_in, tokens_out=tokens_out,
+            ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
             cost=cost, models=models,
             extra={"imported_from": source.get("conversation_id"), "imported_at": now},
         )
-        self.store.save_meta(meta)
-        return meta, skipped
+        return meta, exchanges, skipped
 
     # -- append ---------------------------------------------------------------
     async def handle_append(self, data: ConversationAppend, context: EventContext) -> dict[str, Any]:
@@ -398,43 +402,16 @@ class ConversationService:
         try:
             cancelled = await self.cancel_requests(conversation_id)
             async with memory.lock:
-                removed = await asyncio.to_thread(self._remove_files, conversation_id)
+                removed = await self.store.delete(conversation_id)
         except BaseException:
             memory.meta = previous
             raise
         self.cache.forget(conversation_id)
-        forks = await asyncio.to_thread(self.reader.forks_of, conversation_id)
+        forks = await self.store.forks_of(conversation_id)
         log.info("conversation_deleted", conversation_id=conversation_id, files=len(removed))
         self._changed(conversation_id, "deleted", context)
         return {"conversation_id": conversation_id, "deleted": True, "removed": removed,
                 "cancelled_requests": cancelled, "orphaned_forks": forks}
-
-    def _remove_files(self, conversation_id: str) -> list[str]:
-        """The index, the metadata and the response files that belong to this conversation."""
-        # A response file belongs to the conversation whose index lists it. Its lines keep the
-        # conversation id they were written under, which after an agent reset names another one.
-        kept = self._indexed_elsewhere(conversation_id)
-        paths = [self.layout.response_file(entry.response_id)
-                 for entry in self.reader.entries(conversation_id)
-                 if is_safe_id(entry.response_id) and entry.response_id not in kept]
-        paths += [p for p in self.reader.response_files_of(conversation_id) if p.stem not in kept]
-        paths += [self.layout.index_file(conversation_id), self.layout.meta_file(conversation_id)]
-        removed = []
-        for path in dict.fromkeys(paths):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            removed.append(str(path.relative_to(self.layout.root)))
-        return sorted(removed)
-
-    def _indexed_elsewhere(self, conversation_id: str) -> set[str]:
-        """Response ids listed by the index of any other conversation."""
-        listed: set[str] = set()
-        for index in self.layout.conversations_dir.glob("*.jsonl"):
-            if index.stem != conversation_id:
-                listed.update(entry.response_id for entry in self.reader.entries(index.stem))
-        return listed
 
 
 def _int(value: Any, default: int) -> int:

@@ -1,0 +1,59 @@
+"""After a restart: what became of the requests the previous run left unfinished."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ksi_common.timefmt import utc_now
+from ksi_daemon.storage.ports import ConversationStore, RequestJournal, ResponseStore
+
+KEPT = 10_000  # recovered requests remembered across restarts
+
+
+async def recover(journal: RequestJournal, conversations: ConversationStore,
+                  responses: ResponseStore) -> list[dict[str, Any]]:
+    """Every request the journal knows, finished ones as they ended and unfinished ones now failed
+    with `daemon_restart` (or done when their exchange was indexed); the journal is compacted to
+    the most recent of them, so `completion:status` still answers for them after a restart."""
+    interrupted, finished = [], []
+    for line in await journal.states():
+        if line.get("status") in ("done", "failed", "cancelled"):
+            finished.append(line)
+            continue
+        if line.get("status") not in ("queued", "running"):
+            continue
+        # Killed after the index line was written but before `done` was journaled: the
+        # exchange is in the history, so the request is done (a retry would duplicate it).
+        result = await _indexed_result(line, conversations, responses)
+        if result is not None:
+            interrupted.append({**line, "status": "done", "recovered": True, "result": result, "ts": utc_now()})
+        else:
+            interrupted.append({**line, "status": "failed", "code": "daemon_restart", "ts": utc_now()})
+    kept = (finished + interrupted)[-KEPT:]
+    await journal.replace(kept)
+    return kept
+
+
+async def _indexed_result(line: dict[str, Any], conversations: ConversationStore,
+                          responses: ResponseStore) -> dict[str, Any] | None:
+    """The result data of a `running` request whose exchange made it into its index, else None."""
+    response_id, conversation_id = line.get("response_id"), line.get("conversation_id")
+    if line.get("status") != "running" or not response_id or not conversation_id:
+        return None
+    # one writer per conversation: a request that was running is among the index's last lines
+    tail = (await conversations.entries(conversation_id))[-8:]
+    entry = next((e for e in reversed(tail) if e.response_id == response_id), None)
+    if entry is None:
+        return None
+    record = await responses.read(response_id)
+    if record is None or not record.ok or record.outcome is None:
+        return None
+    outcome = record.outcome
+    agent_id = next((i.get("agent_id") for i in record.inputs if i.get("agent_id")), None)
+    return {
+        "request_id": line["request_id"], "response_id": response_id, "conversation_id": conversation_id,
+        "agent_id": agent_id, "model": outcome.get("model"), "content": record.content,
+        "finish_reason": outcome.get("finish_reason"), "usage": outcome.get("usage") or {},
+        "cost": outcome.get("cost"), "history": {}, "attempts": len(outcome.get("attempts") or []),
+        "duration_ms": outcome.get("duration_ms"), "exchange": entry.n or None, "recovered": True,
+    }

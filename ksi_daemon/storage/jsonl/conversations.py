@@ -1,0 +1,246 @@
+"""Conversations in files: the index `logs/conversations/ID.jsonl` (append-only) and the metadata
+`state/conversations/ID.json` (small, replaced whole); the `ConversationStore` port.
+
+One daemon owns a var dir (its lock file), so the head of each index this daemon touched is kept
+in memory: the conditional append compares against it instead of re-reading the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+
+from ksi_common.ids import is_safe_id
+from ksi_common.jsonl import iter_lines_reversed
+from ksi_common.layout import VarLayout
+from ksi_common.reading import JsonlReader
+from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
+from ksi_daemon.storage.jsonl.files import append_lines, jsonl, read_json, replace_json, write_new
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
+
+T = TypeVar("T")
+
+
+class JsonlConversations(JsonlReader):
+    """The conversation store over files; reads are the inspection commands' reads."""
+
+    def __init__(self, layout: VarLayout, fsync: bool) -> None:
+        super().__init__(layout)
+        self.layout = layout
+        self.fsync = fsync
+        self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known
+
+    @property
+    def shared(self) -> bool:
+        return False  # the var dir's lock keeps every other daemon away
+
+    async def _write(self, work: Callable[[], T]) -> T:
+        """Unsynced writes of a few small lines are cheaper on the loop than a hop to a thread."""
+        if not self.fsync:
+            return work()
+        return await asyncio.to_thread(work)
+
+    # -- existence and metadata ---------------------------------------------
+    def _exists(self, conversation_id: str) -> bool:
+        return self.layout.meta_file(conversation_id).exists() or self.layout.index_file(conversation_id).exists()
+
+    async def exists(self, conversation_id: str) -> bool:
+        return await asyncio.to_thread(self._exists, conversation_id)
+
+    def _load_meta(self, conversation_id: str) -> ConversationMeta | None:
+        raw = read_json(self.layout.meta_file(conversation_id))
+        if raw is None:
+            if self.layout.index_file(conversation_id).exists():
+                return ConversationMeta(conversation_id=conversation_id)  # an index without metadata
+            return None
+        return ConversationMeta.model_validate(raw)
+
+    async def load_meta(self, conversation_id: str) -> ConversationMeta | None:
+        return await asyncio.to_thread(self._load_meta, conversation_id)
+
+    def _save_meta(self, meta: ConversationMeta) -> None:
+        path = self.layout.meta_file(meta.conversation_id)
+        value = meta.model_dump(mode="json")
+        try:
+            replace_json(path, value)
+        except FileNotFoundError:  # the first conversation of a fresh var dir
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_json(path, value)
+
+    async def save_meta(self, meta: ConversationMeta) -> None:
+        await self._write(lambda: self._save_meta(meta))
+
+    def _create(self, meta: ConversationMeta) -> None:
+        if self.layout.index_file(meta.conversation_id).exists():
+            raise ConversationExists(meta.conversation_id)
+        path = self.layout.meta_file(meta.conversation_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write_new(path, orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2), self.fsync)
+        except FileExistsError:
+            raise ConversationExists(meta.conversation_id) from None
+        self._heads[meta.conversation_id] = 0
+
+    async def create(self, meta: ConversationMeta) -> None:
+        await self._write(lambda: self._create(meta))
+
+    # -- the index -------------------------------------------------------------
+    def _head(self, conversation_id: str) -> int:
+        known = self._heads.get(conversation_id)
+        if known is not None:
+            return known
+        head = 0
+        for raw in iter_lines_reversed(self.layout.index_file(conversation_id)):
+            entry = parse_index_line(raw, 0)
+            if entry is None:
+                continue
+            if entry.n == 0:  # a legacy bare id: numbering needs the whole file
+                entries = read_index(self.layout.index_file(conversation_id))
+                head = entries[-1].n if entries else 0
+            else:
+                head = entry.n
+            break
+        self._heads[conversation_id] = head
+        return head
+
+    async def head(self, conversation_id: str) -> int:
+        if conversation_id in self._heads:
+            return self._heads[conversation_id]
+        return await asyncio.to_thread(self._head, conversation_id)
+
+    def _append(self, conversation_id: str, entry: IndexEntry, response: list[dict[str, Any]] | None,
+                meta: ConversationMeta | None) -> None:
+        head = self._head(conversation_id)
+        if entry.n <= head:
+            raise ExchangeConflict(conversation_id, entry.n, head)
+        if response is not None:
+            try:  # the response record first: durable before the index line names it
+                write_new(self.layout.response_file(entry.response_id), jsonl(response), self.fsync)
+            except FileExistsError:
+                pass  # an earlier attempt of this same append wrote it
+        append_lines(self.layout.index_file(conversation_id), jsonl([entry.to_record()]), self.fsync)
+        self._heads[conversation_id] = entry.n
+        if meta is not None:
+            self._save_meta(meta)
+
+    async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
+                              response: list[dict[str, Any]] | None = None,
+                              meta: ConversationMeta | None = None) -> None:
+        await self._write(lambda: self._append(conversation_id, entry, response, meta))
+
+    async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
+        return await asyncio.to_thread(read_index_tail, self.layout.index_file(conversation_id), token_budget)
+
+    # -- moves -----------------------------------------------------------------
+    def _move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
+        meta = self._load_meta(conversation_id) or ConversationMeta(conversation_id=conversation_id)
+        meta.conversation_id = new_id
+        meta.extra.update(note)
+        self._save_meta(meta)  # first: a crash after it leaves the old conversation whole, plus a stray copy
+        index = self.layout.index_file(conversation_id)
+        if index.exists():
+            os.rename(index, self.layout.index_file(new_id))
+        try:
+            self.layout.meta_file(conversation_id).unlink()
+        except FileNotFoundError:
+            pass
+        self._heads.pop(conversation_id, None)
+        self._heads.pop(new_id, None)
+        return self._repoint_forks(conversation_id, new_id)
+
+    def _repoint_forks(self, parent_id: str, new_parent_id: str) -> list[str]:
+        changed = []
+        for path in sorted(self.layout.conversation_meta_dir.glob("*.json")):
+            try:
+                raw = read_json(path)
+            except ValueError:
+                continue
+            if not isinstance(raw, dict) or raw.get("parent_id") != parent_id:
+                continue
+            meta = ConversationMeta.model_validate(raw)
+            meta.parent_id = new_parent_id
+            self._save_meta(meta)
+            changed.append(meta.conversation_id)
+        return changed
+
+    async def move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
+        return await asyncio.to_thread(self._move, conversation_id, new_id, note)
+
+    def _delete(self, conversation_id: str) -> list[str]:
+        """The index, the metadata and the response files that belong to this conversation."""
+        # A response file belongs to the conversation whose index lists it. Its lines keep the
+        # conversation id they were written under, which after an agent reset names another one.
+        kept = self._indexed_elsewhere(conversation_id)
+        layout = self.layout
+        paths = [layout.response_file(entry.response_id)
+                 for entry in self.files.entries(conversation_id)
+                 if is_safe_id(entry.response_id) and entry.response_id not in kept]
+        paths += [p for p in self._response_files_of(conversation_id) if p.stem not in kept]
+        paths += [layout.index_file(conversation_id), layout.meta_file(conversation_id)]
+        removed = []
+        for path in dict.fromkeys(paths):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(str(path.relative_to(layout.root)))
+        self._heads.pop(conversation_id, None)
+        return sorted(removed)
+
+    def _indexed_elsewhere(self, conversation_id: str) -> set[str]:
+        """Response ids listed by the index of any other conversation."""
+        listed: set[str] = set()
+        for index in self.layout.conversations_dir.glob("*.jsonl"):
+            if index.stem != conversation_id:
+                listed.update(entry.response_id for entry in read_index(index))
+        return listed
+
+    def _response_files_of(self, conversation_id: str) -> list[Any]:
+        """Response files whose lines say they belong to `conversation_id`: indexed exchanges,
+        failed requests and calls logged on the conversation's behalf."""
+        owned = []
+        needle = b'"conversation_id":' + orjson.dumps(conversation_id)
+        for path in self.layout.responses_dir.glob("*.jsonl"):
+            try:
+                with open(path, "rb") as handle:
+                    head = handle.read(64 * 1024)
+            except OSError:
+                continue
+            if needle not in head:
+                continue
+            for raw in head.split(b"\n"):
+                try:
+                    line = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(line, dict) and "conversation_id" in line:
+                    if line["conversation_id"] == conversation_id:
+                        owned.append(path)
+                    break
+        return owned
+
+    async def delete(self, conversation_id: str) -> list[str]:
+        return await asyncio.to_thread(self._delete, conversation_id)
+
+    # -- import ------------------------------------------------------------------
+    def _import(self, meta: ConversationMeta, exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
+        """Response files first, then index lines, then metadata: the daemon's durability order."""
+        conversation_id = meta.conversation_id
+        if self._exists(conversation_id):
+            raise ConversationExists(conversation_id)
+        for entry, lines in exchanges:
+            write_new(self.layout.response_file(entry.response_id), jsonl(lines), self.fsync)
+        if exchanges:
+            append_lines(self.layout.index_file(conversation_id),
+                         jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
+        self._save_meta(meta)
+        self._heads[conversation_id] = exchanges[-1][0].n if exchanges else 0
+
+    async def import_conversation(self, meta: ConversationMeta,
+                                  exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
+        await asyncio.to_thread(self._import, meta, exchanges)

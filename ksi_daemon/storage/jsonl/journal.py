@@ -1,0 +1,64 @@
+"""The request journal `state/requests.jsonl`: a line per request state, so work interrupted by a
+crash is reported after a restart; the `RequestJournal` port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import orjson
+
+from ksi_common.jsonl import read_records
+from ksi_common.layout import VarLayout
+from ksi_common.timefmt import utc_now
+from ksi_daemon.storage.jsonl.files import append_lines, jsonl
+
+
+class JsonlJournal:
+    def __init__(self, layout: VarLayout) -> None:
+        self.path = layout.requests_file
+        self._fd: int | None = None  # kept open: three lines a request, a reopen each is waste
+
+    def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
+               code: str | None = None) -> None:
+        """An unsynced append of a few dozen bytes: cheap enough to do on the loop."""
+        line = {"v": 1, "request_id": request_id, "conversation_id": conversation_id,
+                "status": status, "ts": utc_now()}
+        if response_id is not None:
+            line["response_id"] = response_id
+        if code is not None:
+            line["code"] = code
+        payload = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        else:
+            os.write(self._fd, payload)
+
+    async def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _states(self) -> list[dict[str, Any]]:
+        last: dict[str, dict[str, Any]] = {}
+        for line in read_records(self.path):
+            if "request_id" in line:  # later lines win; the `running` line's response_id is kept
+                last[line["request_id"]] = {**last.get(line["request_id"], {}), **line}
+        return list(last.values())
+
+    async def states(self) -> list[dict[str, Any]]:
+        await self.close()  # the file is replaced after recovery
+        return await asyncio.to_thread(self._states)
+
+    def _replace(self, lines: list[dict[str, Any]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(jsonl(lines))
+        tmp.replace(self.path)
+
+    async def replace(self, lines: list[dict[str, Any]]) -> None:
+        await self.close()
+        await asyncio.to_thread(self._replace, lines)
