@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "http": ("ksi_cli.http_commands", "http"),
     "mcp": ("ksi_cli.mcp_command", "mcp"),
     "console": ("ksi_cli.console_command", "console"),
+    "storage": ("ksi_cli.storage_commands", "storage"),
 }
 
 
