@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from ksi_cli.output import EXIT_ERROR, show, wants_json
+from ksi_cli.output import EXIT_ERROR, fail, show, wants_json
+from ksi_common.errors import KsiError
 
 
 @click.group(name="storage")
@@ -30,7 +31,8 @@ def migrate(target: str, var_dir: str | None, database_url: str | None, as_json:
     """Copy everything into the backend TO; run again to resume or to check (it is idempotent)."""
     import filelock
 
-    from ksi_common.settings import Settings, mask_url
+    from ksi_common.dburl import mask_url
+    from ksi_common.settings import Settings
     from ksi_daemon.storage.backends import build_storage
     from ksi_daemon.storage.migrate import migrate as copy_all
 
@@ -72,6 +74,9 @@ def migrate(target: str, var_dir: str | None, database_url: str | None, as_json:
 
     try:
         result = asyncio.run(run())
+    except KsiError as error:  # storage_unavailable: the database does not answer
+        fail(error, as_json)
+        return
     finally:
         lock.release()
     result = {"from": source_name, "to": target, "var_dir": str(settings.layout.root),

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import fnmatch
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ksi_common.dburl import mask_url
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
-
-
-def mask_url(url: str) -> str:
-    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db` (and any `password=`)."""
-    masked = re.sub(r"(//[^/@:]*):[^/]*@", r"\1:***@", url)
-    return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", masked)
 
 
 class ModelSettings(BaseModel):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import check_id
@@ -173,6 +173,48 @@ def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+T = TypeVar("T")
+
+
+def _meta_link(meta: dict[str, Any]) -> tuple[str | None, int | None]:
+    fork_at = meta.get("fork_at")
+    return (str(meta["parent_id"]) if meta.get("parent_id") else None,
+            int(fork_at) if fork_at is not None else None)
+
+
+async def fork_chain(
+    conversation_id: str, start: T, link: Callable[[T], tuple[str | None, int | None]],
+    load: Callable[[str], Awaitable[T | None]], max_depth: int,
+) -> tuple[list[tuple[T, int | None]], str | None]:
+    """A conversation and its ancestors (self first), each with the last exchange it contributes,
+    and the id of a parent that no longer exists when the chain breaks there.
+
+    The one walk of a fork chain, over metadata (inspection) or conversations in memory (history):
+    `link` gives an item's (parent id, fork point), `load` finds a parent. A fork of a fork at k
+    shares at most exchanges 1..k of every ancestor; a loop or a chain deeper than `max_depth`
+    is `fork_cycle`.
+    """
+    chain: list[tuple[T, int | None]] = [(start, None)]
+    seen = {conversation_id}
+    limit: int | None = None
+    current = start
+    while True:
+        parent_id, fork_at = link(current)
+        if not parent_id:
+            return chain, None
+        upto = fork_at if limit is None else (limit if fork_at is None else min(fork_at, limit))
+        if parent_id in seen or len(chain) > max_depth:
+            raise KsiError(ErrorCode.FORK_CYCLE, "the fork chain loops or is too deep",
+                           conversation_id=conversation_id, at=parent_id)
+        seen.add(parent_id)
+        parent = await load(parent_id)
+        if parent is None:
+            return chain, parent_id
+        chain.append((parent, upto))
+        limit = upto
+        current = parent
+
+
 class Transcripts:
     """Fork chains, transcripts and listings over any backend's reader; every method is a coroutine."""
 
@@ -208,28 +250,17 @@ class Transcripts:
         """The conversation and its ancestors (self first), each with the last exchange it
         contributes, and the id of a parent that no longer exists (if the chain breaks)."""
         meta = await self.require_meta(conversation_id)
-        chain: list[tuple[str, dict[str, Any], int | None]] = [(conversation_id, meta, None)]
-        seen = {conversation_id}
-        limit: int | None = None
-        current = meta
-        while current.get("parent_id"):
-            parent_id = str(current["parent_id"])
-            fork_at = current.get("fork_at")
-            upto = fork_at if limit is None else (limit if fork_at is None else min(int(fork_at), limit))
-            if parent_id in seen or len(chain) > self.max_fork_depth:
-                raise KsiError(ErrorCode.FORK_CYCLE, "the fork chain loops or is too deep",
-                               conversation_id=conversation_id, at=parent_id)
-            seen.add(parent_id)
+
+        async def parent(parent_id: str) -> tuple[str, dict[str, Any]] | None:
             try:
-                parent = await self.meta(parent_id)
-            except KsiError:
-                parent = None
-            if parent is None:
-                return chain, parent_id
-            chain.append((parent_id, parent, upto))
-            limit = upto
-            current = parent
-        return chain, None
+                found = await self.meta(parent_id)
+            except KsiError:  # an id that cannot name a conversation: the chain breaks there
+                return None
+            return (parent_id, found) if found is not None else None
+
+        links, missing = await fork_chain(conversation_id, (conversation_id, meta),
+                                          lambda item: _meta_link(item[1]), parent, self.max_fork_depth)
+        return [(owner, owner_meta, upto) for (owner, owner_meta), upto in links], missing
 
     async def transcript(self, conversation_id: str, inherited: bool = True,
                          now: float | None = None) -> dict[str, Any]:

@@ -7,7 +7,9 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import quote
 
+from ksi_common.dburl import url_password
 from ksi_common.settings import Settings
 
 # variable names that hold credentials: OPENAI_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...
@@ -29,6 +31,10 @@ def known_secrets(settings: Settings | None = None, environ: Mapping[str, str] |
         for model in settings.models.values():
             if model.api_key_env and environ.get(model.api_key_env):
                 values.append(environ[model.api_key_env])
+        if settings.database_url is not None:
+            password = url_password(settings.database_url.get_secret_value())
+            if password:
+                values += [password, quote(password, safe="")]  # as given and as written in the URL
     return values
 
 

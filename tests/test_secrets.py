@@ -108,6 +108,29 @@ def test_ksi_config_masks_secrets(short_tmp: Path) -> None:
     assert REPO.exists()
 
 
+def test_ksi_config_masks_the_database_password(short_tmp: Path) -> None:
+    env = daemon_env("http://127.0.0.1:9/v1", KSI_STORAGE="postgres",
+                     KSI_DATABASE_URL="postgresql://ksi:pg-s3cret@db.example:5432/ksi?password=pg-s3cret")
+    shown = subprocess.run([sys.executable, "-m", "ksi_cli", "config", "--json"], cwd=short_tmp, env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert "pg-s3cret" not in shown.stdout + shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["storage"] == "postgres"
+    assert view["database_url"] == "postgresql://ksi:***@db.example:5432/ksi?password=***"
+
+
+def test_the_database_password_is_a_known_secret() -> None:
+    from ksi_common.settings import Settings
+    from ksi_daemon.redaction import Redactor, known_secrets
+
+    settings = Settings(_env_file=None, storage="postgres",
+                        database_url="postgresql://ksi:pg%40s3cret-word@db.example/ksi")
+    redact = Redactor(known_secrets(settings, environ={}))
+    assert redact("connect failed: postgresql://ksi:pg%40s3cret-word@db.example/ksi as pg@s3cret-word") == \
+        "connect failed: postgresql://ksi:***@db.example/ksi as ***"
+
+
 def test_redactor_masks_every_known_value() -> None:
     from ksi_common.settings import Settings
     from ksi_daemon.redaction import Redactor, known_secrets

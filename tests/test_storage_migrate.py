@@ -5,6 +5,8 @@ export identical on the other side (where they also continue)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +117,21 @@ async def test_an_interrupted_migration_is_finished_by_running_it_again(short_tm
             copied = await client.request("conversation:export", {"conversation_id": conversation_id,
                                                                   "format": "jsonl"})
             assert copied["content"] == content
+
+
+def test_migrate_needs_a_database_url_and_a_stopped_daemon(short_tmp: Path) -> None:
+    import filelock
+
+    from tests.test_crash import REPO, daemon_env
+
+    env = daemon_env("http://127.0.0.1:9/v1")
+    var = short_tmp / "var"
+    command = [sys.executable, "-m", "ksi_cli", "storage", "migrate", "--to", "postgres", "--var-dir", str(var)]
+    missing = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "database URL" in missing.stderr
+    var.joinpath("run").mkdir(parents=True)
+    with filelock.FileLock(str(var / "run" / "daemon.lock")):  # as a running daemon holds it
+        running = subprocess.run([*command, "--database-url", "postgresql://ksi:pw-secret@127.0.0.1:9/ksi"],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert running.returncode == 1 and "stop it first" in running.stderr
+    assert "pw-secret" not in running.stdout + running.stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry
 from ksi_common.summaries import Summary
+from ksi_common.transcripts import fork_chain as walk_fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
@@ -35,25 +35,17 @@ class History:
 async def fork_chain(
     cache: ConversationCache, memory: ConversationMemory, max_depth: int
 ) -> list[tuple[ConversationMemory, int | None]]:
-    """The conversation and its ancestors, each with the last exchange it contributes."""
-    chain: list[tuple[ConversationMemory, int | None]] = [(memory, None)]
-    seen = {memory.conversation_id}
-    current = memory
-    limit: int | None = None  # a fork of a fork at k shares at most exchanges 1..k of every ancestor
-    while current.meta.parent_id:
-        parent_id, fork_at = current.meta.parent_id, current.meta.fork_at
-        upto = fork_at if limit is None else (limit if fork_at is None else min(fork_at, limit))
-        if parent_id in seen or len(chain) > max_depth:
-            raise KsiError(ErrorCode.FORK_CYCLE, "the fork chain loops or is too deep",
-                           conversation_id=memory.conversation_id, at=parent_id)
-        seen.add(parent_id)
-        parent = await cache.get(parent_id)
-        if parent is None:
-            break  # a deleted parent: the fork keeps only its own exchanges
-        await cache.load_all(parent)
-        chain.append((parent, upto))
-        limit = upto
-        current = parent
+    """The conversation and its ancestors, each with the last exchange it contributes (a deleted
+    parent ends the chain: the fork keeps only its own exchanges)."""
+
+    async def parent(parent_id: str) -> ConversationMemory | None:
+        found = await cache.get(parent_id)
+        if found is not None:
+            await cache.load_all(found)
+        return found
+
+    chain, _missing = await walk_fork_chain(
+        memory.conversation_id, memory, lambda m: (m.meta.parent_id, m.meta.fork_at), parent, max_depth)
     return chain
 
 
