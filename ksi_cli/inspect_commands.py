@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import click
@@ -50,7 +51,13 @@ def _read(var_dir: str | None, work: Callable[[Transcripts], Awaitable[T]]) -> T
         finally:
             await reader.aclose()
 
-    return asyncio.run(run())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run())
+    # called from inside an event loop (a program embedding the CLI, a test): a loop of its own
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def _short_time(text: str | None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ksi_common.errors import KsiError
+from ksi_common.summaries import Summary
 from ksi_daemon.storage.jsonl.storage import JsonlStorage
 from ksi_daemon.storage.migrate import count, migrate
 from ksi_daemon.storage.ports import Storage
@@ -43,6 +44,9 @@ async def fill(root: Path, stub: Any) -> dict[str, str]:
                                                         "model": "openai/stub-a"})
         with pytest.raises(KsiError):  # logged in responses/, never indexed
             await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        # a compaction summary of the first two exchanges, as the compactor appends one
+        await daemon.storage.summaries.append(Summary(conversation_id="talk", upto=2, text="They said hello twice.",
+                                                      tokens=12, ts="2026-01-01T00:00:00Z"))
         ids = await daemon.store.conversation_ids()
         return {cid: (await client.request("conversation:export", {"conversation_id": cid, "format": "jsonl"}))
                 ["content"] for cid in ids}
@@ -61,7 +65,7 @@ async def test_migration_carries_everything_and_is_idempotent(short_tmp: Path, s
     assert tally.verified, tally.to_dict()
     held = await count(source)
     assert held["conversations"] == 4 and held["exchanges"] >= 6 and held["agents"] == 1
-    assert held["consortia"] == 1 and held["trace_lines"] > 0
+    assert held["consortia"] == 1 and held["trace_lines"] > 0 and held["summaries"] == 1
     assert held["responses"] > held["exchanges"]  # consortium calls and the failed request too
     assert tally.destination == held
     again = await migrate(source, destination)

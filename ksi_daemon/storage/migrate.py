@@ -61,6 +61,10 @@ async def migrate(source: Storage, destination: Storage, progress: Progress = _n
             definition = {k: v for k, v in record.items() if k not in ("v", "name", "created", "updated")}
             await destination.consortia.save(name, definition)
             copied("consortia")
+    ratios = await source.calibration.load()
+    if ratios and not await destination.calibration.load():
+        await destination.calibration.save(ratios)
+        copied("calibration")
     for run_id in await source.traces.run_ids():
         lines = await source.traces.read(run_id) or []
         have = len(await destination.traces.read(run_id) or [])
@@ -98,6 +102,12 @@ async def _conversations(source: Storage, destination: Storage, copied: Callable
             appended += 1
         if appended:
             copied("exchanges", appended)
+        summaries = await source.summaries.read(conversation_id)
+        have = len(await destination.summaries.read(conversation_id))
+        for summary in summaries[have:]:
+            await destination.summaries.append(summary)
+        if summaries[have:]:
+            copied("summaries", len(summaries) - have)
         await dst.save_meta(meta)
 
 
@@ -120,9 +130,10 @@ async def _loose_responses(source: Storage, destination: Storage, copied: Callab
 async def count(storage: Storage) -> dict[str, int]:
     """What a backend holds, kind by kind (what a migration must carry over)."""
     conversations = await storage.conversations.conversation_ids()
-    exchanges = 0
+    exchanges = summaries = 0
     for conversation_id in conversations:
         exchanges += len(await storage.conversations.entries(conversation_id))
+        summaries += len(await storage.summaries.read(conversation_id))
     traces = await storage.traces.run_ids()
     trace_lines = 0
     for run_id in traces:
@@ -134,4 +145,6 @@ async def count(storage: Storage) -> dict[str, int]:
         "agents": len(await storage.agents.load_all()),
         "consortia": len(await storage.consortia.load_all()),
         "trace_lines": trace_lines,
+        "summaries": summaries,
+        "calibrated_models": len(await storage.calibration.load()),
     }

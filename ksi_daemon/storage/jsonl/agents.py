@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 import structlog
@@ -23,7 +24,7 @@ class JsonlAgents:
         self.layout = layout
         self.fsync = fsync
 
-    def _path(self, agent_id: str):  # type: ignore[no-untyped-def]
+    def _path(self, agent_id: str) -> Path:
         return self.layout.agents_dir / f"{agent_id}.json"
 
     def _create(self, record: AgentRecord) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
@@ -200,7 +201,7 @@ class JsonlConversations(JsonlReader):
                 listed.update(entry.response_id for entry in read_index(index))
         return listed
 
-    def _response_files_of(self, conversation_id: str) -> list[Any]:
+    def _response_files_of(self, conversation_id: str) -> list[Path]:
         """Response files whose lines say they belong to `conversation_id`: indexed exchanges,
         failed requests and calls logged on the conversation's behalf."""
         owned = []
