@@ -346,14 +346,13 @@ class ConversationService:
             meta = memory.meta.model_copy(update={"exchanges": memory.meta.exchanges + len(appended),
                                                   "last_activity": now})
 
-            def persist() -> None:
-                for response_id, lines in files:
-                    self.responses.write(response_id, lines)
-                for entry, _exchange in appended:
-                    self.store.append_exchange(memory.conversation_id, entry)
-                self.store.save_meta(meta)
-
-            await asyncio.to_thread(persist)
+            # each exchange's response record, then its index line; the metadata with the last one
+            for position, ((entry, _exchange), (_response_id, lines)) in enumerate(zip(appended, files, strict=True)):
+                last = position == len(appended) - 1
+                await self.store.append_exchange(memory.conversation_id, entry, response=lines,
+                                                 meta=meta if last else None)
+            if not appended:
+                await self.store.save_meta(meta)
             for entry, exchange_texts in appended:
                 memory.append(entry, exchange_texts)
             memory.meta = meta
