@@ -94,6 +94,9 @@ async def test_previous_response_id_of_an_older_exchange_continues_a_fork(
     assert seen(stub) == [("user", "u1"), ("assistant", "stub answer to: u1"), ("user", "u1b")]
     assert branch.conversation is not None and branch.conversation.id != original
     assert index_of(http_daemon, original) == before  # the original is untouched
+    assert (await client.responses.retrieve(branch.id)).previous_response_id == one.id  # across the fork
+    assert (await client.responses.retrieve(three.id)).previous_response_id == two.id
+    assert (await client.responses.retrieve(one.id)).previous_response_id is None
     fork = await request(http_daemon, "conversation:show", {"conversation_id": branch.conversation.id})
     assert fork["conversation"]["parent_id"] == original and fork["conversation"]["fork_at"] == 1
     assert [e["response_id"] for e in fork["exchanges"]] == [one.id, branch.id]  # shared, not copied

@@ -60,3 +60,17 @@ def _find(memory: ConversationMemory, response_id: str) -> int | None:
         if entry.response_id == response_id:
             return entry.n
     return None
+
+
+async def previous_of(cache: ConversationCache, found: Located) -> str | None:
+    """The response of the exchange before this one in its conversation (a fork's first own exchange
+    follows the parent's exchange it forked at); None for a first exchange or one in no history."""
+    memory, n = found.memory, found.n
+    while memory is not None and n is not None and n > 1:
+        if n - 1 > memory.base:
+            if not memory.complete:
+                await cache.load_all(memory)
+            return next((e.response_id for e in memory.entries if e.n == n - 1), None)
+        parent_id = memory.meta.parent_id
+        memory = await cache.get(parent_id) if parent_id else None  # a deleted parent: unknown
+    return None

@@ -40,7 +40,7 @@ from ksi_daemon.services.conversations.models import (
 )
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists
@@ -374,6 +374,7 @@ class ConversationService:
             "exchange": found.n,  # its number in that conversation; null when it is in no history
             "exchanges": found.memory.total if found.memory is not None else None,
             "newest": found.newest,
+            "previous_response_id": await previous_of(self.cache, found),
             "inputs": record.inputs,
             "outcome": record.outcome,
         }

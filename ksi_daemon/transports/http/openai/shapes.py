@@ -74,6 +74,7 @@ def from_record(shown: dict[str, Any]) -> dict[str, Any]:
         status="completed" if completed else "failed", created_at=_epoch(first.get("ts")),
         text=str(outcome.get("content") or "") if completed else None, usage=outcome.get("usage"),
         conversation_id=shown.get("conversation_id"), instructions=outcome.get("instructions"),
+        previous_response_id=shown.get("previous_response_id"),
         metadata={str(k): str(v) for k, v in metadata.items()}, error=error,
     )
 
