@@ -11,6 +11,9 @@ from ksi_daemon.services.conversations.memory import ConversationCache, Conversa
 from ksi_daemon.storage.ports import ResponseStore
 
 
+MAX_HOPS = 256
+
+
 @dataclass(slots=True)
 class Located:
     record: ResponseRecord
@@ -66,7 +69,9 @@ async def previous_of(cache: ConversationCache, found: Located) -> str | None:
     """The response of the exchange before this one in its conversation (a fork's first own exchange
     follows the parent's exchange it forked at); None for a first exchange or one in no history."""
     memory, n = found.memory, found.n
-    while memory is not None and n is not None and n > 1:
+    for _hop in range(MAX_HOPS):  # bounded: a fork chain that loops must not hang a lookup
+        if memory is None or n is None or n <= 1:
+            return None
         if n - 1 > memory.base:
             if not memory.complete:
                 await cache.load_all(memory)
