@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.event_args import EventArgsError, json_value
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps, report_error
-from ksi_cli.spinner import Spinner
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_cli.params import Seconds
@@ -54,6 +52,8 @@ def last_conversation(location: Location) -> str | None:
 
 def record_last_ask(location: Location, result: dict[str, Any]) -> None:
     """Remember the conversation of a successful ask; other keys of the file are kept."""
+    import tempfile  # here: it costs `ksi ask` start-up (random, hashlib) before the question is sent
+
     path = location.layout.client_state_file()
     state = read_client_state(location)
     state["v"] = 1
@@ -141,7 +141,11 @@ def converse(location: Location, data: dict[str, Any], timeout: float, show_chun
              request_ids: list[str]) -> dict[str, Any]:
     """Send the question and return the result, writing chunks as they come when `show_chunks`."""
     streamed: list[str] = []
-    spinner = Spinner(label="thinking" if show_chunks else "").start() if show_chunks else None
+    spinner = None
+    if show_chunks and sys.stderr.isatty():
+        from ksi_cli.spinner import Spinner  # a thread: only on a terminal
+
+        spinner = Spinner(label="thinking").start()
     try:
         with oneshot.Connection(location.socket, timeout=timeout + 10) as connection:
             if data["stream"]:
