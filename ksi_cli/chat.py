@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 # imports this module and should not pay for them.
 
 QUIT = ("/quit", "/exit")
+HELP = """/exit, /quit or Ctrl-D ends (resume later with the command shown at the start)
+/help          this text
+/model NAME    answer with NAME from now on (a conversation, not an agent)
+/system TEXT   a new system prompt from the next turn on
+/files PATH..  attach files to the next message
+/fork          continue in a fork of this conversation (the original stays as it is)
+\"\"\"          on a line of its own starts a multi-line message; another one ends it
+Ctrl-C during a reply cancels that reply only."""
 FATAL = (ErrorCode.DAEMON_UNREACHABLE, ErrorCode.AGENT_NOT_FOUND, ErrorCode.AGENT_TERMINATED)
 
 
@@ -40,6 +48,29 @@ class Turn:
     """The request in flight, so Ctrl-C can cancel it."""
 
     request_id: str | None = None
+
+
+@dataclass
+class Target:
+    """Whom the chat talks to: an agent, or a conversation answered by a model."""
+
+    agent_id: str | None = None
+    conversation_id: str | None = None
+    model: str | None = None
+    system: str | None = None
+    files: list[str] | None = None
+
+    def request(self, message: str, stream: bool) -> tuple[str, dict[str, Any]]:
+        """The event and data of one turn; pending /system and /files go with it, once."""
+        if self.agent_id is not None:
+            return "agent:send_message", {"agent_id": self.agent_id, "message": message, "stream": stream}
+        data: dict[str, Any] = {"prompt": message, "stream": stream}
+        for key, value in (("conversation_id", self.conversation_id), ("model", self.model),
+                           ("system", self.system), ("files", self.files)):
+            if value is not None:
+                data[key] = value
+        self.system = self.files = None
+        return "completion:async", data
 
 
 def _read_line(prompt: str) -> str | None:
@@ -104,12 +135,15 @@ async def _open(client: KsiClient, agent_id: str | None, profile: str | None, mo
     return info
 
 
-async def _reply(client: KsiClient, agent_id: str, message: str, stream: bool, timeout: float,
+async def _reply(client: KsiClient, target: Target, message: str, stream: bool, timeout: float,
                  turn: Turn) -> dict[str, Any]:
     """Send one message and show the reply, chunk by chunk when streaming; returns the result."""
     import asyncio
 
-    ack = await client.request("agent:send_message", {"agent_id": agent_id, "message": message, "stream": stream})
+    event, data = target.request(message, stream)
+    ack = await client.request(event, data)
+    if target.agent_id is None:
+        target.conversation_id = ack["conversation_id"]
     request_id = turn.request_id = ack["request_id"]
     waiter = asyncio.ensure_future(client.request("completion:wait", {"request_id": request_id, "timeout": timeout}))
     shown: list[str] = []
@@ -144,45 +178,164 @@ async def _reply(client: KsiClient, agent_id: str, message: str, stream: bool, t
     return result
 
 
-async def _session(location: Location, agent_id: str | None, profile: str | None, model: str | None,
-                   stream: bool, timeout: float, turn: Turn) -> int:
+async def _read_message(prompt: str) -> str | None:
+    """One message: a line, or the lines between two lines of three double quotes (paste-safe)."""
+    line = await _next_line(prompt)
+    if line is None or line.strip() != '"""':
+        return line
+    lines: list[str] = []
+    while (more := await _next_line("... ")) is not None and more.strip() != '"""':
+        lines.append(more)
+    return "\n".join(lines)
+
+
+async def _command(client: KsiClient, target: Target, line: str) -> bool:
+    """Handle a slash command; False when the chat should end."""
+    name, _, argument = line.strip().partition(" ")
+    argument = argument.strip()
+    if name in QUIT:
+        return False
+    if name == "/help":
+        click.echo(HELP)
+    elif name == "/model" and argument:
+        if target.agent_id is not None:
+            click.echo("an agent answers with its own model; /model applies to `ksi chat --model/--cid`", err=True)
+        else:
+            target.model = argument
+            click.secho(f"model {argument} from the next message on", dim=True)
+    elif name == "/system" and argument:
+        target.system = argument
+        if target.agent_id is not None:
+            click.echo("an agent keeps its profile's system prompt; /system applies to conversations", err=True)
+        else:
+            click.secho("new system prompt from the next message on", dim=True)
+    elif name == "/files" and argument:
+        import shlex
+        from pathlib import Path
+
+        target.files = [str(Path(word).absolute()) for word in shlex.split(argument)]
+        click.secho(f"{len(target.files)} file(s) go with the next message", dim=True)
+    elif name == "/fork":
+        if target.conversation_id is None or target.agent_id is not None:
+            click.echo("/fork needs a conversation with at least one exchange (not an agent's)", err=True)
+        else:
+            try:
+                fork = await client.request("conversation:fork", {"conversation_id": target.conversation_id})
+            except KsiError as error:
+                _error(error)
+            else:
+                target.conversation_id = fork["conversation_id"]
+                click.secho(f"now in fork {target.conversation_id}", dim=True)
+    else:
+        click.echo(f"unknown or incomplete command {name!r}; /help lists them", err=True)
+    return True
+
+
+async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:
+    """The last few exchanges of a resumed conversation, so the user sees where it stands."""
+    try:
+        shown = await client.request("conversation:show", {"conversation_id": conversation_id})
+    except KsiError:
+        return
+    exchanges = shown.get("exchanges") or []
+    for exchange in exchanges[-turns:]:
+        asked = str(exchange.get("input") or exchange.get("prompt") or "")
+        answered = str(exchange.get("content") or exchange.get("answer") or "")
+        if asked or answered:
+            click.secho(f"  earlier you: {asked[:300]}", dim=True)
+            click.secho(f"  earlier answer: {answered[:300]}", dim=True)
+
+
+async def _connect(location: Location, stream: bool, wait: float = 0.0) -> KsiClient:
+    """A connection, subscribed to chunks when streaming; retried for `wait` seconds (a restart)."""
+    import asyncio
+
     from ksi_common.client import KsiClient
 
-    client = KsiClient(location.socket)
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        client = KsiClient(location.socket)
+        try:
+            await client.connect()
+            if stream:
+                await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+            return client
+        except KsiError:
+            await client.close()
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _session(location: Location, target: Target, profile: str | None, model: str | None,
+                   stream: bool, timeout: float, turn: Turn) -> int:
     try:
-        await client.connect()
+        client = await _connect(location, stream)
     except KsiError as error:
         _error(error)
-        click.echo("Is the daemon running? Start it with: ksi daemon start", err=True)
+        click.echo(f"Is the daemon running? Start it with: ksi daemon start (var dir {location.describe()})",
+                   err=True)
         return EXIT_UNREACHABLE
     try:
         try:
-            info = await _open(client, agent_id, profile, model)
-            if stream:
-                await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+            if target.agent_id is not None or profile is not None:
+                info = await _open(client, target.agent_id, profile, model)
+                target.agent_id = info["agent_id"]
+                name, resume = target.agent_id, f"ksi chat {target.agent_id}"
+                click.secho(f"agent {name} (profile {info.get('profile') or '-'}, model {info.get('model')})",
+                            bold=True)
+                click.secho(f"conversation {info['conversation_id']}, {info.get('exchanges', 0)} exchanges so far",
+                            dim=True)
+                if info.get("exchanges"):
+                    await _recap(client, info["conversation_id"])
+            else:
+                name = "ksi"
+                if target.conversation_id is not None:
+                    shown = await client.request("conversation:stats", {"conversation_id": target.conversation_id})
+                    click.secho(f"conversation {target.conversation_id}, {shown.get('exchanges', 0)} exchanges so far",
+                                bold=True)
+                    await _recap(client, target.conversation_id)
+                else:
+                    click.secho(f"a new conversation with {target.model or 'the default model'}", bold=True)
         except KsiError as error:
             _error(error)
             if error.code == ErrorCode.AGENT_NOT_FOUND and profile is None:
                 click.echo("Start a new agent with: ksi chat --profile assistant", err=True)
             return EXIT_UNREACHABLE if error.code == ErrorCode.DAEMON_UNREACHABLE else EXIT_ERROR
-        agent_id = info["agent_id"]
-        click.secho(f"agent {agent_id} (profile {info.get('profile') or '-'}, model {info.get('model')})", bold=True)
-        click.secho(f"conversation {info['conversation_id']}, {info.get('exchanges', 0)} exchanges so far; "
-                    f"/quit or Ctrl-D ends, `ksi chat {agent_id}` resumes", dim=True)
+        click.secho('/help for commands, """ for several lines, /exit or Ctrl-D ends', dim=True)
         while True:
-            line = await _next_line("you> ")
-            if line is None or line.strip() in QUIT:
-                return EXIT_OK
+            line = await _read_message("you> ")
+            if line is None:
+                break
             if not line.strip():
                 continue
-            _write(f"{agent_id}> ")
+            if line.startswith("/") and "\n" not in line:
+                if not await _command(client, target, line):
+                    break
+                continue
+            _write(f"{name}> ")
             try:
-                await _reply(client, agent_id, line, stream, timeout, turn)
+                await _reply(client, target, line, stream, timeout, turn)
             except KsiError as error:
                 _write("\n")
                 _error(error)
-                if error.code in FATAL:
-                    return EXIT_UNREACHABLE if error.code == ErrorCode.DAEMON_UNREACHABLE else EXIT_ERROR
+                if error.code == ErrorCode.DAEMON_UNREACHABLE:  # a restart: reconnect and go on
+                    await client.close()
+                    click.echo("reconnecting to the daemon...", err=True)
+                    try:
+                        client = await _connect(location, stream, wait=30.0)
+                    except KsiError:
+                        return EXIT_UNREACHABLE
+                    click.echo("reconnected; send your message again", err=True)
+                elif error.code in FATAL:
+                    return EXIT_ERROR
+            finally:
+                turn.request_id = None
+        if target.agent_id is not None:
+            click.secho(f"resume with: ksi chat {target.agent_id}", dim=True)
+        elif target.conversation_id is not None:
+            click.secho(f"resume with: ksi chat --cid {target.conversation_id}", dim=True)
+        return EXIT_OK
     finally:
         await client.close()
 
@@ -190,32 +343,40 @@ async def _session(location: Location, agent_id: str | None, profile: str | None
 @click.command()
 @click.argument("agent_id", required=False)
 @click.option("--profile", "-p", help="Spawn a new agent from this profile (AGENT_ID, if given, names it).")
-@click.option("--model", "-m", help="Model of a new agent (default: the profile's, else the daemon's).")
+@click.option("--model", "-m", help="Model: of a new agent with --profile, else of a plain conversation.")
+@click.option("--cid", "conversation_id", help="Continue this conversation (any, not only an agent's).")
 @click.option("--no-stream", is_flag=True, help="Show each reply whole instead of as it is written.")
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True, help="Seconds to wait for each reply.")
 @click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
-def chat(agent_id: str | None, profile: str | None, model: str | None, no_stream: bool, timeout: float,
-         var_dir: str | None, socket_path: str | None) -> None:
-    """Chat with agent AGENT_ID (resuming its conversation), or with a new one: --profile P."""
-    if agent_id is None and profile is None:
-        raise click.UsageError("give AGENT_ID to resume an agent, or --profile P to start a new one")
-    if model is not None and profile is None:
-        raise click.UsageError("--model applies to a new agent: use it with --profile")
-    if timeout <= 0:
-        raise click.UsageError("--timeout must be positive")
+def chat(agent_id: str | None, profile: str | None, model: str | None, conversation_id: str | None,
+         no_stream: bool, timeout: float, var_dir: str | None, socket_path: str | None) -> None:
+    """Chat with agent AGENT_ID, a new agent (--profile P), a model (--model M) or a conversation (--cid ID)."""
+    if agent_id is not None and conversation_id is not None:
+        raise click.UsageError("give AGENT_ID or --cid ID, not both")
+    if agent_id is None and profile is None and model is None and conversation_id is None:
+        raise click.UsageError("give AGENT_ID, --profile P, --model M or --cid ID")
     import asyncio
 
     location = locate(var_dir, socket_path)
     turn = Turn()
-    try:
-        code = asyncio.run(_session(location, agent_id, profile, model, not no_stream, timeout, turn))
-    except KeyboardInterrupt:
-        if turn.request_id is not None:  # do not leave the interrupted reply running
+    target = Target(agent_id=agent_id, conversation_id=conversation_id,
+                    model=None if profile is not None else model)
+    while True:
+        try:
+            code = asyncio.run(_session(location, target, profile, model, not no_stream, timeout, turn))
+            break
+        except KeyboardInterrupt:
+            # Ctrl-C during a reply cancels that reply only; at the prompt it ends the chat
+            if turn.request_id is None:
+                click.echo("", err=True)
+                code = EXIT_OK
+                break
             try:
                 oneshot.request(location.socket, "completion:cancel", {"request_id": turn.request_id}, timeout=5.0)
             except KsiError:
                 pass
-        click.echo("", err=True)
-        code = EXIT_OK
+            click.echo(f"\ncancelled request {turn.request_id}", err=True)
+            turn.request_id = None
+            profile = None  # the agent exists now: resume it instead of spawning another
     sys.exit(code)

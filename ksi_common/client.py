@@ -85,8 +85,12 @@ class KsiClient:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         frame = {"event": event, "data": data or {}, "correlation_id": correlation_id}
-        self._writer.write(wire.encode(frame))
-        await self._writer.drain()
+        try:
+            self._writer.write(wire.encode(frame))
+            await self._writer.drain()
+        except (ConnectionError, OSError) as exc:  # the daemon went away (a restart): say so, no traceback
+            self._pending.pop(correlation_id, None)
+            raise KsiError(ErrorCode.DAEMON_UNREACHABLE, f"connection to the daemon lost: {exc}") from None
         return await future
 
     async def request(self, event: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
