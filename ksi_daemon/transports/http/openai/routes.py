@@ -24,9 +24,7 @@ class Models:
 
     async def list(self, _request: Request) -> Response:
         """Configured models, saved consortia and active agents, in OpenAI's model list shape."""
-        settings = self.door.settings
-        names = [settings.default_model, "echo/default"]
-        names += [pattern for pattern in settings.models if not any(c in pattern for c in "*?[")]
+        names = list((await call(self.door.handle_request, "completion:models", {}))["models"])
         consortia = await call(self.door.handle_request, "consortium:list", {})
         names += [entry["model"] for entry in consortia["consortia"]]
         agents = await call(self.door.handle_request, "agent:list", {"status": "active"})
