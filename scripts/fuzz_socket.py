@@ -1,5 +1,6 @@
 """A longer fuzzing run against one in-process daemon: random bytes, random JSON lines and hostile
-data for every registered event (the strategies and checks of tests/test_fuzz.py).
+data for every registered event, values past their bounds and damaged conversation exports (the
+strategies and checks of tests/test_fuzz.py and tests/test_fuzz_integrity.py).
 
     .venv/bin/python scripts/fuzz_socket.py [--examples 2000] [--seed N]
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(REPO))
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tests.test_fuzz_integrity import bounded_payloads, damaged_imports, probe_bounded, probe_import  # noqa: E402
 from tests.test_fuzz import (  # noqa: E402
     SKIPPED_EVENTS,
     FuzzBox,
@@ -106,7 +108,7 @@ def main() -> int:
 
     @settings(max_examples=args.examples, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(choice=st.integers(0, 2), data=st.data())
+    @given(choice=st.integers(0, 4), data=st.data())
     def fuzz(choice: int, data: st.DataObject) -> None:
         if choice == 0:
             payload = data.draw(random_bytes)
@@ -117,6 +119,12 @@ def main() -> int:
                 return
             ascii_only = data.draw(st.booleans())
             record("random_json", frame, probe(box.socket, encode_line(frame, ascii_only)))
+        elif choice == 3:  # a value past its bound, or a provider option that would pick a host
+            event, payload, field = data.draw(bounded_payloads())
+            record(f"bounded {event}", payload, probe_bounded(box, event, payload, field))
+        elif choice == 4:  # a conversation export damaged anywhere
+            document = data.draw(damaged_imports())
+            record("damaged_import", document, probe_import(box, document))
         else:
             event, payload = data.draw(event_payloads(box.routes))
             ascii_only = data.draw(st.booleans())
@@ -143,6 +151,8 @@ def main() -> int:
     print(f"  random bytes     {counts['random_bytes']}")
     print(f"  random JSON      {counts['random_json']}")
     print(f"  event payloads   {sum(per_event.values())} over {len(per_event)} events")
+    print(f"  bounded values   {sum(v for k, v in counts.items() if k.startswith('bounded '))}")
+    print(f"  damaged imports  {counts['damaged_import']}")
     print(f"crashes found      {counts['crashes']}")
     print(f"internal errors    {codes.get('internal_error', 0)}  (structured, but worth a look in the log)")
     print(f"seconds            {seconds:.1f}")
