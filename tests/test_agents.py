@@ -312,7 +312,7 @@ async def test_bad_spawn_input(daemon: Daemon, client: KsiClient) -> None:
     # an id that already names a conversation is refused: the agent's conversation is its id
     await client.request("completion:async", {"conversation_id": "taken", "create": True, "prompt": "x"})
     error = await error_of(client, "agent:spawn", {"agent_id": "taken"})
-    assert error.code == "validation_error" and "agent_id" in error.details["fields"]
+    assert error.code == "conversation_exists" and "agent_id" in error.details["fields"]
     assert sorted(p.name for p in daemon.layout.agents_dir.iterdir()) == ["dup.json"]
 
     for data in ({"agent_id": "dup", "temperature": 5}, {"agent_id": "z", "prompt": "  "}, {"agent_id": "z", "bogus": 1}):

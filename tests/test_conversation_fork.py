@@ -86,7 +86,7 @@ async def test_bad_fork_points_and_ids_are_refused(stub_daemon: Daemon, stub: An
         assert caught.value.code == "conversation_not_found"
         with pytest.raises(KsiError) as caught:
             await client.request("conversation:fork", {"conversation_id": "two", "new_id": "two"})
-        assert caught.value.code == "validation_error"
+        assert caught.value.code == "conversation_exists"
         with pytest.raises(KsiError) as caught:
             await client.request("conversation:fork", {"conversation_id": "two", "new_id": "../evil"})
         assert caught.value.code == "validation_error"

@@ -54,8 +54,6 @@ async def test_one_creator_wins_each_id(daemon: Daemon, client: KsiClient) -> No
             if code == "ok":
                 continue
             assert code in ("conversation_exists", "agent_exists"), outcomes
-            if event == "agent:spawn" and code == "agent_exists":
-                assert ("agent:spawn", "ok") in outcomes, outcomes
         await asyncio.sleep(0)
         # drain the completion, then the index has one writer's numbering
         for request in daemon.completion.requests.live():

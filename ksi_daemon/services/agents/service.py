@@ -85,6 +85,8 @@ class AgentService:
 
     async def start(self) -> None:
         await self.registry.load()
+        for record in list(self.records.values()):
+            await self._finish_reset(record)
         log.info("agents_loaded", count=len(self.records))
 
     async def stop(self, timeout: float) -> None:
@@ -113,15 +115,18 @@ class AgentService:
         self._reserved.add(agent_id)
         try:
             if self.cache.cached(agent_id) is not None or await self.cache.store.exists(agent_id):
-                raise KsiError(ErrorCode.VALIDATION_ERROR,
-                               f"a conversation {agent_id} already exists; an agent's id names its conversation",
-                               fields={"agent_id": "a conversation with this id already exists"})
+                raise self._conversation_taken(agent_id)
             record = self._new_record(agent_id, data, profile, spawned_by=context.agent_id)
             parent = self.records.get(context.agent_id) if context.agent_id else None
             if parent is not None:
                 # an agent cannot hand a child more than it may do itself
                 record.allowed_events = [p for p in record.allowed_events if is_allowed(p, parent.allowed_events)]
-            # the record first: an agent whose conversation is missing gets it on its first message
+            # the conversation first, created exclusively: a fork, an import or a completion racing
+            # for this id either loses here or wins and the spawn is refused; never two writers
+            try:
+                await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system)
+            except ConversationExists:
+                raise self._conversation_taken(agent_id) from None
             try:
                 await self.store.create(record)
             except AgentExists:  # spawned by another daemon on the same storage meanwhile
@@ -130,10 +135,6 @@ class AgentService:
             self.records[agent_id] = record
         finally:
             self._reserved.discard(agent_id)
-        try:
-            await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system)
-        except ConversationExists:  # created meanwhile (by the agent's first message elsewhere): keep it
-            log.info("agent_conversation_exists", agent_id=agent_id)
         log.info("agent_spawned", agent_id=agent_id, profile=record.profile, spawned_by=record.spawned_by)
         reply = self._summary(record, None)
         if data.prompt is not None:
@@ -217,6 +218,10 @@ class AgentService:
             forks: list[str] = []
             if has_history:
                 previous = await self._archive_id(record)
+                # the record names the previous conversation before it moves: a kill between the
+                # two leaves it listed (start() drops a listed one the move never reached)
+                record.previous_conversations.append(previous)
+                await self.store.save(record)
                 forks = await self.cache.store.move(conversation_id, previous,
                                                     {"reset_from": conversation_id, "reset_at": utc_now()})
             self.cache.forget(conversation_id)
@@ -227,8 +232,6 @@ class AgentService:
                                                           system=record.system)
             except ConversationExists:  # the reset moved nothing and the conversation is already fresh
                 pass
-        if previous is not None:
-            record.previous_conversations.append(previous)
         record.last_activity = utc_now()
         await self.store.save(record)
         log.info("agent_reset", agent_id=record.agent_id, previous_conversation_id=previous, cancelled=cancelled)
@@ -316,6 +319,20 @@ class AgentService:
             log.info("agent_feedback_not_sent", agent_id=record.agent_id, code=error.code, reason=error.message)
 
     # -- helpers ------------------------------------------------------------
+    async def _finish_reset(self, record: AgentRecord) -> None:
+        """A reset killed after naming the previous conversation but before moving it: the
+        history is still the agent's own, so the name goes."""
+        if record.previous_conversations and not await self.cache.store.exists(record.previous_conversations[-1]):
+            gone = record.previous_conversations.pop()
+            await self.store.save(record)
+            log.warning("agent_reset_rolled_back", agent_id=record.agent_id, previous_conversation_id=gone)
+
+    @staticmethod
+    def _conversation_taken(agent_id: str) -> KsiError:
+        return KsiError(ErrorCode.CONVERSATION_EXISTS,
+                        f"a conversation {agent_id} already exists; an agent's id names its conversation",
+                        conversation_id=agent_id, fields={"agent_id": "a conversation with this id already exists"})
+
     def _model(self, record: AgentRecord) -> str:
         return self.registry.model(record)
 

@@ -18,7 +18,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.records import INPUT_TYPES, IndexEntry
+from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_common.transcripts import Transcripts, stats_of, summarize
@@ -43,6 +43,7 @@ from ksi_daemon.services.conversations.memory import ConversationCache, Conversa
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.services.conversations.imports import ImportedDocument, checked_document
 from ksi_daemon.storage.ports import ConversationExists
 
 log = structlog.get_logger("ksi.conversation")
@@ -221,6 +222,8 @@ class ConversationService:
 
     async def _model_at(self, chain: list[tuple[ConversationMemory, int | None]], at: int) -> str | None:
         for member, _upto in chain:
+            if "imported_at" in member.meta.extra:
+                return None  # a model an import named is history, not a route
             await self.cache.load_all(member)
             for entry in member.entries:
                 if entry.n == at:
@@ -233,16 +236,17 @@ class ConversationService:
 
     @staticmethod
     def _taken(conversation_id: str, field_name: str) -> KsiError:
-        return KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} already exists",
-                        fields={field_name: "a conversation with this id exists"})
+        return KsiError(ErrorCode.CONVERSATION_EXISTS, f"conversation {conversation_id} already exists",
+                        conversation_id=conversation_id, fields={field_name: "a conversation with this id exists"})
 
     # -- import ---------------------------------------------------------------
     async def handle_import(self, data: ConversationImport, context: EventContext) -> dict[str, Any]:
         document = parse_export(data.data, data.format)
+        checked = checked_document(document)  # whole, before anything is written
         conversation_id = data.new_id or new_id("conv-")
         await self._check_free(conversation_id, "new_id")
         now = format_ts(self.clock())
-        meta, exchanges, skipped = self._imported(document, conversation_id, now, data.title)
+        meta, exchanges, skipped = self._imported(checked, conversation_id, now, data.title)
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
@@ -253,67 +257,66 @@ class ConversationService:
                 "imported_from": document["conversation"].get("conversation_id"),
                 "conversation": self._summary(meta)}
 
-    def _imported(self, document: dict[str, Any], conversation_id: str, now: str, title: str | None
+    def _imported(self, document: ImportedDocument, conversation_id: str, now: str, title: str | None
                   ) -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int]:
-        """The new conversation's metadata and exchanges (index entry and response lines each)."""
-        source = document["conversation"]
+        """The new conversation's metadata and exchanges (index entry and response lines each).
+
+        The models the document names are history: they stay on its exchanges but are not the
+        conversation's models, so a continuation never routes to a provider an import chose."""
+        source = document.conversation
         exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]] = []
-        models: list[str] = []
+        named: list[str] = []
         tokens_in = tokens_out = 0
         cost = 0.0
         skipped = 0
-        for exchange in document["exchanges"]:
-            reply = exchange.get("reply")
+        for exchange in document.exchanges:
+            reply = exchange.reply
             if reply is None:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
-            named = exchange.get("model") or reply.get("model")
-            model = str(named or "imported")
+            model = exchange.model or reply.model or "imported"
             response_id = new_response_id(model)
-            ts = exchange.get("ts") or reply.get("ts") or now
+            ts = exchange.ts or reply.ts or now
             lines = []
-            for item in exchange["inputs"]:
-                if not isinstance(item, dict):
-                    continue
-                kind = item.get("type") if item.get("type") in INPUT_TYPES else "user"
-                line: dict[str, Any] = {"v": 1, "type": kind, "content": str(item.get("content") or ""),
-                                        "ts": item.get("ts") or ts, "conversation_id": conversation_id}
-                for key in ("agent_id", "from_agent"):
-                    if isinstance(item.get(key), str):
-                        line[key] = item[key]
-                if isinstance(item.get("files"), list):
-                    line["files"] = [f for f in item["files"] if isinstance(f, dict)]
+            for item in exchange.inputs:
+                line: dict[str, Any] = {"v": 1, "type": item.type, "content": item.content, "ts": item.ts or ts,
+                                        "conversation_id": conversation_id}
+                if item.agent_id is not None:
+                    line["agent_id"] = item.agent_id
+                if item.from_agent is not None:
+                    line["from_agent"] = item.from_agent
+                if item.files:  # kept as history; `imported` means never read from disk again
+                    line["files"] = [{**ref.model_dump(exclude_none=True), "imported": True} for ref in item.files]
                 lines.append(line)
-            usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
             outcome = {
-                "v": 1, "type": "assistant", "content": reply["content"], "model": model,
-                "provider": exchange.get("provider") or reply.get("provider"), "usage": usage,
-                "cost": reply.get("cost"), "finish_reason": reply.get("finish_reason"),
-                "duration_ms": reply.get("duration_ms"), "ts": reply.get("ts") or ts,
-                "conversation_id": conversation_id, "imported_from": exchange.get("response_id"),
+                "v": 1, "type": "assistant", "content": reply.content, "model": model,
+                "provider": exchange.provider or reply.provider, "usage": reply.usage,
+                "cost": reply.cost, "finish_reason": reply.finish_reason,
+                "duration_ms": reply.duration_ms, "ts": reply.ts or ts,
+                "conversation_id": conversation_id, "imported_from": exchange.response_id,
             }
             text_in = sum(len(line["content"]) for line in lines if line["type"] != "system")
             exchanges.append((IndexEntry(
                 n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
-                agent_id=exchange.get("agent_id"), tokens_in=_int(exchange.get("tokens_in"), text_in // 4 + 4),
-                tokens_out=_int(exchange.get("tokens_out"), len(reply["content"]) // 4 + 4),
-                is_feedback=bool(exchange.get("is_feedback")),
+                agent_id=exchange.agent_id,
+                tokens_in=exchange.tokens_in if exchange.tokens_in is not None else text_in // 4 + 4,
+                tokens_out=exchange.tokens_out if exchange.tokens_out is not None else len(reply.content) // 4 + 4,
+                is_feedback=exchange.is_feedback,
             ), [*lines, outcome]))
-            tokens_in += _int(usage.get("prompt_tokens"), 0)
-            tokens_out += _int(usage.get("completion_tokens"), 0)
-            cost += float(reply.get("cost") or 0.0)
-            if named:  # "imported" names no model: a continuation then takes the default one
-                if model in models:
-                    models.remove(model)
-                models.append(model)
-        tags = source.get("tags") if isinstance(source.get("tags"), list) else []
+            tokens_in += int(reply.usage.get("prompt_tokens") or 0)
+            tokens_out += int(reply.usage.get("completion_tokens") or 0)
+            cost += reply.cost or 0.0
+            if exchange.model or reply.model:
+                if model in named:
+                    named.remove(model)
+                named.append(model)
         meta = ConversationMeta(
             conversation_id=conversation_id, created=now, last_activity=now,
-            title=title if title is not None else _text(source.get("title")),
-            tags=[str(t) for t in tags], agent_id=_text(source.get("agent_id")), system=_text(source.get("system")),
+            title=title if title is not None else source.title,
+            tags=list(source.tags), agent_id=source.agent_id, system=source.system,
             ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
-            cost=cost, models=models,
-            extra={"imported_from": source.get("conversation_id"), "imported_at": now},
+            cost=cost, models=[],
+            extra={"imported_from": source.conversation_id, "imported_at": now, "imported_models": named},
         )
         return meta, exchanges, skipped
 
@@ -412,14 +415,3 @@ class ConversationService:
         self._changed(conversation_id, "deleted", context)
         return {"conversation_id": conversation_id, "deleted": True, "removed": removed,
                 "cancelled_requests": cancelled, "orphaned_forks": forks}
-
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None

@@ -25,6 +25,7 @@ from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 
 T = TypeVar("T")
+IMPORTING = ".importing"  # an imported index waits under this suffix until its metadata exists
 
 
 class JsonlConversations(JsonlReader):
@@ -229,18 +230,46 @@ class JsonlConversations(JsonlReader):
         return await asyncio.to_thread(self._delete, conversation_id)
 
     # -- import ------------------------------------------------------------------
+    def _pending_index(self, conversation_id: str) -> Path:
+        return self.layout.conversations_dir / f".{conversation_id}.jsonl{IMPORTING}"
+
     def _import(self, meta: ConversationMeta, exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
-        """Response files first, then index lines, then metadata: the daemon's durability order."""
+        """All of an import or none of it: response files, then the index under a hidden name,
+        then the metadata by exclusive create (the commit point), then the index into place. A
+        kill before the metadata leaves orphans only; after it, `finish_imports` completes it."""
         conversation_id = meta.conversation_id
         if self._exists(conversation_id):
             raise ConversationExists(conversation_id)
         for entry, lines in exchanges:
             write_new(self.layout.response_file(entry.response_id), jsonl(lines), self.fsync)
+        pending = self._pending_index(conversation_id)
+        pending.unlink(missing_ok=True)
         if exchanges:
-            append_lines(self.layout.index_file(conversation_id),
-                         jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
-        self._save_meta(meta)
+            write_new(pending, jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
+        try:
+            self._create(meta)
+        except BaseException:
+            pending.unlink(missing_ok=True)
+            raise
+        if exchanges:
+            os.rename(pending, self.layout.index_file(conversation_id))
         self._heads[conversation_id] = exchanges[-1][0].n if exchanges else 0
+
+    def finish_imports(self) -> list[str]:
+        """Imports a kill interrupted: with their metadata written they are completed, without
+        it the hidden index is dropped (the import never happened). Returns those completed."""
+        finished: list[str] = []
+        directory = self.layout.conversations_dir
+        if not directory.is_dir():
+            return finished
+        for pending in directory.glob(f".*.jsonl{IMPORTING}"):
+            conversation_id = pending.name[1:-len(f".jsonl{IMPORTING}")]
+            if self.layout.meta_file(conversation_id).exists() and not self.layout.index_file(conversation_id).exists():
+                os.rename(pending, self.layout.index_file(conversation_id))
+                finished.append(conversation_id)
+            else:
+                pending.unlink(missing_ok=True)
+        return finished
 
     async def import_conversation(self, meta: ConversationMeta,
                                   exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:

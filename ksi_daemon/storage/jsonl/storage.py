@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ksi_common.settings import Settings
@@ -33,6 +34,7 @@ class JsonlStorage:
         for directory in (self.layout.responses_dir, self.layout.conversations_dir, self.layout.consortium_dir,
                           self.layout.state_dir):
             private_dir(directory)
+        await asyncio.to_thread(self.conversations.finish_imports)  # imports a kill interrupted
 
     async def close(self) -> None:
         await self.journal.close()
