@@ -64,7 +64,7 @@ async def churn(daemon: DaemonProcess, rng: random.Random, number: int) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def check_var(var: Path) -> None:
+def check_var(var: Path, restarted: bool = True) -> None:
     layout = VarLayout(var)
     metas = {p.stem: orjson.loads(p.read_bytes()) for p in layout.conversation_meta_dir.glob("*.json")}
     indexes = {p.stem for p in layout.conversations_dir.glob("*.jsonl")}
@@ -74,9 +74,17 @@ def check_var(var: Path) -> None:
         record = orjson.loads(agent_file.read_bytes())
         moved_away = sorted(cid for cid, meta in metas.items()
                             if (meta.get("extra") or {}).get("reset_from") == record["conversation_id"])
-        assert sorted(record["previous_conversations"]) == moved_away, (record["agent_id"], moved_away)
+        listed = sorted(record["previous_conversations"])
+        # killed between naming and moving, one may be listed not yet moved; a restart settles it
+        if restarted:
+            assert listed == moved_away, (record["agent_id"], listed, moved_away)
+        else:
+            assert set(moved_away) <= set(listed) and len(listed) - len(moved_away) <= 1, (listed, moved_away)
     for conversation_id, meta in metas.items():
         if (meta.get("extra") or {}).get("imported_from") is not None or meta.get("title") == "moved in":
+            pending = layout.conversations_dir / f".{conversation_id}.jsonl.importing"
+            if not restarted and pending.exists():
+                continue  # committed (its metadata is written): the restart puts its index in place
             entries = read_index(layout.index_file(conversation_id))
             assert [e.n for e in entries] == list(range(1, EXPORT_EXCHANGES + 1)), conversation_id
         if meta.get("parent_id"):
@@ -96,9 +104,9 @@ async def test_kills_during_resets_forks_and_imports(short_tmp: Path) -> None:
         await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
     for number in range(1, 5):
         await churn(daemon, rng, number)
-        check_var(daemon.var)
+        check_var(daemon.var, restarted=False)
         await daemon.start()
-        check_var(daemon.var)  # what the restarted daemon repaired is whole too
+        check_var(daemon.var)  # what the restarted daemon settled
     async with KsiClient(daemon.socket) as client:
         for agent_id in ("ag1", "ag2"):
             info = await client.request("agent:info", {"agent_id": agent_id})

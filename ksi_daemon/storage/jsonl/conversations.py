@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
+import structlog
 
+from ksi_common.errors import KsiError
 from ksi_common.ids import is_safe_id
 from ksi_common.jsonl import iter_lines_reversed
 from ksi_common.layout import VarLayout
@@ -25,6 +27,7 @@ from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 
 T = TypeVar("T")
+log = structlog.get_logger("ksi.storage.conversations")
 IMPORTING = ".importing"  # an imported index waits under this suffix until its metadata exists
 
 
@@ -128,7 +131,14 @@ class JsonlConversations(JsonlReader):
         append_lines(self.layout.index_file(conversation_id), jsonl([entry.to_record()]), self.fsync)
         self._heads[conversation_id] = entry.n
         if meta is not None:
-            self._save_meta(meta)
+            # The index line is the commit: from here the exchange is done, so a full disk now
+            # must not report it failed (it would stay indexed while the caller gives its number
+            # again). The caller keeps the metadata in memory; the next exchange writes it.
+            try:
+                self._save_meta(meta)
+            except KsiError as error:
+                log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code,
+                            exchange=entry.n)
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from ksi_common.errors import ErrorCode, KsiError
+
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextmanager
+def storage_failures() -> Iterator[None]:
+    """OSErrors of a write as the request's error: storage_full when space or quota ran out,
+    storage_error for the rest (EIO, EROFS, ...). A file that exists or is missing is left to
+    the caller (exclusive creates and first writes rely on those)."""
+    try:
+        yield
+    except (FileExistsError, FileNotFoundError):
+        raise
+    except OSError as exc:
+        code = ErrorCode.STORAGE_FULL if exc.errno in _FULL else ErrorCode.STORAGE_ERROR
+        raise KsiError(code, f"the var dir could not be written: {exc.strerror or exc}",
+                       errno=errno.errorcode.get(exc.errno or 0, str(exc.errno))) from None
+
+
+def _undo(action: Callable[[], Any]) -> None:
+    try:
+        action()
+    except OSError:
+        pass  # the write failed already; its error is the one reported
 
 
 def _write_all(fd: int, payload: bytes) -> None:
@@ -29,19 +58,25 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
     One appender per file at a time: a concurrent one could be taken for a torn line.
     """
     created = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        size = os.lseek(fd, 0, os.SEEK_END)
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            _truncate_torn_tail(fd, size)
-        os.lseek(fd, 0, os.SEEK_END)
-        _write_all(fd, payload)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    if created and fsync:
-        _sync_dir(path.parent)
+    with storage_failures():
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                _truncate_torn_tail(fd, size)
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, payload)
+                if fsync:
+                    os.fsync(fd)
+            except OSError:
+                # no part of lines the caller is told failed may stay (a reader would index them)
+                _undo(lambda: os.ftruncate(fd, start))
+                raise
+        finally:
+            os.close(fd)
+        if created and fsync:
+            _sync_dir(path.parent)
 
 
 def _truncate_torn_tail(fd: int, size: int) -> None:
@@ -60,28 +95,36 @@ def _truncate_torn_tail(fd: int, size: int) -> None:
 
 def write_new(path: Path, payload: bytes, fsync: bool) -> None:
     """Write a whole new file; it never overwrites an existing one."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        _write_all(fd, payload)
-        if fsync:
-            os.fsync(fd)
-    finally:
+    with storage_failures():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, payload)
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            _undo(path.unlink)  # a half-written file would read as a torn record
+            raise
         os.close(fd)
-    if fsync:
-        _sync_dir(path.parent)
+        if fsync:
+            _sync_dir(path.parent)
 
 
 def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
     """Replace a small JSON state file atomically (write aside, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
-        if fsync:
-            os.fsync(fd)
-    finally:
+    with storage_failures():
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            _undo(tmp.unlink)
+            raise
         os.close(fd)
-    os.replace(tmp, path)
+        os.replace(tmp, path)
 
 
 def read_json(path: Path) -> Any:

@@ -8,11 +8,16 @@ import os
 from typing import Any
 
 import orjson
+import structlog
 
+from ksi_common.errors import KsiError
 from ksi_common.jsonl import read_records
 from ksi_common.layout import VarLayout
 from ksi_common.timefmt import utc_now
 from ksi_daemon.storage.jsonl.files import append_lines, jsonl
+
+
+log = structlog.get_logger("ksi.storage.journal")
 
 
 class JsonlJournal:
@@ -30,12 +35,17 @@ class JsonlJournal:
         if code is not None:
             line["code"] = code
         payload = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        else:
-            os.write(self._fd, payload)
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            else:
+                os.write(self._fd, payload)
+        except (OSError, KsiError) as exc:
+            # the journal only reports work a crash interrupted: a full disk must not fail the
+            # request itself (its response and index writes report storage_full on their own)
+            log.warning("journal_write_failed", request_id=request_id, status=status, error=str(exc)[:200])
 
     async def close(self) -> None:
         if self._fd is not None:
