@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from ksi_common.ids import is_safe_id
 from ksi_common.layout import VarLayout
-from ksi_daemon.storage.jsonl.files import read_json, replace_json, write_new
+from ksi_daemon.storage.jsonl.files import publish_new, read_json, replace_json
 from ksi_daemon.storage.models import AgentRecord
 from ksi_daemon.storage.ports import AgentExists
 
@@ -31,7 +31,7 @@ class JsonlAgents:
         self.layout.agents_dir.mkdir(parents=True, exist_ok=True)
         payload = orjson.dumps(record.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
         try:
-            write_new(self._path(record.agent_id), payload, self.fsync)
+            publish_new(self._path(record.agent_id), payload, self.fsync)  # complete when visible
         except FileExistsError:
             raise AgentExists(record.agent_id) from None
 

@@ -22,7 +22,7 @@ from ksi_common.jsonl import iter_lines_reversed
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
-from ksi_daemon.storage.jsonl.files import append_lines, jsonl, read_json, replace_json, write_new
+from ksi_daemon.storage.jsonl.files import append_lines, jsonl, publish_new, read_json, replace_json, write_new
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 
@@ -86,7 +86,8 @@ class JsonlConversations(JsonlReader):
         path = self.layout.meta_file(meta.conversation_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            write_new(path, orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2), self.fsync)
+            # complete when visible: a reader racing this create never finds an empty file
+            publish_new(path, orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2), self.fsync)
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
         self._heads[meta.conversation_id] = 0

@@ -110,6 +110,20 @@ def write_new(path: Path, payload: bytes, fsync: bool) -> None:
             _sync_dir(path.parent)
 
 
+def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
+    """Write a whole new file that readers see complete or not at all, and only if `path` does
+    not exist yet (FileExistsError otherwise): written aside, then hard-linked into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(payload):x}.new")
+    write_new(tmp, payload, fsync)
+    try:
+        with storage_failures():
+            os.link(tmp, path)  # fails when `path` exists: the exclusive part
+            if fsync:
+                _sync_dir(path.parent)
+    finally:
+        _undo(tmp.unlink)
+
+
 def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
     """Replace a small JSON state file atomically (write aside, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
