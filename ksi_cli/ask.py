@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 
+from ksi_cli import completion
+
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.event_args import EventArgsError, json_value
 from ksi_cli.locate import Location, locate
@@ -197,9 +199,9 @@ def _cancel(location: Location, request_id: str) -> None:
 @click.option("--model", "-m", help="Model to answer (default: the conversation's last, else KSI_DEFAULT_MODEL).")
 @click.option("--continue", "-c", "continue_last", is_flag=True,
               help="Continue the conversation of the last `ksi ask` on this var dir.")
-@click.option("--cid", "--conversation", "conversation_id", help="Continue this conversation id.")
+@click.option("--cid", "--conversation", "conversation_id", shell_complete=completion.conversations, help="Continue this conversation id.")
 @click.option("--system", "-s", help="System prompt; replaces the conversation's from now on.")
-@click.option("--agent", "-a", help="Ask as this agent (its profile's system prompt and model).")
+@click.option("--agent", "-a", shell_complete=completion.agents, help="Ask as this agent (its profile's system prompt and model).")
 @click.option("--files", "-f", multiple=True, help="Attach a file (repeatable; within KSI_ALLOWED_FILE_ROOTS).")
 @click.option("--option", "-o", "options", type=(str, str), multiple=True, metavar="KEY VALUE",
               help="A model option, e.g. -o temperature 0.2 -o seed 7 (values read as JSON).")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ksi_cli import completion
+
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
@@ -341,10 +343,10 @@ async def _session(location: Location, target: Target, profile: str | None, mode
 
 
 @click.command()
-@click.argument("agent_id", required=False)
+@click.argument("agent_id", required=False, shell_complete=completion.agents)
 @click.option("--profile", "-p", help="Spawn a new agent from this profile (AGENT_ID, if given, names it).")
 @click.option("--model", "-m", help="Model: of a new agent with --profile, else of a plain conversation.")
-@click.option("--cid", "conversation_id", help="Continue this conversation (any, not only an agent's).")
+@click.option("--cid", "conversation_id", shell_complete=completion.conversations, help="Continue this conversation (any, not only an agent's).")
 @click.option("--no-stream", is_flag=True, help="Show each reply whole instead of as it is written.")
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True, help="Seconds to wait for each reply.")
 @click.option("--var-dir", help=VAR_DIR_HELP)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
 from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
@@ -112,7 +113,7 @@ def conversation() -> None:
 @_var_dir_option
 @_json_option
 @click.option("--no-inherited", is_flag=True, help="Leave out the exchanges shared with the fork chain.")
-@click.argument("conversation_id")
+@click.argument("conversation_id", shell_complete=completion.conversations)
 def conversation_show(conversation_id: str, var_dir: str | None, as_json: bool, no_inherited: bool) -> None:
     """Show CONVERSATION_ID: its facts and every exchange."""
     try:
@@ -131,7 +132,7 @@ def conversation_show(conversation_id: str, var_dir: str | None, as_json: bool, 
 @click.option("--format", "fmt", type=click.Choice(export.FORMATS), default="markdown", show_default=True)
 @click.option("--no-inherited", is_flag=True, help="Leave out the exchanges shared with the fork chain.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
-@click.argument("conversation_id")
+@click.argument("conversation_id", shell_complete=completion.conversations)
 def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_inherited: bool,
                         output: str | None) -> None:
     """Export CONVERSATION_ID as markdown, json or jsonl (the daemon's conversation:export format)."""

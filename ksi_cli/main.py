@@ -68,7 +68,7 @@ def cli(ctx: click.Context, no_color: bool) -> None:
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="ksi", complete_var="_KSI_COMPLETE", standalone_mode=False)
     except click.UsageError as exc:
         exc.show()
         sys.exit(EXIT_USAGE)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ksi_cli import completion
 from ksi_cli.event_args import EventArgsError, check_payload, event_words, json_value
 from ksi_cli.locate import Location, locate
 from ksi_cli.options import json_option, location_options
@@ -70,7 +71,7 @@ def _flag(value: str | None, name: str) -> bool:
 @click.option("--wait", is_flag=True, help="For completion:async / agent:send_message: wait for the result.")
 @click.option("--timeout", type=Seconds(MAX_TIMEOUT), default=300.0, show_default=True,
               help="Seconds to wait for a reply.")
-@click.argument("event")
+@click.argument("event", shell_complete=completion.events)
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
 def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, timeout: float,
          as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
@@ -178,7 +179,7 @@ def discover(namespace: str | None, as_json: bool, var_dir: str | None, socket_p
 @click.command(name="help")
 @location_options
 @json_option
-@click.argument("event")
+@click.argument("event", shell_complete=completion.events)
 def help_event(event: str, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
     """Describe EVENT: its fields, their types, defaults and whether they are required."""
     show_event_help(request_or_exit(locate(var_dir, socket_path), "system:help", {"event": event}, as_json),
