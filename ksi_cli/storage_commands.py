@@ -30,12 +30,15 @@ def storage() -> None:
 def migrate(target: str, var_dir: str | None, database_url: str | None, as_json: bool) -> None:
     """Copy everything into the backend TO; run again to resume or to check (it is idempotent)."""
     import filelock
+    import structlog
 
     from ksi_common.dburl import mask_url
     from ksi_common.settings import Settings
     from ksi_daemon.storage.backends import build_storage
     from ksi_daemon.storage.migrate import migrate as copy_all
 
+    # the storage layer logs (a schema migrated, ...): to stderr, so stdout stays the report
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     overrides: dict[str, Any] = {}
     if var_dir:
         overrides["var_dir"] = var_dir

@@ -15,6 +15,7 @@ import orjson
 
 from ksi_common.layout import VarLayout
 from ksi_common.records import INPUT_TYPES, IndexEntry, ResponseRecord
+from ksi_common.summaries import Summary
 
 T = TypeVar("T")
 Run = Callable[[Callable[[asyncpg.Connection], Awaitable[T]]], Awaitable[T]]
@@ -114,6 +115,11 @@ class PostgresReader:
             "SELECT response_id, lines FROM ksi_responses WHERE response_id = ANY($1::text[])", response_ids))
         found = {r["response_id"]: response_of(r["response_id"], r["lines"]) for r in rows}
         return [found.get(r) for r in response_ids]
+
+    async def summaries(self, conversation_id: str) -> list[Summary]:
+        rows = await self._run(lambda c: c.fetch(
+            "SELECT record FROM ksi_summaries WHERE conversation_id = $1 ORDER BY seq", conversation_id))
+        return [s for r in rows if (s := Summary.from_record(r["record"])) is not None]
 
     async def forks_of(self, conversation_id: str) -> list[str]:
         rows = await self._run(lambda c: c.fetch(

@@ -11,11 +11,15 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from ksi_common.privacy import OWNER_ONLY_UMASK
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
 from ksi_daemon.transports.http.binding import UnsafeHttpBind
+
+
+EXIT_STORAGE = 4  # the storage cannot be opened: a database unreachable, or its schema too new
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
+    except KsiError as exc:
+        if exc.code not in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_ERROR):
+            raise
+        print(f"ksi-daemon: storage: {exc.message}", file=sys.stderr)  # the URL in it is masked
+        return EXIT_STORAGE
     except KeyboardInterrupt:
         pass
     return 0

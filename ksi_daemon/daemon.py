@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("ksi.daemon")
 
 
+RELAYED = frozenset({"completion:result", "completion:error", "completion:cancelled"})
+
+
 class DaemonAlreadyRunning(RuntimeError):
     pass
 
@@ -155,6 +158,9 @@ class Daemon:
         for service in self._services:
             if isinstance(service, Starts):
                 await service.start()
+        # completion outcomes reach the subscribers of every daemon sharing this storage
+        await self.storage.relay.start(self.monitor.deliver_remote)
+        self._unregister.append(self.router.listen("completion:*", self._relay_outcome))
         await self.server.start()
         await self.http.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
@@ -227,6 +233,10 @@ class Daemon:
             console_routes(self._handle_request, self.settings),  # last: it serves "/"
         ]
         return HttpFront(self.settings, groups)
+
+    def _relay_outcome(self, name: str, data: dict[str, Any], context: EventContext) -> None:
+        if name in RELAYED:
+            self.storage.relay.publish(name, data, context.to_wire())
 
     async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
         if self.shutting_down and event != "system:health":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import structlog
 from pydantic import Field, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
@@ -11,7 +13,10 @@ from ksi_common.ids import new_id
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import EventData, Text
-from ksi_daemon.router import Router, Unregister
+from ksi_daemon.router import Router, Unregister, matches
+
+log = structlog.get_logger("ksi.monitor")
+Forward = Callable[[str, dict[str, Any], EventContext], None]
 
 
 class SubscribeData(EventData):
@@ -44,6 +49,8 @@ class MonitorService:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.subscriptions: dict[str, list[Unregister]] = {}
+        # what other daemons' events need to reach this daemon's subscribers (not its services)
+        self._remote: dict[str, tuple[list[str], Forward]] = {}
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -75,6 +82,7 @@ class MonitorService:
         removers = [self.router.listen(pattern, forward) for pattern in data.patterns]
         removers.append(origin.on_close(lambda: self._drop(subscription_id)))
         self.subscriptions[subscription_id] = removers
+        self._remote[subscription_id] = (list(data.patterns), forward)
         reply: dict[str, Any] = {"subscription_id": subscription_id, "patterns": data.patterns, "status": "subscribed"}
         if data.client_id is not None or data.event_patterns is not None:  # what the original client reads
             reply.update(client_id=data.client_id, event_patterns=data.patterns, subscribed=True)
@@ -88,5 +96,20 @@ class MonitorService:
         return {"subscription_id": data.subscription_id, "status": "unsubscribed"}
 
     def _drop(self, subscription_id: str) -> None:
+        self._remote.pop(subscription_id, None)
         for remove in self.subscriptions.pop(subscription_id, []):
             remove()
+
+    def deliver_remote(self, name: str, data: dict[str, Any], context: dict[str, Any]) -> None:
+        """An event another daemon emitted: pushed to matching subscribers, never to services
+        (they acted on it where it happened)."""
+        event_context = EventContext(
+            event_id=str(context.get("event_id") or ""), correlation_id=context.get("correlation_id"),
+            parent_event_id=context.get("parent_event_id"), agent_id=context.get("agent_id"),
+        )
+        for patterns, forward in list(self._remote.values()):
+            if any(matches(pattern, name) for pattern in patterns):
+                try:
+                    forward(name, data, event_context)
+                except Exception:  # one broken subscriber harms no other
+                    log.exception("remote_push_failed", event=name)

@@ -16,6 +16,7 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ksi_common.reading import StoredReader
@@ -218,6 +219,36 @@ class CalibrationStore(Protocol):
         ...
 
     async def save(self, ratios: dict[str, dict[str, Any]]) -> None: ...
+RemoteDelivery = Callable[[str, dict[str, Any], dict[str, Any]], None]
+
+
+class EventRelay(Protocol):
+    """Events between daemons sharing a backend: this daemon's outcomes out, the others' in.
+
+    A backend no other daemon shares has nothing to relay (`LocalOnly`)."""
+
+    async def start(self, deliver: RemoteDelivery) -> None:
+        """From now on, call `deliver(event, data, context)` for every event another daemon publishes."""
+        ...
+
+    def publish(self, event: str, data: dict[str, Any], context: dict[str, Any]) -> None:
+        """Send an event to the other daemons; never waits."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class LocalOnly:
+    """The relay of a backend no other daemon shares: nothing goes out, nothing comes in."""
+
+    async def start(self, deliver: RemoteDelivery) -> None:
+        return None
+
+    def publish(self, event: str, data: dict[str, Any], context: dict[str, Any]) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
 
 
 class Storage(Protocol):
@@ -231,6 +262,7 @@ class Storage(Protocol):
     journal: RequestJournal
     summaries: SummaryStore
     calibration: CalibrationStore
+    relay: EventRelay
 
     async def open(self) -> None:
         """Connect and prepare (directories, schema); raises `KsiError(storage_unavailable)`."""

@@ -14,6 +14,7 @@ from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
+from ksi_daemon.storage.ports import LocalOnly
 
 
 class JsonlStorage:
@@ -29,6 +30,7 @@ class JsonlStorage:
         self.journal = JsonlJournal(layout)
         self.summaries = JsonlSummaries(layout, fsync)
         self.calibration = JsonlCalibration(layout)
+        self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
 
     async def open(self) -> None:
         for directory in (self.layout.responses_dir, self.layout.conversations_dir, self.layout.consortium_dir,

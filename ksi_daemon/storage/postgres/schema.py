@@ -107,6 +107,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(2, "compaction summaries and model calibration; the request journal moves to each daemon's var dir", (
+        """
+        CREATE TABLE ksi_summaries (
+            conversation_id text NOT NULL,
+            seq bigserial,
+            upto integer NOT NULL,
+            record json NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        )
+        """,
+        """
+        CREATE TABLE ksi_calibration (
+            id boolean PRIMARY KEY DEFAULT true CHECK (id),  -- one document, replaced whole
+            ratios json NOT NULL
+        )
+        """,
+        "DROP TABLE ksi_request_journal",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,73 @@
+"""The PostgreSQL backend as one `Storage`: every store over one pool, the schema migrated on open,
+and the relay of events between daemons.
+
+The request journal stays a file in this daemon's own var dir: it is this daemon's state alone
+(like its pid file), the restarted daemon finds it there, and a synchronous local append is what
+lets a request be journaled before its ack leaves, with no database round trip per request state.
+Recovery asks the database whether an interrupted request's exchange was indexed."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.settings import Settings
+from ksi_daemon.storage.postgres.conversations import PostgresConversations
+from ksi_daemon.storage.postgres.database import Database
+from ksi_daemon.storage.jsonl.journal import JsonlJournal
+from ksi_daemon.storage.postgres.records import (
+    PostgresAgents,
+    PostgresCalibration,
+    PostgresConsortia,
+    PostgresResponses,
+    PostgresSummaries,
+    PostgresTraces,
+)
+from ksi_daemon.storage.postgres.relay import PostgresRelay
+from ksi_daemon.storage.postgres.schema import SCHEMA_VERSION
+
+
+def daemon_identity(settings: Settings) -> str:
+    """Stable across restarts of one daemon, distinct between daemons sharing the database."""
+    return f"{socket.gethostname()}:{settings.socket.resolve()}"
+
+
+class PostgresStorage:
+    def __init__(self, settings: Settings) -> None:
+        if settings.database_url is None:
+            raise KsiError(ErrorCode.STORAGE_ERROR, "KSI_STORAGE=postgres needs KSI_DATABASE_URL (postgresql://...)",
+                           setting="database_url")
+        self.database = Database(settings.database_url.get_secret_value())
+        self.daemon_id = daemon_identity(settings)
+        self.conversations = PostgresConversations(self.database)
+        self.responses = PostgresResponses(self.database)
+        self.agents = PostgresAgents(self.database)
+        self.consortia = PostgresConsortia(self.database)
+        self.traces = PostgresTraces(self.database)
+        self.summaries = PostgresSummaries(self.database)
+        self.calibration = PostgresCalibration(self.database)
+        self.journal = JsonlJournal(settings.layout)
+        self.relay = PostgresRelay(self.database, self.daemon_id)
+
+    async def open(self) -> None:
+        await self.database.open()
+
+    async def close(self) -> None:
+        try:
+            await self.journal.close()
+        finally:
+            await self.relay.stop()
+            await self.database.close()
+
+    def describe(self) -> dict[str, Any]:
+        migration = self.database.migration
+        return {
+            "backend": "postgres",
+            "url": self.database.shown_url,
+            "schema_version": migration.after if migration else None,
+            "supported_schema_version": SCHEMA_VERSION,
+            "daemon_id": self.daemon_id,
+            "events_published": self.relay.published,
+            "events_received": self.relay.received,
+        }
