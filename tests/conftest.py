@@ -18,6 +18,7 @@ from ksi_common.settings import Settings
 from ksi_daemon.daemon import Daemon
 from tests.pg_cluster import ThrowawayCluster
 
+BACKENDS = ("jsonl", "postgres")
 PROVIDER_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 
 
@@ -30,6 +31,25 @@ def clean_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-dummy")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "backends: run the module's daemon tests against every storage backend")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests of modules marked `backends` run once per storage backend: the same specification."""
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("backends"):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Settings overrides that choose the storage backend (JSONL unless the module is marked)."""
+    name = getattr(request, "param", "jsonl")
+    if name == "jsonl":
+        return {}
+    return {"storage": "postgres", "database_url": request.getfixturevalue("pg_url")}
 
 
 @pytest.fixture(scope="session")
@@ -95,8 +115,8 @@ async def connected(daemon: Daemon) -> AsyncIterator[KsiClient]:
 
 
 @pytest.fixture
-async def daemon(short_tmp: Path) -> AsyncIterator[Daemon]:
-    async with running_daemon(short_tmp) as running:
+async def daemon(short_tmp: Path, backend: dict[str, Any]) -> AsyncIterator[Daemon]:
+    async with running_daemon(short_tmp, **backend) as running:
         yield running
 
 
@@ -123,8 +143,8 @@ def stub_settings(server: Any, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def stub_daemon(short_tmp: Path, stub: Any) -> AsyncIterator[Daemon]:
-    async with running_daemon(short_tmp, **stub_settings(stub)) as running:
+async def stub_daemon(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> AsyncIterator[Daemon]:
+    async with running_daemon(short_tmp, **stub_settings(stub), **backend) as running:
         yield running
 
 

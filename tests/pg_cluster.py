@@ -3,7 +3,8 @@
 `initdb` and `pg_ctl` on a temporary directory, a free TCP port on 127.0.0.1 (password
 authentication, so URLs carry a real secret) and a private socket directory (trust, for the
 administrator). Run as the `postgres` user when we are root: the server refuses to run as root.
-Durability of the cluster itself is off (fsync, full pages): tests kill daemons, never the server.
+For tests the cluster's own durability is off (fsync, full pages): they kill daemons, never the
+server; benchmarks ask for a durable one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _free_port() -> int:
 class ThrowawayCluster:
     """One cluster on a temporary directory; `start()`, `url(db)`, `stop()`, `remove()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
+        self.durable = durable  # benchmarks: fsync and synchronous commit on, as in production
         self.bin = server_bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="ksi-pg-"))
         self.data = self.root / "data"
@@ -102,9 +104,9 @@ class ThrowawayCluster:
             "unix_socket_directories": f"'{self.sockets}'",
             "max_connections": "300",
             "shared_buffers": "32MB",
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
+            "fsync": "on" if self.durable else "off",
+            "synchronous_commit": "on" if self.durable else "off",
+            "full_page_writes": "on" if self.durable else "off",
             "log_min_messages": "warning",
         }
         with open(self.data / "postgresql.conf", "a") as conf:

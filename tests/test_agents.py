@@ -12,11 +12,13 @@ import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
-from ksi_common.records import read_index
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.services.agents.profiles import ProfileLibrary, shipped_profiles_dir
 from tests.conftest import connected, running_daemon, stub_settings
+from tests.stored import names, stored_index, stored_meta, stored_snapshot
 from tests.stub_openai import Reply
+
+pytestmark = pytest.mark.backends
 
 TESTER_SYSTEM = "You are Tester. Remember everything the user tells you."
 
@@ -55,9 +57,10 @@ def files_under(root: Path) -> set[str]:
 # -- continuity -----------------------------------------------------------------------------
 
 
-async def test_spawn_two_messages_restart_third_message_sees_everything(short_tmp: Path, stub: Any) -> None:
+async def test_spawn_two_messages_restart_third_message_sees_everything(short_tmp: Path, stub: Any,
+                                                                       backend: dict[str, Any]) -> None:
     profiles = write_profiles(short_tmp / "profiles")
-    settings = stub_settings(stub, profiles_dir=profiles)
+    settings = stub_settings(stub, profiles_dir=profiles, **backend)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         spawned = await client.request("agent:spawn", {"agent_id": "alice", "profile": "tester"})
         assert spawned["conversation_id"] == "alice"
@@ -66,7 +69,7 @@ async def test_spawn_two_messages_restart_third_message_sees_everything(short_tm
         second = await send(client, "alice", "I am a dentist")
         assert first["conversation_id"] == second["conversation_id"] == "alice"
         assert first["agent_id"] == "alice"
-    assert (short_tmp / "var/state/agents/alice.json").exists()
+    assert "state/agents/alice.json" in await stored_snapshot(daemon.settings)
     assert stub.requests[-1]["temperature"] == 0.3  # the profile's temperature reaches the provider
 
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
@@ -81,7 +84,7 @@ async def test_spawn_two_messages_restart_third_message_sees_everything(short_tm
         "My name is Alice", first["content"], "I am a dentist", second["content"], "What do I do?",
     ]
     assert third["content"] == "stub answer to: What do I do?"
-    assert len(read_index(short_tmp / "var/logs/conversations/alice.jsonl")) == 3
+    assert len(await stored_index(daemon, "alice")) == 3
 
 
 async def test_spawn_with_first_prompt_and_generated_id(daemon: Daemon, client: KsiClient) -> None:
@@ -122,15 +125,15 @@ async def test_send_message_wait_forms(client: KsiClient) -> None:
 # -- reset ----------------------------------------------------------------------------------
 
 
-async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path, stub: Any) -> None:
+async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path, stub: Any,
+                                                                 backend: dict[str, Any]) -> None:
     profiles = write_profiles(short_tmp / "profiles")
-    async with running_daemon(short_tmp, **stub_settings(stub, profiles_dir=profiles)) as daemon, \
+    async with running_daemon(short_tmp, **stub_settings(stub, profiles_dir=profiles, **backend)) as daemon, \
             connected(daemon) as client:
         await client.request("agent:spawn", {"agent_id": "bob", "profile": "tester"})
         first = await send(client, "bob", "remember 42")
         await send(client, "bob", "and 43")
-        index = short_tmp / "var/logs/conversations/bob.jsonl"
-        before = index.read_bytes()
+        before = (await stored_snapshot(daemon.settings))["logs/conversations/bob.jsonl"]
 
         reset = await client.request("agent:reset", {"agent_id": "bob"})
         assert reset == {"agent_id": "bob", "conversation_id": "bob", "previous_conversation_id": "bob-1",
@@ -140,13 +143,12 @@ async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path
         assert [m["role"] for m in sent] == ["system", "user"]
         assert sent[0]["content"] == TESTER_SYSTEM
 
-        # the old conversation: same index bytes under the new id, metadata moved and renamed
-        moved = short_tmp / "var/logs/conversations/bob-1.jsonl"
-        assert moved.read_bytes() == before
-        meta = orjson.loads((short_tmp / "var/state/conversations/bob-1.json").read_bytes())
+        # the old conversation: the same index under the new id, metadata moved and renamed
+        assert (await stored_snapshot(daemon.settings))["logs/conversations/bob-1.jsonl"] == before
+        meta = await stored_meta(daemon, "bob-1") or {}
         assert meta["conversation_id"] == "bob-1" and meta["exchanges"] == 2
         assert meta["extra"]["reset_from"] == "bob"
-        assert len(read_index(index)) == 1
+        assert len(await stored_index(daemon, "bob")) == 1
         assert {"bob", "bob-1"} <= set(await daemon.store.conversation_ids())
         listed = await client.request("conversation:list", {"agent_id": "bob"})
         assert {c["conversation_id"] for c in listed["conversations"]} == {"bob", "bob-1"}
@@ -166,40 +168,40 @@ async def test_reset_starts_fresh_and_keeps_the_old_conversation(short_tmp: Path
         assert second_reset["previous_conversation_id"] == "bob-2"
 
 
-async def test_deleting_after_a_reset_keeps_the_other_conversations_files(short_tmp: Path) -> None:
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+async def test_deleting_after_a_reset_keeps_the_other_conversations_files(short_tmp: Path,
+                                                                          backend: dict[str, Any]) -> None:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         await client.request("agent:spawn", {"agent_id": "eve", "model": "echo/x"})
         await send(client, "eve", "old message")
         await client.request("agent:reset", {"agent_id": "eve"})
         await send(client, "eve", "new message")
-        old_files = {e.response_id for e in read_index(short_tmp / "var/logs/conversations/eve-1.jsonl")}
-        new_files = {e.response_id for e in read_index(short_tmp / "var/logs/conversations/eve.jsonl")}
+        old_files = {f"{e['response_id']}.jsonl" for e in await stored_index(daemon, "eve-1")}
+        new_files = {f"{e['response_id']}.jsonl" for e in await stored_index(daemon, "eve")}
 
         await client.request("conversation:delete", {"conversation_id": "eve"})
-        responses = short_tmp / "var/logs/responses"
-        assert all((responses / f"{rid}.jsonl").exists() for rid in old_files)
-        assert not any((responses / f"{rid}.jsonl").exists() for rid in new_files)
+        responses = names(await stored_snapshot(daemon.settings), "logs/responses/")
+        assert old_files <= responses and not new_files & responses
         shown = await client.request("conversation:show", {"conversation_id": "eve-1"})
         assert shown["exchanges"][0]["reply"]["content"].startswith("You said: old message")
 
         await client.request("conversation:delete", {"conversation_id": "eve-1"})
-        assert not any((responses / f"{rid}.jsonl").exists() for rid in old_files)
+        assert not old_files & names(await stored_snapshot(daemon.settings), "logs/responses/")
 
 
-async def test_reset_after_restart_and_of_an_unused_agent(short_tmp: Path) -> None:
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+async def test_reset_after_restart_and_of_an_unused_agent(short_tmp: Path, backend: dict[str, Any]) -> None:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         await client.request("agent:spawn", {"agent_id": "carol", "profile": "assistant"})
         await client.request("agent:spawn", {"agent_id": "idle", "profile": "assistant"})
         await send(client, "carol", "one")
         unused = await client.request("agent:reset", {"agent_id": "idle"})
         assert unused["previous_conversation_id"] is None  # nothing to keep
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         assert daemon.cache.cached("carol") is None
         reset = await client.request("agent:reset", {"agent_id": "carol"})
         assert reset["previous_conversation_id"] == "carol-1"
         result = await send(client, "carol", "two")
         assert "Earlier user inputs: none" in result["content"]
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         info = await client.request("agent:info", {"agent_id": "carol"})
         assert info["previous_conversations"] == ["carol-1"] and info["exchanges"] == 1
 
@@ -264,14 +266,13 @@ async def test_terminate_cancels_queued_keeps_logs_and_refuses_messages(stub_dae
         assert again["terminated"] == []  # terminating twice is harmless
         error = await error_of(client, "agent:spawn", {"agent_id": "t1"})
         assert error.code == "agent_exists"
-    var = stub_daemon.layout.root
-    assert len(read_index(var / "logs/conversations/t1.jsonl")) == 1  # the log is kept
-    record = orjson.loads((var / "state/agents/t1.json").read_bytes())
+    assert len(await stored_index(stub_daemon, "t1")) == 1  # the log is kept
+    record = orjson.loads((await stored_snapshot(stub_daemon.settings))["state/agents/t1.json"])
     assert record["status"] == "terminated"
 
 
-async def test_terminate_all(short_tmp: Path) -> None:
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+async def test_terminate_all(short_tmp: Path, backend: dict[str, Any]) -> None:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         for name in ("a1", "a2", "a3"):
             await client.request("agent:spawn", {"agent_id": name, "profile": "assistant"})
         await client.request("agent:terminate", {"agent_id": "a1"})
@@ -285,7 +286,7 @@ async def test_terminate_all(short_tmp: Path) -> None:
         for data in ({}, {"agent_id": "a1", "all": True}, {"all": False}):
             assert (await error_of(client, "agent:terminate", data)).code == "validation_error"
     # terminated agents stay terminated after a restart
-    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
         error = await error_of(client, "agent:send_message", {"agent_id": "a2", "message": "hi"})
         assert error.code == "agent_terminated"
 
@@ -296,6 +297,7 @@ async def test_terminate_all(short_tmp: Path) -> None:
 async def test_bad_spawn_input(daemon: Daemon, client: KsiClient) -> None:
     root = daemon.layout.root.parent
     before = files_under(root)
+    stored_before = await stored_snapshot(daemon.settings)
     error = await error_of(client, "agent:spawn", {"profile": "no-such-profile"})
     assert error.code == "profile_not_found"
     assert "assistant" in error.details["available"]
@@ -304,6 +306,7 @@ async def test_bad_spawn_input(daemon: Daemon, client: KsiClient) -> None:
         assert error.code == "validation_error", bad
         assert "agent_id" in error.details["fields"]
     assert files_under(root) == before  # nothing written for refused spawns
+    assert await stored_snapshot(daemon.settings) == stored_before
     assert not (root / "x.json").exists() and not (daemon.layout.state_dir / "x.json").exists()
 
     await client.request("agent:spawn", {"agent_id": "dup", "profile": "assistant"})
@@ -313,7 +316,7 @@ async def test_bad_spawn_input(daemon: Daemon, client: KsiClient) -> None:
     await client.request("completion:async", {"conversation_id": "taken", "create": True, "prompt": "x"})
     error = await error_of(client, "agent:spawn", {"agent_id": "taken"})
     assert error.code == "conversation_exists" and "agent_id" in error.details["fields"]
-    assert sorted(p.name for p in daemon.layout.agents_dir.iterdir()) == ["dup.json"]
+    assert names(await stored_snapshot(daemon.settings), "state/agents/") == {"dup.json"}
 
     for data in ({"agent_id": "dup", "temperature": 5}, {"agent_id": "z", "prompt": "  "}, {"agent_id": "z", "bogus": 1}):
         assert (await error_of(client, "agent:spawn", data)).code == "validation_error"

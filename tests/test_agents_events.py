@@ -9,16 +9,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
+import pytest
 import structlog
 
 from ksi_common.client import KsiClient
-from ksi_common.records import read_index
 from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.services.agents.events import FEEDBACK_HEADER, extract_events, is_allowed
 from tests.conftest import connected, running_daemon, stub_settings
+from tests.stored import stored_response
 from tests.stub_openai import StubOpenAI
+
+pytestmark = pytest.mark.backends
 
 PROFILES = {
     "talker.yaml": "system: You are a talker.\nallowed_events: ['agent:send_message', 'agent:info']\n",
@@ -96,12 +98,12 @@ def test_allowed_patterns_deny_by_default() -> None:
 
 
 @asynccontextmanager
-async def agents_daemon(root: Path, stub: StubOpenAI, **overrides: Any) -> AsyncIterator[Daemon]:
+async def agents_daemon(root: Path, stub: StubOpenAI, backend: dict[str, Any], **overrides: Any) -> AsyncIterator[Daemon]:
     profiles = root / "profiles"
     profiles.mkdir()
     for name, text in PROFILES.items():
         (profiles / name).write_text(text)
-    async with running_daemon(root, **stub_settings(stub, profiles_dir=profiles, **overrides)) as daemon:
+    async with running_daemon(root, **stub_settings(stub, profiles_dir=profiles, **backend, **overrides)) as daemon:
         yield daemon
 
 
@@ -125,16 +127,16 @@ def requests_with(stub: StubOpenAI, text: str) -> list[dict[str, Any]]:
     return [r for r in stub.requests if text in last_user(r)]
 
 
-def index_of(daemon: Daemon, conversation_id: str) -> list[Any]:
-    return read_index(daemon.layout.index_file(conversation_id))
+async def index_of(daemon: Daemon, conversation_id: str) -> list[Any]:
+    return await daemon.storage.conversations.entries(conversation_id)
 
 
 async def spawn(client: KsiClient, agent_id: str, profile: str) -> None:
     await client.request("agent:spawn", {"agent_id": agent_id, "profile": profile})
 
 
-async def test_allowed_message_reaches_b_marked_from_a(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_allowed_message_reaches_b_marked_from_a(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         seen: list[tuple[str, dict[str, Any], EventContext]] = []
@@ -148,9 +150,9 @@ async def test_allowed_message_reaches_b_marked_from_a(short_tmp: Path, stub: St
         assert len(to_b) == 1
         assert last_user(to_b[0]) == "[from a] hello from a"
         assert to_b[0]["messages"][0] == {"role": "system", "content": "You are quiet."}
-        b_index = index_of(daemon, "b")
+        b_index = await index_of(daemon, "b")
         assert len(b_index) == 1 and b_index[0].agent_id == "b"
-        b_lines = orjson.loads(daemon.layout.response_file(b_index[0].response_id).read_bytes().splitlines()[0])
+        b_lines = (await stored_response(daemon, b_index[0].response_id) or [{}])[0]
         assert b_lines["from_agent"] == "a"
         # the emitted event carries a's id and one more hop of depth
         agent_hops = [c for _n, _d, c in seen if c.agent_id == "a"]
@@ -160,12 +162,12 @@ async def test_allowed_message_reaches_b_marked_from_a(short_tmp: Path, stub: St
         assert len(feedback) == 1
         text = last_user(feedback[0])
         assert "1. agent:send_message: ok" in text and '"status": "queued"' in text
-        a_index = index_of(daemon, "a")
+        a_index = await index_of(daemon, "a")
         assert [e.is_feedback for e in a_index] == [False, True]
 
 
-async def test_denied_event_is_not_emitted_and_reported(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_denied_event_is_not_emitted_and_reported(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         emitted: list[str] = []
@@ -187,8 +189,8 @@ async def test_denied_event_is_not_emitted_and_reported(short_tmp: Path, stub: S
         assert lines[3].startswith('3. agent:info: ok {"agent_id": "b"')
 
 
-async def test_event_errors_and_malformed_json_are_reported(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_event_errors_and_malformed_json_are_reported(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         stub.enqueue(
@@ -199,7 +201,7 @@ async def test_event_errors_and_malformed_json_are_reported(short_tmp: Path, stu
         await client.request("agent:send_message", {"agent_id": "a", "message": "go", "wait": True})
         await settle(daemon)
 
-        assert index_of(daemon, "b") == []  # nothing reached b
+        assert await index_of(daemon, "b") == []  # nothing reached b
         feedback = requests_with(stub, FEEDBACK_HEADER)
         assert len(feedback) == 1
         text = last_user(feedback[0])
@@ -210,8 +212,8 @@ async def test_event_errors_and_malformed_json_are_reported(short_tmp: Path, stu
         assert health["status"] == "healthy"
 
 
-async def test_agent_messages_never_wait(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_agent_messages_never_wait(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         stub.hold = 0.3  # b's answer takes a while; a's event must not wait for it
@@ -222,8 +224,8 @@ async def test_agent_messages_never_wait(short_tmp: Path, stub: StubOpenAI) -> N
         assert '"status": "queued"' in text and "stub answer" not in text
 
 
-async def test_feedback_is_left_out_of_later_history(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_feedback_is_left_out_of_later_history(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         acting = event("agent:info", agent_id="b")
@@ -236,17 +238,17 @@ async def test_feedback_is_left_out_of_later_history(short_tmp: Path, stub: Stub
         assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
         assert [m["content"] for m in sent[1:]] == ["look at b", acting, "next"]
         assert not any(FEEDBACK_HEADER in m["content"] for m in sent)
-        assert [e.is_feedback for e in index_of(daemon, "a")] == [False, True, False]
+        assert [e.is_feedback for e in await index_of(daemon, "a")] == [False, True, False]
 
 
-async def test_depth_limit_stops_ping_pong(short_tmp: Path) -> None:
+async def test_depth_limit_stops_ping_pong(short_tmp: Path, backend: dict[str, Any]) -> None:
     def answer(messages: list[dict[str, Any]]) -> str:
         me = "a" if messages[0]["content"].endswith("(a)") else "b"
         other = "b" if me == "a" else "a"
         return event("agent:send_message", agent_id=other, message=f"ping from {me}")
 
     async with StubOpenAI(answer=answer) as stub, \
-            agents_daemon(short_tmp, stub, max_event_depth=2) as daemon, connected(daemon) as client:
+            agents_daemon(short_tmp, stub, backend, max_event_depth=2) as daemon, connected(daemon) as client:
         for name in ("a", "b"):
             await client.request("agent:spawn", {"agent_id": name, "profile": "pinger",
                                                  "system": f"You are a pinger ({name})"})
@@ -262,32 +264,32 @@ async def test_depth_limit_stops_ping_pong(short_tmp: Path) -> None:
         assert (await client.request("system:health"))["completions"]["queued"] == 0
 
 
-async def test_depth_zero_disables_agent_events(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub, max_event_depth=0) as daemon, connected(daemon) as client:
+async def test_depth_zero_disables_agent_events(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend, max_event_depth=0) as daemon, connected(daemon) as client:
         await spawn(client, "a", "talker")
         await spawn(client, "b", "quiet")
         stub.enqueue(event("agent:send_message", agent_id="b", message="hi"))
         await client.request("agent:send_message", {"agent_id": "a", "message": "go", "wait": True})
         await settle(daemon)
         assert len(stub.requests) == 1
-        assert index_of(daemon, "b") == []
+        assert await index_of(daemon, "b") == []
 
 
-async def test_events_from_terminated_or_unknown_agents_are_ignored(short_tmp: Path, stub: StubOpenAI) -> None:
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+async def test_events_from_terminated_or_unknown_agents_are_ignored(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         await spawn(client, "b", "quiet")
         # a reply in a plain conversation (no agent) is never scanned
         stub.enqueue(event("agent:send_message", agent_id="b", message="hi"))
         ack = await client.request("completion:async", {"prompt": "x"})
         await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
         await settle(daemon)
-        assert len(stub.requests) == 1 and index_of(daemon, "b") == []
+        assert len(stub.requests) == 1 and await index_of(daemon, "b") == []
 
 
-async def test_a_spawned_agent_gets_no_more_permissions_than_its_spawner(short_tmp: Path, stub: StubOpenAI) -> None:
+async def test_a_spawned_agent_gets_no_more_permissions_than_its_spawner(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
     profiles = {"spawner.yaml": "system: You spawn.\nallowed_events: ['agent:spawn', 'agent:info']\n",
                 "wide.yaml": "system: Wide.\nallowed_events: ['*', 'agent:info', 'system:shutdown']\n"}
-    async with agents_daemon(short_tmp, stub) as daemon, connected(daemon) as client:
+    async with agents_daemon(short_tmp, stub, backend) as daemon, connected(daemon) as client:
         for name, text in profiles.items():
             (short_tmp / "profiles" / name).write_text(text)
         await spawn(client, "boss", "spawner")

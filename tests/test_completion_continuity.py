@@ -13,6 +13,9 @@ import pytest
 from ksi_common.ids import model_slug, new_response_id
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stored import stored_index, stored_response
+
+pytestmark = pytest.mark.backends
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
@@ -21,13 +24,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def index_of(daemon: Daemon, conversation_id: str) -> list[dict[str, Any]]:
-    path = daemon.layout.index_file(conversation_id)
-    return read_jsonl(path) if path.exists() else []
+async def index_of(daemon: Daemon, conversation_id: str) -> list[dict[str, Any]]:
+    return await stored_index(daemon, conversation_id)
 
 
-def response_of(daemon: Daemon, response_id: str) -> list[dict[str, Any]]:
-    return read_jsonl(daemon.layout.response_file(response_id))
+async def response_of(daemon: Daemon, response_id: str) -> list[dict[str, Any]]:
+    lines = await stored_response(daemon, response_id)
+    assert lines is not None, response_id
+    return lines
 
 
 def chat(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -42,8 +46,9 @@ def without_system(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 # -- continuity -------------------------------------------------------------------------------
 
 
-async def test_history_reaches_the_stub_in_order_and_survives_a_restart(short_tmp: Path, stub: Any) -> None:
-    settings = stub_settings(stub)
+async def test_history_reaches_the_stub_in_order_and_survives_a_restart(short_tmp: Path, stub: Any,
+                                                                          backend: dict[str, Any]) -> None:
+    settings = stub_settings(stub, **backend)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         first = await complete(client, prompt="My name is Alice and I am a dentist",
                                conversation_id="alice", create=True)
@@ -158,10 +163,10 @@ async def test_response_file_and_index_on_disk(stub_daemon: Daemon, stub: Any) -
     assert stub.requests[0]["model"] == "stub-4.1:mini"
     for result in results:
         assert re.fullmatch(r"openai-stub-4-1-mini-[0-9a-f]{12}", result["response_id"])
-        assert stub_daemon.layout.response_file(result["response_id"]).exists()
+        assert await stored_response(stub_daemon, result["response_id"]) is not None
     assert len({r["response_id"] for r in results}) == 3
 
-    lines = response_of(stub_daemon, results[1]["response_id"])
+    lines = await response_of(stub_daemon, results[1]["response_id"])
     assert [line["type"] for line in lines] == ["user", "assistant"]
     user, assistant = lines
     assert user["content"] == "turn two"
@@ -176,9 +181,9 @@ async def test_response_file_and_index_on_disk(stub_daemon: Daemon, stub: Any) -
         assert line["request_id"] == results[1]["request_id"]
         assert line["conversation_id"] == "files"
     # only the raw input is stored, never the expanded prompt with history
-    assert "turn one" not in stub_daemon.layout.response_file(results[1]["response_id"]).read_text()
+    assert "turn one" not in orjson.dumps(lines).decode()
 
-    index = index_of(stub_daemon, "files")
+    index = await index_of(stub_daemon, "files")
     assert [line["n"] for line in index] == [1, 2, 3]
     assert [line["response_id"] for line in index] == [r["response_id"] for r in results]
     assert [r["exchange"] for r in results] == [1, 2, 3]
@@ -199,10 +204,10 @@ async def test_system_prompt_is_kept_in_metadata_and_sent_first(stub_daemon: Dae
     assert chat(stub.messages(1)) == [("system", "You are terse."), ("user", "hi"),
                                       ("assistant", first["content"]), ("user", "again")]
     assert stub.messages(2)[0] == {"role": "system", "content": "You are verbose."}
-    first_file = response_of(stub_daemon, first["response_id"])
+    first_file = await response_of(stub_daemon, first["response_id"])
     assert [line["type"] for line in first_file] == ["system", "user", "assistant"]
     # the system prompt is not history: the index holds only exchange lines
-    assert all("system" not in line for line in index_of(stub_daemon, "sys"))
+    assert all("system" not in line for line in await index_of(stub_daemon, "sys"))
 
 
 async def test_a_failed_request_is_logged_but_never_indexed(stub_daemon: Daemon, stub: Any) -> None:
@@ -218,12 +223,12 @@ async def test_a_failed_request_is_logged_but_never_indexed(stub_daemon: Daemon,
     assert reply["error"]["code"] == "provider_error"
     assert len(stub.requests) == 3  # a 400 is not retried
     failed_id = status["response_id"]
-    lines = response_of(stub_daemon, failed_id)
+    lines = await response_of(stub_daemon, failed_id)
     assert [line["type"] for line in lines] == ["user", "error"]
     assert lines[0]["content"] == "doomed"
     assert lines[1]["code"] == "provider_error"
     assert TS.match(lines[1]["ts"])
-    index = index_of(stub_daemon, "fails")
+    index = await index_of(stub_daemon, "fails")
     assert [line["response_id"] for line in index] == [ok["response_id"], after["response_id"]]
     assert [line["n"] for line in index] == [1, 2]
     assert failed_id not in {line["response_id"] for line in index}
@@ -284,9 +289,9 @@ async def test_legacy_bare_id_index_is_read_and_continued(short_tmp: Path, stub:
 
 
 @pytest.mark.parametrize("restart", [False, True])
-async def test_feedback_is_logged_and_indexed_but_kept_out_of_history(short_tmp: Path, stub: Any,
-                                                                      restart: bool) -> None:
-    settings = stub_settings(stub)
+async def test_feedback_is_logged_and_indexed_but_kept_out_of_history(short_tmp: Path, stub: Any, restart: bool,
+                                                                      backend: dict[str, Any]) -> None:
+    settings = stub_settings(stub, **backend)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         first = await complete(client, prompt="Tell me a joke", conversation_id="fb", create=True)
         feedback = await complete(client, prompt="That joke was bad", conversation_id="fb", is_feedback=True)
@@ -301,10 +306,10 @@ async def test_feedback_is_logged_and_indexed_but_kept_out_of_history(short_tmp:
     # neither the feedback nor its reply is history for later turns
     assert chat(stub.messages(2)) == [("user", "Tell me a joke"), ("assistant", first["content"]),
                                       ("user", "Another one")]
-    lines = response_of(daemon, feedback["response_id"])
+    lines = await response_of(daemon, feedback["response_id"])
     assert [line["type"] for line in lines] == ["feedback", "assistant"]
     assert lines[0]["content"] == "That joke was bad"
-    index = index_of(daemon, "fb")
+    index = await index_of(daemon, "fb")
     assert [line["n"] for line in index] == [1, 2, 3]
     assert index[1]["response_id"] == feedback["response_id"]
     assert index[1]["is_feedback"] is True
@@ -347,10 +352,10 @@ async def test_a_streamed_answer_is_pushed_in_chunks_and_kept_like_any_other(stu
     assert {chunk["request_id"] for chunk in chunks} == {ack["request_id"]}
     assert "".join(chunk["text"] for chunk in chunks) == result["content"]
     assert "stream this please" in result["content"]
-    lines = response_of(stub_daemon, result["response_id"])
+    lines = await response_of(stub_daemon, result["response_id"])
     assert [line["type"] for line in lines] == ["user", "assistant"]
     assert lines[1]["content"] == result["content"]
-    assert [line["response_id"] for line in index_of(stub_daemon, "st")] == [result["response_id"],
+    assert [line["response_id"] for line in await index_of(stub_daemon, "st")] == [result["response_id"],
                                                                              after["response_id"]]
     if model.startswith("openai/"):
         assert stub.requests[0]["stream"] is True
@@ -360,8 +365,8 @@ async def test_a_streamed_answer_is_pushed_in_chunks_and_kept_like_any_other(stu
         assert "Earlier user inputs: stream this please" in after["content"]
 
 
-async def test_continuity_survives_eviction_from_memory(short_tmp: Path, stub: Any) -> None:
-    settings = stub_settings(stub, active_conversations=2)  # at most two conversations in memory
+async def test_continuity_survives_eviction_from_memory(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> None:
+    settings = stub_settings(stub, active_conversations=2, **backend)  # at most two conversations in memory
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         for turn in range(3):
             for name in ("a", "b", "c"):
@@ -371,7 +376,7 @@ async def test_continuity_survives_eviction_from_memory(short_tmp: Path, stub: A
     for name in ("a", "b", "c"):
         body = [request for request in stub.requests if request["messages"][-1]["content"] == f"{name}2"][0]
         assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [f"{name}0", f"{name}1", f"{name}2"]
-        index = index_of(daemon, name)
+        index = await index_of(daemon, name)
         assert [line["n"] for line in index] == [1, 2, 3]
 
 

@@ -4,22 +4,21 @@ on disk, and many clients appending at once without losing or reordering exchang
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.records import IndexEntry
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.services.conversations.history import answerers_note
 from tests.conftest import complete, connected
+from tests.stored import stored_index, stored_response
+
+pytestmark = pytest.mark.backends
 
 NOTE = "[Note: earlier replies came from:"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def chat(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -47,15 +46,16 @@ async def test_another_model_continues_with_the_history_and_learns_who_answered(
     assert stub.messages(4)[0]["content"] == f"{NOTE} openai/stub-a (exchanges 1, 3-4); openai/stub-b (exchange 2).]"
 
     # the index records who answered each exchange
-    index = read_jsonl(stub_daemon.layout.index_file("xm"))
+    index = await stored_index(stub_daemon, "xm")
     assert [(line["n"], line["model"], line["provider"]) for line in index] == [
         (n, model, "openai") for n, model in enumerate(models, start=1)]
     # response files hold the raw input only: their size does not grow with the history sent
     sizes = []
     for result, prompt in zip(results, prompts, strict=True):
-        lines = read_jsonl(stub_daemon.layout.response_file(result["response_id"]))
+        lines = await stored_response(stub_daemon, result["response_id"])
+        assert lines is not None
         assert [(line["type"], line.get("content")) for line in lines[:-1]] == [("user", prompt)]
-        sizes.append(stub_daemon.layout.response_file(result["response_id"]).stat().st_size)
+        sizes.append(len(orjson.dumps(lines)))
     sent_last = sum(len(m["content"]) for m in stub.messages(4))
     assert sent_last > 4 * 400
     assert max(sizes) - min(sizes) < 100
@@ -117,20 +117,20 @@ async def test_eight_clients_and_a_shared_conversation_lose_and_reorder_nothing(
     for frame in pushed:
         by_conversation.setdefault(frame["data"]["conversation_id"], []).append(frame["data"])
     for conversation_id, results in by_conversation.items():
-        index = read_jsonl(stub_daemon.layout.index_file(conversation_id))
+        index = await stored_index(stub_daemon, conversation_id)
         assert [line["n"] for line in index] == list(range(1, len(index) + 1))
         # the index order is the order the results were emitted, and the exchange numbers agree
         assert [line["response_id"] for line in index] == [r["response_id"] for r in results]
         assert [r["exchange"] for r in results] == [line["n"] for line in index]
     assert len(by_conversation["shared"]) == clients * shared_turns
     for i, (_own, shared_results) in enumerate(outcomes):
-        index = read_jsonl(stub_daemon.layout.index_file(f"own-{i}"))
+        index = await stored_index(stub_daemon, f"own-{i}")
         assert len(index) == turns
-        inputs = [read_jsonl(stub_daemon.layout.response_file(line["response_id"]))[0]["content"] for line in index]
+        inputs = [(await stored_response(stub_daemon, line["response_id"]) or [{}])[0]["content"] for line in index]
         assert inputs == [f"c{i} turn {t}" for t in range(1, turns + 1)]
         # one client's shared requests keep their submission order within the shared conversation
         numbers = [r["exchange"] for r in shared_results]
         assert numbers == sorted(numbers)
-    shared_inputs = [read_jsonl(stub_daemon.layout.response_file(line["response_id"]))[0]["content"]
-                     for line in read_jsonl(stub_daemon.layout.index_file("shared"))]
+    shared_inputs = [(await stored_response(stub_daemon, line["response_id"]) or [{}])[0]["content"]
+                     for line in await stored_index(stub_daemon, "shared")]
     assert sorted(shared_inputs) == sorted(f"c{i} shared {k}" for i in range(clients) for k in range(shared_turns))

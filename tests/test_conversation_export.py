@@ -11,10 +11,12 @@ import pytest
 
 from ksi_common.errors import KsiError
 from ksi_common.export import parse_export, render
-from ksi_common.reading import JsonlReader
 from ksi_common.transcripts import Transcripts
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected
+from tests.stored import names, stored_reader, stored_snapshot
+
+pytestmark = pytest.mark.backends
 
 
 def comparable(exchanges: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -62,12 +64,11 @@ async def test_show_lists_exchanges_with_roles_models_tokens_and_times(stub_daem
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 async def test_export_import_round_trip_gives_the_same_exchanges_under_a_new_id(
         stub_daemon: Daemon, stub: Any, fmt: str) -> None:
-    layout = stub_daemon.layout
     async with connected(stub_daemon) as client:
         await make_conversation(client)
         exported = await client.request("conversation:export", {"conversation_id": "src", "format": fmt})
         assert exported["exchanges"] == 3
-        source_files = {p.name for p in layout.responses_dir.iterdir()}
+        source_files = names(await stored_snapshot(stub_daemon.settings), "logs/responses/")
         imported = await client.request("conversation:import", {"data": exported["content"]})
         new_id = imported["conversation_id"]
         assert new_id != "src" and imported["exchanges"] == 3 and imported["imported_from"] == "src"
@@ -81,7 +82,8 @@ async def test_export_import_round_trip_gives_the_same_exchanges_under_a_new_id(
     # fresh response ids, written as new files; the originals are untouched
     new_ids = {e["response_id"] for e in after["exchanges"]}
     assert new_ids.isdisjoint(e["response_id"] for e in before["exchanges"])
-    assert all(f"{rid}.jsonl" not in source_files and layout.response_file(rid).exists() for rid in new_ids)
+    stored = names(await stored_snapshot(stub_daemon.settings), "logs/responses/")
+    assert all(f"{rid}.jsonl" not in source_files and f"{rid}.jsonl" in stored for rid in new_ids)
     assert [(m["role"], m["content"]) for m in stub.messages()][:3] == [
         ("system", "Be brief.\n\n[Note: earlier replies came from: openai/stub-a (exchange 1); echo/x (exchange 2).]"),
         ("user", "hello there"), ("assistant", "stub answer to: hello there")]
@@ -93,7 +95,7 @@ async def test_import_refuses_bad_payloads_and_taken_ids(stub_daemon: Daemon, st
         await complete(client, prompt="hi", conversation_id="taken", create=True)
         exported = await client.request("conversation:export", {"conversation_id": "taken", "format": "json"})
         markdown = await client.request("conversation:export", {"conversation_id": "taken", "format": "markdown"})
-        before = sorted(p.name for p in stub_daemon.layout.root.rglob("*") if "logs/daemon" not in str(p))
+        before = await stored_snapshot(stub_daemon.settings)
         for data in ({"data": "not json at all {"}, {"data": {"format": "other"}}, {"data": markdown["content"]},
                      {"data": exported["content"], "new_id": "taken"}, {"data": exported["content"], "new_id": "a/b"},
                      {"data": exported["content"], "format": "markdown"}):
@@ -104,8 +106,8 @@ async def test_import_refuses_bad_payloads_and_taken_ids(stub_daemon: Daemon, st
         with pytest.raises(KsiError) as caught:
             await client.request("conversation:export", {"conversation_id": "missing"})
         assert caught.value.code == "conversation_not_found"
-        after = sorted(p.name for p in stub_daemon.layout.root.rglob("*") if "logs/daemon" not in str(p))
-    assert [n for n in after if n != "requests.jsonl"] == [n for n in before if n != "requests.jsonl"]
+        after = await stored_snapshot(stub_daemon.settings)
+    assert after == before
 
 
 async def test_export_matches_the_shared_renderer(stub_daemon: Daemon, stub: Any) -> None:
@@ -115,7 +117,11 @@ async def test_export_matches_the_shared_renderer(stub_daemon: Daemon, stub: Any
         await complete(client, prompt="in the fork", conversation_id=fork["conversation_id"])
         replies = {fmt: (await client.request("conversation:export", {"conversation_id": "fk", "format": fmt}))["content"]
                    for fmt in ("markdown", "json", "jsonl")}
-    transcript = await Transcripts(JsonlReader(stub_daemon.layout)).transcript("fk")
+    reader = stored_reader(stub_daemon.settings)
+    try:
+        transcript = await Transcripts(reader).transcript("fk")
+    finally:
+        await reader.aclose()
     for fmt, content in replies.items():
         rendered = render(transcript, fmt)
         if fmt == "markdown":  # the state line depends on the clock only through expiry; none here

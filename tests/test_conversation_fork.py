@@ -6,16 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from ksi_common.errors import KsiError
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stored import hand_edit_meta, names, stored_index, stored_meta, stored_snapshot
 
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+pytestmark = pytest.mark.backends
 
 
 def users(messages: list[dict[str, Any]]) -> list[str]:
@@ -30,16 +28,16 @@ async def four_exchanges(client: Any, conversation_id: str = "base") -> list[dic
 
 
 async def test_fork_shares_history_up_to_its_point_and_then_diverges(stub_daemon: Daemon, stub: Any) -> None:
-    layout = stub_daemon.layout
     async with connected(stub_daemon) as client:
         await four_exchanges(client)
-        files_before = sorted(p.name for p in layout.responses_dir.iterdir())
+        before = await stored_snapshot(stub_daemon.settings)
         fork = await client.request("conversation:fork", {"conversation_id": "base", "at": 2, "new_id": "f1"})
         assert fork["conversation_id"] == "f1" and fork["parent_id"] == "base" and fork["fork_at"] == 2
         # nothing was copied: no new response file, no index for the fork yet
-        assert sorted(p.name for p in layout.responses_dir.iterdir()) == files_before
-        assert not layout.index_file("f1").exists()
-        meta = orjson.loads(layout.meta_file("f1").read_bytes())
+        after = await stored_snapshot(stub_daemon.settings)
+        assert names(after, "logs/responses/") == names(before, "logs/responses/")
+        assert "logs/conversations/f1.jsonl" not in after
+        meta = await stored_meta(stub_daemon, "f1") or {}
         assert (meta["parent_id"], meta["fork_at"]) == ("base", 2)
 
         in_fork = await complete(client, prompt="fork says", conversation_id="f1")
@@ -68,8 +66,8 @@ async def test_fork_shares_history_up_to_its_point_and_then_diverges(stub_daemon
         assert [x["n"] for x in own_only["exchanges"]] == [3, 4]
 
     # the parent keeps its own exchanges, untouched by the forks
-    assert [line["n"] for line in read_jsonl(layout.index_file("base"))] == [1, 2, 3, 4, 5]
-    assert [line["n"] for line in read_jsonl(layout.index_file("f1"))] == [3, 4]
+    assert [line["n"] for line in await stored_index(stub_daemon, "base")] == [1, 2, 3, 4, 5]
+    assert [line["n"] for line in await stored_index(stub_daemon, "f1")] == [3, 4]
 
 
 async def test_bad_fork_points_and_ids_are_refused(stub_daemon: Daemon, stub: Any) -> None:
@@ -94,23 +92,21 @@ async def test_bad_fork_points_and_ids_are_refused(stub_daemon: Daemon, stub: An
         await complete(client, prompt="fresh", conversation_id=at_zero["conversation_id"])
         assert users(stub.messages()) == ["fresh"]
     # nothing was written for the refused forks
-    metas = sorted(p.stem for p in stub_daemon.layout.conversation_meta_dir.glob("*.json"))
-    assert metas == sorted(["two", at_zero["conversation_id"]])
+    metas = names(await stored_snapshot(stub_daemon.settings), "state/conversations/")
+    assert metas == {"two.json", f"{at_zero['conversation_id']}.json"}
 
 
-async def test_a_cycle_in_hand_edited_metadata_is_fork_cycle(short_tmp: Path, stub: Any) -> None:
-    settings = stub_settings(stub)
+async def test_a_cycle_in_hand_edited_metadata_is_fork_cycle(short_tmp: Path, stub: Any,
+                                                             backend: dict[str, Any]) -> None:
+    settings = stub_settings(stub, **backend)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         await complete(client, prompt="a1", conversation_id="a", create=True)
         await client.request("conversation:fork", {"conversation_id": "a", "new_id": "b"})
         await complete(client, prompt="b1", conversation_id="b")
-        layout = daemon.layout
     # by hand, with the daemon stopped: a's parent is b, b's parent is a
-    path = layout.meta_file("a")
-    meta = orjson.loads(path.read_bytes())
-    meta.update(parent_id="b", fork_at=1)
-    path.write_bytes(orjson.dumps(meta))
-    index_before = {p.name: p.read_bytes() for p in layout.conversations_dir.iterdir()}
+    await hand_edit_meta(daemon.settings, "a", parent_id="b", fork_at=1)
+    index_before = {k: v for k, v in (await stored_snapshot(daemon.settings)).items()
+                    if k.startswith("logs/conversations/")}
     calls = len(stub.requests)
 
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
@@ -124,11 +120,13 @@ async def test_a_cycle_in_hand_edited_metadata_is_fork_cycle(short_tmp: Path, st
                     await client.request(event, {"conversation_id": conversation_id})
                 assert caught.value.code == "fork_cycle"
     assert len(stub.requests) == calls  # no provider call
-    assert {p.name: p.read_bytes() for p in layout.conversations_dir.iterdir()} == index_before
+    assert {k: v for k, v in (await stored_snapshot(daemon.settings)).items()
+            if k.startswith("logs/conversations/")} == index_before
 
 
-async def test_a_chain_deeper_than_the_limit_is_fork_cycle(short_tmp: Path, stub: Any) -> None:
-    async with running_daemon(short_tmp, max_fork_depth=2, **stub_settings(stub)) as daemon, \
+async def test_a_chain_deeper_than_the_limit_is_fork_cycle(short_tmp: Path, stub: Any,
+                                                            backend: dict[str, Any]) -> None:
+    async with running_daemon(short_tmp, max_fork_depth=2, **stub_settings(stub, **backend)) as daemon, \
             connected(daemon) as client:
         await complete(client, prompt="root", conversation_id="r", create=True)
         parent = "r"

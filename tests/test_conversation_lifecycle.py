@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from ksi_common.client import KsiClient
@@ -18,7 +17,10 @@ from ksi_common.errors import KsiError
 from ksi_common.timefmt import parse_ts
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, make_settings, stub_settings
+from tests.stored import stored_index, stored_meta, stored_snapshot
 from tests.stub_openai import Reply
+
+pytestmark = pytest.mark.backends
 
 
 class FakeClock:
@@ -35,20 +37,14 @@ class FakeClock:
 
 
 @asynccontextmanager
-async def clocked_daemon(root: Path, stub: Any, clock: FakeClock, **overrides: Any) -> AsyncIterator[Daemon]:
-    daemon = Daemon(make_settings(root, **stub_settings(stub, **overrides)), clock=clock)
+async def clocked_daemon(root: Path, stub: Any, clock: FakeClock, backend: dict[str, Any],
+                         **overrides: Any) -> AsyncIterator[Daemon]:
+    daemon = Daemon(make_settings(root, **stub_settings(stub, **backend, **overrides)), clock=clock)
     await daemon.start()
     try:
         yield daemon
     finally:
         await daemon.shutdown()
-
-
-def snapshot(var: Path) -> dict[str, bytes]:
-    """Every file under var/ except what any request changes (socket dir, daemon log, journal)."""
-    skip = ("run/", "logs/daemon/", "state/requests.jsonl")
-    return {str(p.relative_to(var)): p.read_bytes() for p in sorted(var.rglob("*"))
-            if p.is_file() and not str(p.relative_to(var)).startswith(skip)}
 
 
 async def refused(client: KsiClient, code: str, event: str, data: dict[str, Any]) -> KsiError:
@@ -58,24 +54,24 @@ async def refused(client: KsiClient, code: str, event: str, data: dict[str, Any]
     return caught.value
 
 
-async def test_ttl_expires_slides_with_activity_and_differs_from_not_found(short_tmp: Path, stub: Any) -> None:
+async def test_ttl_expires_slides_with_activity_and_differs_from_not_found(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> None:
     clock = FakeClock()
-    async with clocked_daemon(short_tmp, stub, clock) as daemon, connected(daemon) as client:
+    async with clocked_daemon(short_tmp, stub, clock, backend) as daemon, connected(daemon) as client:
         await complete(client, prompt="one", conversation_id="t", create=True)
         updated = await client.request("conversation:update", {"conversation_id": "t", "ttl": 100})
         assert updated["conversation"]["ttl"] == 100 and updated["updated"] == ["ttl"]
         clock.advance(60)
         second = await complete(client, prompt="two", conversation_id="t")
-        meta = orjson.loads(daemon.layout.meta_file("t").read_bytes())
+        meta = (await stored_meta(daemon, "t") or {})
         assert abs(parse_ts(meta["last_activity"]) - clock.now) < 0.01  # stamped by the injected clock
         clock.advance(60)  # 120 s after the first exchange, 60 after the last: still alive
         await complete(client, prompt="three", conversation_id="t")
         clock.advance(101)
-        before = snapshot(daemon.layout.root)
+        before = await stored_snapshot(daemon.settings)
         error = await refused(client, "conversation_expired", "completion:async", {"prompt": "four", "conversation_id": "t"})
         assert error.details["conversation_id"] == "t" and "expired_at" in error.details
         await refused(client, "conversation_not_found", "completion:async", {"prompt": "x", "conversation_id": "never"})
-        assert snapshot(daemon.layout.root) == before
+        assert await stored_snapshot(daemon.settings) == before
 
         shown = await client.request("conversation:show", {"conversation_id": "t"})
         assert shown["conversation"]["state"] == "expired" and len(shown["exchanges"]) == 3
@@ -88,15 +84,15 @@ async def test_ttl_expires_slides_with_activity_and_differs_from_not_found(short
         await client.request("conversation:update", {"conversation_id": "t", "ttl": None})
         clock.advance(10**7)
         await complete(client, prompt="five", conversation_id="t")
-        assert len(daemon.layout.index_file("t").read_bytes().splitlines()) == 5
+        assert len(await stored_index(daemon, "t")) == 5
 
 
-async def test_default_ttl_setting_applies_to_new_conversations(short_tmp: Path, stub: Any) -> None:
+async def test_default_ttl_setting_applies_to_new_conversations(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> None:
     clock = FakeClock()
-    async with clocked_daemon(short_tmp, stub, clock, default_ttl=50) as daemon, connected(daemon) as client:
+    async with clocked_daemon(short_tmp, stub, clock, backend, default_ttl=50) as daemon, connected(daemon) as client:
         first = await complete(client, prompt="hi")
         conversation_id = first["conversation_id"]
-        assert orjson.loads(daemon.layout.meta_file(conversation_id).read_bytes())["ttl"] == 50
+        assert (await stored_meta(daemon, conversation_id) or {})["ttl"] == 50
         clock.advance(49)
         await complete(client, prompt="still here", conversation_id=conversation_id)
         clock.advance(51)
@@ -109,10 +105,10 @@ async def test_turn_cap_makes_the_conversation_full(stub_daemon: Daemon, stub: A
         await complete(client, prompt="one", conversation_id="cap", create=True)
         await client.request("conversation:update", {"conversation_id": "cap", "turn_cap": 2})
         await complete(client, prompt="two", conversation_id="cap")
-        before = snapshot(stub_daemon.layout.root)
+        before = await stored_snapshot(stub_daemon.settings)
         error = await refused(client, "conversation_full", "completion:async", {"prompt": "three", "conversation_id": "cap"})
         assert error.details["turn_cap"] == 2
-        assert snapshot(stub_daemon.layout.root) == before
+        assert await stored_snapshot(stub_daemon.settings) == before
         # a fork counts the exchanges it shares: forked at 2 with the same cap, it is full too
         fork = await client.request("conversation:fork", {"conversation_id": "cap"})
         await refused(client, "conversation_full", "completion:async",
@@ -126,10 +122,10 @@ async def test_archive_refuses_until_set_active(stub_daemon: Daemon, stub: Any) 
         await complete(client, prompt="one", conversation_id="arc", create=True)
         archived = await client.request("conversation:archive", {"conversation_id": "arc"})
         assert archived["conversation"]["status"] == "archived"
-        assert orjson.loads(stub_daemon.layout.meta_file("arc").read_bytes())["status"] == "archived"
-        before = snapshot(stub_daemon.layout.root)
+        assert (await stored_meta(stub_daemon, "arc") or {})["status"] == "archived"
+        before = await stored_snapshot(stub_daemon.settings)
         await refused(client, "conversation_archived", "completion:async", {"prompt": "two", "conversation_id": "arc"})
-        assert snapshot(stub_daemon.layout.root) == before
+        assert await stored_snapshot(stub_daemon.settings) == before
         await client.request("conversation:update", {"conversation_id": "arc", "status": "active"})
         await complete(client, prompt="two", conversation_id="arc")
 
@@ -148,13 +144,13 @@ async def test_update_validates_and_keeps_exchange_totals(stub_daemon: Daemon, s
         await client.request("conversation:update", {"conversation_id": "up", "title": "Renamed"})
         await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
         await client.request("conversation:update", {"conversation_id": "up", "title": None})
-    meta = orjson.loads(stub_daemon.layout.meta_file("up").read_bytes())
+    meta = (await stored_meta(stub_daemon, "up") or {})
     assert meta["title"] is None and meta["tags"] == ["a", "b"] and meta["exchanges"] == 2
 
 
-async def test_list_filters_sorts_and_pages(short_tmp: Path, stub: Any) -> None:
+async def test_list_filters_sorts_and_pages(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> None:
     clock = FakeClock()
-    async with clocked_daemon(short_tmp, stub, clock) as daemon, connected(daemon) as client:
+    async with clocked_daemon(short_tmp, stub, clock, backend) as daemon, connected(daemon) as client:
         for i, (model, tag) in enumerate([("openai/stub-a", "red"), ("openai/stub-b", "blue"),
                                           ("openai/stub-a", "blue"), ("echo/x", None)]):
             await complete(client, model=model, prompt=f"conversation {i} says {'needle' if i == 1 else 'hay'}",
@@ -182,9 +178,9 @@ async def test_list_filters_sorts_and_pages(short_tmp: Path, stub: Any) -> None:
         await refused(client, "validation_error", "conversation:list", {"limit": 0})
 
 
-async def test_stats_count_tokens_models_files_and_duration(short_tmp: Path, stub: Any) -> None:
+async def test_stats_count_tokens_models_files_and_duration(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> None:
     clock = FakeClock()
-    async with clocked_daemon(short_tmp, stub, clock) as daemon, connected(daemon) as client:
+    async with clocked_daemon(short_tmp, stub, clock, backend) as daemon, connected(daemon) as client:
         results = [await complete(client, model="openai/stub-a", prompt="one two three", conversation_id="st", create=True)]
         results.append(await complete(client, model="openai/stub-b", prompt="four", conversation_id="st"))
         results.append(await complete(client, model="openai/stub-a", prompt="five", conversation_id="st"))
@@ -203,7 +199,6 @@ async def test_stats_count_tokens_models_files_and_duration(short_tmp: Path, stu
 
 
 async def test_delete_removes_exactly_that_conversation(stub_daemon: Daemon, stub: Any) -> None:
-    layout = stub_daemon.layout
     async with connected(stub_daemon) as client:
         x = [await complete(client, prompt="x1", conversation_id="x", create=True),
              await complete(client, prompt="x2", conversation_id="x")]
@@ -218,9 +213,9 @@ async def test_delete_removes_exactly_that_conversation(stub_daemon: Daemon, stu
         await client.request("conversation:fork", {"conversation_id": "y", "new_id": "fy"})
         fy = await complete(client, prompt="fy own", conversation_id="fy")
 
-        before = snapshot(layout.root)
+        before = await stored_snapshot(stub_daemon.settings)
         reply = await client.request("conversation:delete", {"conversation_id": "x"})
-        after = snapshot(layout.root)
+        after = await stored_snapshot(stub_daemon.settings)
         expected = {f"logs/responses/{r['response_id']}.jsonl" for r in x} | {
             f"logs/responses/{failed}.jsonl", "logs/conversations/x.jsonl", "state/conversations/x.json"}
         assert set(before) - set(after) == expected
@@ -240,9 +235,9 @@ async def test_delete_removes_exactly_that_conversation(stub_daemon: Daemon, stu
         # deleting a fork leaves its parent untouched
         fy_files = {f"logs/responses/{fy['response_id']}.jsonl", "logs/conversations/fy.jsonl",
                     "state/conversations/fy.json"}
-        before = snapshot(layout.root)
+        before = await stored_snapshot(stub_daemon.settings)
         await client.request("conversation:delete", {"conversation_id": "fy"})
-        assert snapshot(layout.root) == {k: v for k, v in before.items() if k not in fy_files}
+        assert await stored_snapshot(stub_daemon.settings) == {k: v for k, v in before.items() if k not in fy_files}
         assert fy_files <= set(before)
         await complete(client, prompt="y2", conversation_id="y")
         assert [m["content"] for m in stub.messages() if m["role"] == "user"] == ["y1", "y2"]
@@ -260,7 +255,8 @@ async def test_delete_cancels_requests_in_flight_and_removes_their_files(stub_da
         for ack in (running, queued):
             status = await client.request("completion:status", {"request_id": ack["request_id"]})
             assert status["status"] == "cancelled"
-    leftovers = [p for p in stub_daemon.layout.responses_dir.glob("*.jsonl") if b'"busy"' in p.read_bytes()]
+    stored = await stored_snapshot(stub_daemon.settings)
+    leftovers = [name for name, value in stored.items()
+                 if name.startswith("logs/responses/") and '"busy"' in (value if isinstance(value, str) else value.decode())]
     assert leftovers == []
-    assert not stub_daemon.layout.index_file("busy").exists()
-    assert not stub_daemon.layout.meta_file("busy").exists()
+    assert "logs/conversations/busy.jsonl" not in stored and "state/conversations/busy.json" not in stored

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from ksi_common import doctor
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_common.jsonl import read_records
 from ksi_common.layout import VarLayout
+from ksi_common.reading import open_reader
 from ksi_common.records import read_index, read_response
 from ksi_daemon.services.completion.recovery import recover
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
@@ -33,6 +35,8 @@ from ksi_daemon.storage.jsonl.files import append_lines
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from tests.stub_openai import StubOpenAI
+
+pytestmark = pytest.mark.backends
 
 REPO = Path(__file__).resolve().parent.parent
 CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
@@ -135,32 +139,37 @@ class Ledger:
         return [r for r in self.acked if r not in settled]
 
 
-def indexed_requests(var: Path) -> dict[str, tuple[str, str, str]]:
-    """request_id -> (conversation_id, response_id, content) for every indexed exchange."""
-    layout = VarLayout(var)
+async def indexed_requests(var: Path, database_url: str | None = None) -> dict[str, tuple[str, str, str]]:
+    """request_id -> (conversation_id, response_id, content) for every indexed exchange, read
+    through the read port of the backend (files, or the database when a URL is given)."""
+    reader = open_reader("postgres" if database_url else "jsonl", VarLayout(var), database_url)
     found: dict[str, tuple[str, str, str]] = {}
-    for index in sorted(layout.conversations_dir.glob("*.jsonl")):
-        entries = read_index(index)
-        assert [e.n for e in entries] == list(range(1, len(entries) + 1)), f"{index.name}: numbering broken"
-        for entry in entries:
-            record = read_response(layout.response_file(entry.response_id))
-            assert record is not None and record.ok, f"{index.name}: {entry.response_id} dangling"
-            request_id = str(record.outcome["request_id"])  # type: ignore[index]
-            assert request_id not in found, f"{request_id} indexed twice"
-            found[request_id] = (index.stem, entry.response_id, record.content)
+    try:
+        for conversation_id in await reader.conversation_ids():
+            entries = await reader.entries(conversation_id)
+            assert [e.n for e in entries] == list(range(1, len(entries) + 1)), f"{conversation_id}: numbering broken"
+            records = await reader.responses([e.response_id for e in entries])
+            for entry, record in zip(entries, records, strict=True):
+                assert record is not None and record.ok, f"{conversation_id}: {entry.response_id} dangling"
+                request_id = str(record.outcome["request_id"])  # type: ignore[index]
+                assert request_id not in found, f"{request_id} indexed twice"
+                found[request_id] = (conversation_id, entry.response_id, record.content)
+    finally:
+        await reader.aclose()
     return found
 
 
-def check_files(var: Path, ledger: Ledger) -> dict[str, tuple[str, str, str]]:
-    """With the daemon dead: every file reads, every index line resolves, nothing acked is lost."""
-    layout = VarLayout(var)
-    report = doctor.check(var)
-    unexpected = [p for p in report.problems if p.kind not in ("torn_tail", "stale_pid", "stale_socket")]
-    assert not unexpected, unexpected
-    for path in layout.responses_dir.glob("*.jsonl"):
-        read_response(path)  # never raises, whatever a kill left
-    read_records(layout.requests_file)
-    indexed = indexed_requests(var)
+async def check_stored(var: Path, ledger: Ledger, database_url: str | None = None) -> dict[str, tuple[str, str, str]]:
+    """With the daemon dead: everything stored reads, every index entry resolves, nothing acked is lost."""
+    if database_url is None:  # files: whatever a kill left reads, and the doctor finds only torn tails
+        layout = VarLayout(var)
+        report = doctor.check(var)
+        unexpected = [p for p in report.problems if p.kind not in ("torn_tail", "stale_pid", "stale_socket")]
+        assert not unexpected, unexpected
+        for path in layout.responses_dir.glob("*.jsonl"):
+            read_response(path)  # never raises, whatever a kill left
+        read_records(layout.requests_file)
+    indexed = await indexed_requests(var, database_url)
     for request_id, result in ledger.delivered.items():
         where = indexed.get(request_id)
         if where is None or where[1] != result["response_id"] or where[2] != result["content"]:
@@ -273,6 +282,7 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
     """Run `rounds` kill/restart rounds over `total` completions; returns the counts."""
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
+    database_url = (extra_env or {}).get("KSI_DATABASE_URL") if (extra_env or {}).get("KSI_STORAGE") == "postgres" else None
     ledger = Ledger()
     per_conversation = -(-total // conversations)
     queue = [(f"conv{c:02d}", f"conv{c:02d} prompt {k}")
@@ -290,7 +300,7 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
             quota = -(-len(queue) // (rounds - number + 2))
             kill_after = rng.uniform(0.05, 1.0)
             await drive(daemon, ledger, queue, quota, rng, kill_after)
-            indexed = check_files(daemon.var, ledger)
+            indexed = await check_stored(daemon.var, ledger, database_url)
             survived += 1
             log(f"round {number}: killed after {kill_after:.2f}s; acked {len(ledger.acked)}, "
                 f"delivered {len(ledger.delivered)}, indexed {len(indexed)}, lost {len(ledger.lost)}")
@@ -306,7 +316,7 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
                 ledger.acked[ack["request_id"]] = f"conv{c:02d}"
                 ledger.delivered[ack["request_id"]] = result
         await daemon.stop()
-    final = check_files(daemon.var, ledger)
+    final = await check_stored(daemon.var, ledger, database_url)
     done = ledger.delivered.keys() | ledger.recovered_done
     failed = ledger.recovered_failed | ledger.failed.keys()
     return {
@@ -328,12 +338,16 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
     }
 
 
-async def test_sigkill_rounds_lose_nothing_acknowledged(short_tmp: Path) -> None:
-    outcome = await crash_rounds(short_tmp, rounds=3, total=200, conversations=20, log=print)
+async def test_sigkill_rounds_lose_nothing_acknowledged(short_tmp: Path, backend: dict[str, Any]) -> None:
+    # the database run is shorter: the same specification, without doubling the suite's slowest test
+    rounds, total, conversations = (3, 200, 20) if not backend else (1, 60, 10)
+    extra = {"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": backend["database_url"]} if backend else {}
+    outcome = await crash_rounds(short_tmp, rounds=rounds, total=total, conversations=conversations, log=print,
+                                 extra_env=extra)
     print(outcome)
-    assert outcome["rounds_survived"] == 3
+    assert outcome["rounds_survived"] == rounds
     assert outcome["lost"] == []
-    assert outcome["acked"] == 220 + outcome["warmups"]  # 200 under fire, then one more per conversation
+    assert outcome["acked"] == total + conversations + outcome["warmups"]  # under fire, then one more each
     assert outcome["open"] == []
     assert outcome["failed_other"] == {}
     assert outcome["indexed_not_done"] == [] and outcome["done_not_indexed"] == []

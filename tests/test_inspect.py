@@ -18,11 +18,13 @@ from ksi_common.errors import KsiError
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply
 
+pytestmark = pytest.mark.backends
+
 TIMEOUT = 30.0
 
 
-def ksi(*args: str, cwd: Path, tty: bool = False) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KSI_", "OPENAI_"))}
+def ksi(*args: str, cwd: Path, tty: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KSI_", "OPENAI_"))}, **(env or {})}
     if not tty:
         return subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
@@ -55,14 +57,15 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(result.stdout)
 
 
-@pytest.fixture
-async def filled(short_tmp: Path, stub: Any) -> dict[str, Any]:
-    """A var dir written by a real daemon, which is stopped before the test looks at it."""
+async def fill(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> dict[str, Any]:
+    """A var dir (and a database, with postgres) written by a real daemon, which is stopped before
+    the test looks at it; `env` is what tells the `ksi` commands where to read."""
     root = short_tmp / "files"
     root.mkdir()
     (root / "notes.txt").write_text("some notes")
-    made: dict[str, Any] = {"root": short_tmp, "var": short_tmp / "var"}
-    async with running_daemon(short_tmp, allowed_file_roots=[root], **stub_settings(stub)) as daemon, \
+    env = {"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": backend["database_url"]} if backend else {}
+    made: dict[str, Any] = {"root": short_tmp, "var": short_tmp / "var", "env": env}
+    async with running_daemon(short_tmp, allowed_file_roots=[root], **stub_settings(stub), **backend) as daemon, \
             connected(daemon) as client:
         made["first"] = await complete(client, prompt="first question", conversation_id="main", create=True,
                                        files=[str(root / "notes.txt")])
@@ -85,59 +88,71 @@ async def filled(short_tmp: Path, stub: Any) -> dict[str, Any]:
     return made
 
 
+@pytest.fixture
+async def filled(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> dict[str, Any]:
+    return await fill(short_tmp, stub, backend)
+
+
+@pytest.fixture
+async def filled_files(short_tmp: Path, stub: Any) -> dict[str, Any]:
+    """`filled`, always in files: for what only files can suffer (a torn last line)."""
+    return await fill(short_tmp, stub, {})
+
+
 async def test_inspection_reads_var_with_the_daemon_stopped(filled: dict[str, Any]) -> None:
     where = ["--var-dir", str(filled["var"])]
     cwd = filled["root"]
 
-    listed = as_json(ksi("conversations", *where, cwd=cwd))
+    listed = as_json(ksi("conversations", *where, cwd=cwd, env=filled["env"]))
     assert [c["conversation_id"] for c in listed["conversations"]] == ["branch", "main"]
     assert listed == filled["list"] | {"conversations": listed["conversations"]}
     def ids(*filters: str) -> list[str]:
-        return [c["conversation_id"] for c in as_json(ksi("conversations", *where, *filters, cwd=cwd))["conversations"]]
+        return [c["conversation_id"] for c in as_json(ksi("conversations", *where, *filters, cwd=cwd, env=filled["env"]))["conversations"]]
 
     assert ids("--tag", "demo") == ["branch", "main"]  # a fork inherits its parent's tags
     assert ids("--model", "echo/*") == ["main"]
     assert ids("--search", "BRANCHING") == ["branch"]
     assert ids("--limit", "1", "--offset", "1") == ["main"]
 
-    shown = as_json(ksi("conversation", "show", "branch", *where, cwd=cwd))
+    shown = as_json(ksi("conversation", "show", "branch", *where, cwd=cwd, env=filled["env"]))
     assert shown["exchanges"] == filled["show"]["exchanges"]
     assert [(x["n"], x["inherited"]) for x in shown["exchanges"]] == [(1, True), (2, False)]
     assert shown["exchanges"][0]["inputs"][0]["files"][0]["path"].endswith("notes.txt")
 
     # one renderer: the CLI's export is the daemon's export
     for fmt, content in filled["exports"].items():
-        result = ksi("conversation", "export", "branch", "--format", fmt, *where, cwd=cwd)
+        result = ksi("conversation", "export", "branch", "--format", fmt, *where, cwd=cwd, env=filled["env"])
         assert result.returncode == 0, result.stderr
         assert result.stdout == content, fmt
 
-    response = as_json(ksi("response", "show", filled["first"]["response_id"], *where, cwd=cwd))
+    response = as_json(ksi("response", "show", filled["first"]["response_id"], *where, cwd=cwd, env=filled["env"]))
     assert response["inputs"][0]["content"] == "first question"
     assert response["outcome"]["content"] == filled["first"]["content"]
-    failed = as_json(ksi("response", "show", filled["failed"], *where, cwd=cwd))
+    failed = as_json(ksi("response", "show", filled["failed"], *where, cwd=cwd, env=filled["env"]))
     assert failed["outcome"]["type"] == "error" and failed["outcome"]["code"] == "provider_error"
 
     for args, code in ((("conversation", "show", "nope"), "conversation_not_found"),
                        (("conversation", "show", "../x"), "validation_error"),
                        (("response", "show", "nope-123"), "validation_error")):
-        result = ksi(*args, *where, cwd=cwd)
+        result = ksi(*args, *where, cwd=cwd, env=filled["env"])
         assert result.returncode == 1
         assert json.loads(result.stderr)["error"]["code"] == code
 
 
 async def test_pretty_output_on_a_terminal(filled: dict[str, Any]) -> None:
     where = ["--var-dir", str(filled["var"])]
-    table = ksi("conversations", *where, cwd=filled["root"], tty=True)
+    table = ksi("conversations", *where, cwd=filled["root"], tty=True, env=filled["env"])
     assert table.returncode == 0, table.stderr
     assert "Main talk" in table.stdout and "branch" in table.stdout and "openai/stub-model" in table.stdout
     assert not table.stdout.lstrip().startswith("{")
-    shown = ksi("conversation", "show", "main", *where, cwd=filled["root"], tty=True)
+    shown = ksi("conversation", "show", "main", *where, cwd=filled["root"], tty=True, env=filled["env"])
     assert "# Main talk" in shown.stdout and "**User**" in shown.stdout and "second question" in shown.stdout
-    forced = ksi("conversations", *where, "--json", cwd=filled["root"], tty=True)
+    forced = ksi("conversations", *where, "--json", cwd=filled["root"], tty=True, env=filled["env"])
     assert json.loads(forced.stdout)["total"] == 2
 
 
-async def test_torn_last_lines_are_skipped(filled: dict[str, Any]) -> None:
+async def test_torn_last_lines_are_skipped(filled_files: dict[str, Any]) -> None:
+    filled = filled_files
     var: Path = filled["var"]
     where = ["--var-dir", str(var)]
     index = var / "logs" / "conversations" / "main.jsonl"

@@ -32,7 +32,7 @@ async def test_open_creates_the_schema_once_and_again_is_a_no_op(pg_url: str) ->
     await first.close()
     assert (report.before, report.after) == (0, SCHEMA_VERSION)
     assert {"ksi_schema", "ksi_conversations", "ksi_exchanges", "ksi_responses", "ksi_agents",
-            "ksi_consortia", "ksi_consortium_traces", "ksi_request_journal"} <= await tables(pg_url)
+            "ksi_consortia", "ksi_consortium_traces", "ksi_relayed_events", "ksi_summaries", "ksi_calibration"} <= await tables(pg_url)
     again = Database(pg_url)
     report = await again.open()
     await again.close()
