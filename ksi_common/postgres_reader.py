@@ -103,6 +103,10 @@ class PostgresReader:
             found[row["conversation_id"]] = meta
         return [found.get(c) for c in conversation_ids]
 
+    async def all_metas(self) -> list[dict[str, Any]]:
+        """Every conversation's metadata in one query (a listing filters these)."""
+        return [m for m in await self.metas(await self.conversation_ids()) if m is not None]
+
     async def entries(self, conversation_id: str) -> list[IndexEntry]:
         rows = await self._run(lambda c: c.fetch(
             f"SELECT {ENTRY_COLUMNS} FROM ksi_exchanges WHERE conversation_id = $1 ORDER BY n", conversation_id))

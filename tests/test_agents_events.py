@@ -98,12 +98,13 @@ def test_allowed_patterns_deny_by_default() -> None:
 
 
 @asynccontextmanager
-async def agents_daemon(root: Path, stub: StubOpenAI, backend: dict[str, Any], **overrides: Any) -> AsyncIterator[Daemon]:
+async def agents_daemon(root: Path, stub: StubOpenAI, backend: dict[str, Any] | None = None,
+                        **overrides: Any) -> AsyncIterator[Daemon]:
     profiles = root / "profiles"
     profiles.mkdir()
     for name, text in PROFILES.items():
         (profiles / name).write_text(text)
-    async with running_daemon(root, **stub_settings(stub, profiles_dir=profiles, **backend, **overrides)) as daemon:
+    async with running_daemon(root, **stub_settings(stub, profiles_dir=profiles, **(backend or {}), **overrides)) as daemon:
         yield daemon
 
 
