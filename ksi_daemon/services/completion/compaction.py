@@ -10,7 +10,6 @@ what it leaves out it falls back to the note saying how many exchanges were left
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +79,7 @@ class Compactor:
     """Summaries per conversation: found for a turn, extended in the background."""
 
     def __init__(self, settings: Settings, router: Router, cache: ConversationCache, store: SummaryStore,
-                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor) -> None:
         self.settings = settings
         self.router = router
         self.cache = cache
@@ -89,7 +87,6 @@ class Compactor:
         self.provider = provider
         self.count_tokens = count_tokens
         self.budget_for = budget_for
-        self.clock = clock
         self._jobs: dict[str, _Job] = {}
         self._failures: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
