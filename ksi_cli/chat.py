@@ -241,8 +241,9 @@ async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> Non
         return
     exchanges = shown.get("exchanges") or []
     for exchange in exchanges[-turns:]:
-        asked = str(exchange.get("input") or exchange.get("prompt") or "")
-        answered = str(exchange.get("content") or exchange.get("answer") or "")
+        asked = " ".join(str(item.get("content") or "") for item in exchange.get("inputs") or []
+                         if item.get("type") != "system")
+        answered = str((exchange.get("reply") or {}).get("content") or "")
         if asked or answered:
             click.secho(f"  earlier you: {asked[:300]}", dim=True)
             click.secho(f"  earlier answer: {answered[:300]}", dim=True)

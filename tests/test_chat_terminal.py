@@ -40,6 +40,9 @@ async def test_chat_with_a_model_then_resume_the_conversation(short_tmp: Path) -
         again = spawn(short_tmp, "chat", "--cid", conversation.group(1), *where(short_tmp))
         shown = await expect(again, "you> ")
         assert "2 exchanges so far" in shown
+        # the recap shows the last turns: what was asked and what came back
+        assert "earlier you: hello there" in shown and "earlier answer: You said: hello there" in shown
+        assert "earlier you: line one" in shown
         again.sendline("and now?")
         await expect(again, "You said: and now")
         again.sendline("/exit")
