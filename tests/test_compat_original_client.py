@@ -72,6 +72,9 @@ async def test_finished_requests_answer_status_after_a_clean_restart(short_tmp: 
         status = await client.request("completion:status", {"request_id": done["request_id"]})
         assert (status["status"], status["response_id"], status["conversation_id"]) == (
             "done", done["response_id"], done["conversation_id"])
+        # completion:wait answers with the result data itself, rebuilt from what was stored
+        waited = await client.request("completion:wait", {"request_id": done["request_id"], "timeout": 0})
+        assert (waited["response_id"], waited["content"]) == (done["response_id"], done["content"])
         status = await client.request("completion:status", {"request_id": failed["request_id"]})
         assert (status["status"], status["reason"]) == ("failed", "provider_error")
         with pytest.raises(KsiError) as again:

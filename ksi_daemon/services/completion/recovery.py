@@ -24,7 +24,7 @@ async def recover(journal: RequestJournal, conversations: ConversationStore,
             continue
         # Killed after the index line was written but before `done` was journaled: the
         # exchange is in the history, so the request is done (a retry would duplicate it).
-        result = await _indexed_result(line, conversations, responses)
+        result = await indexed_result(line, conversations, responses) if line.get("status") == "running" else None
         if result is not None:
             interrupted.append({**line, "status": "done", "recovered": True, "result": result, "ts": utc_now()})
         else:
@@ -34,15 +34,14 @@ async def recover(journal: RequestJournal, conversations: ConversationStore,
     return kept
 
 
-async def _indexed_result(line: dict[str, Any], conversations: ConversationStore,
-                          responses: ResponseStore) -> dict[str, Any] | None:
-    """The result data of a `running` request whose exchange made it into its index, else None."""
+async def indexed_result(line: dict[str, Any], conversations: ConversationStore,
+                         responses: ResponseStore) -> dict[str, Any] | None:
+    """The result data of a journaled request whose exchange made it into its index, else None."""
     response_id, conversation_id = line.get("response_id"), line.get("conversation_id")
-    if line.get("status") != "running" or not response_id or not conversation_id:
+    if not response_id or not conversation_id:
         return None
-    # one writer per conversation: a request that was running is among the index's last lines
-    tail = (await conversations.entries(conversation_id))[-8:]
-    entry = next((e for e in reversed(tail) if e.response_id == response_id), None)
+    entries = await conversations.entries(conversation_id)
+    entry = next((e for e in reversed(entries) if e.response_id == response_id), None)
     if entry is None:
         return None
     record = await responses.read(response_id)

@@ -28,7 +28,7 @@ from ksi_daemon.providers.base import (
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.attachments import Attachments
-from ksi_daemon.services.completion.recovery import recover
+from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
     CompletionAsync,
     CompletionCancel,
@@ -249,6 +249,9 @@ class CompletionService:
                 await asyncio.wait_for(found.done.wait(), data.timeout)
             except TimeoutError:
                 pass
+        elif isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
+            # done before the last restart: its result is rebuilt from storage when first asked for
+            found["result"] = await indexed_result(found, self.cache.store, self.responses)
         return self.outcome(found)
 
     async def handle_status(self, data: CompletionStatus, _context: EventContext) -> dict[str, Any]:
