@@ -14,7 +14,7 @@ from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.services.agents.profiles import ProfileLibrary, shipped_profiles_dir
-from tests.conftest import connected, running_daemon, stub_settings
+from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import names, stored_index, stored_meta, stored_snapshot
 from tests.stub_openai import Reply
 
@@ -414,3 +414,33 @@ async def test_concurrent_spawns_of_one_id(client: KsiClient) -> None:
     refused = [r for r in results if isinstance(r, KsiError)]
     assert len(ok) == 1 and len(refused) == 4
     assert {e.code for e in refused} == {"agent_exists"}
+
+
+async def test_summaries_go_with_their_conversation_on_reset_and_on_delete(short_tmp: Path, stub: Any,
+                                                                            backend: dict[str, Any]) -> None:
+    from tests.test_compaction import SMALL, answer, prompt, settings, settled
+
+    stub.answer = answer
+    async with running_daemon(short_tmp, **settings(stub), **backend) as daemon, connected(daemon) as client:
+        await client.request("agent:spawn", {"agent_id": "ann", "model": SMALL})
+        for turn in range(1, 13):
+            await send(client, "ann", prompt(turn))
+            await settled(daemon)
+        summaries = (await stored_snapshot(daemon.settings)).get("logs/summaries/ann.jsonl")
+        assert summaries, "the conversation outgrew its window but no summary was written"
+
+        await client.request("agent:reset", {"agent_id": "ann"})
+        stored = await stored_snapshot(daemon.settings)
+        assert stored.get("logs/summaries/ann-1.jsonl") == summaries  # moved with its exchanges
+        assert "logs/summaries/ann.jsonl" not in stored
+        result = await send(client, "ann", "turn 1 again")
+        assert "summary_upto" not in result["history"]
+        assert "Summary of exchanges" not in stub.messages(-1)[0]["content"]
+
+        deleted = await client.request("conversation:delete", {"conversation_id": "ann-1"})
+        assert "logs/summaries/ann-1.jsonl" in deleted["removed"]
+        assert "logs/summaries/ann-1.jsonl" not in await stored_snapshot(daemon.settings)
+        # a new conversation under the deleted id starts without the old one's summaries
+        await complete(client, prompt="fresh", conversation_id="ann-1", create=True, model=SMALL)
+        stats = await client.request("conversation:stats", {"conversation_id": "ann-1"})
+        assert stats["compaction"]["summaries"] == 0

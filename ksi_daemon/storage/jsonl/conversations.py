@@ -155,6 +155,11 @@ class JsonlConversations(JsonlReader):
         meta.conversation_id = new_id
         meta.extra.update(note)
         self._save_meta(meta)  # first: a crash after it leaves the old conversation whole, plus a stray copy
+        # the summaries go with their exchanges (before the index: a crash between leaves the old
+        # conversation without them, and they are written again, never a new one with old ones)
+        summaries = self.layout.summaries_file(conversation_id)
+        if summaries.exists():
+            os.rename(summaries, self.layout.summaries_file(new_id))
         index = self.layout.index_file(conversation_id)
         if index.exists():
             os.rename(index, self.layout.index_file(new_id))
@@ -185,7 +190,7 @@ class JsonlConversations(JsonlReader):
         return await asyncio.to_thread(self._move, conversation_id, new_id, note)
 
     def _delete(self, conversation_id: str) -> list[str]:
-        """The index, the metadata and the response files that belong to this conversation."""
+        """The index, its summaries, the metadata and the response files of this conversation."""
         # A response file belongs to the conversation whose index lists it. Its lines keep the
         # conversation id they were written under, which after an agent reset names another one.
         kept = self._indexed_elsewhere(conversation_id)
@@ -194,7 +199,8 @@ class JsonlConversations(JsonlReader):
                  for entry in self.files.entries(conversation_id)
                  if is_safe_id(entry.response_id) and entry.response_id not in kept]
         paths += [p for p in self._response_files_of(conversation_id) if p.stem not in kept]
-        paths += [layout.index_file(conversation_id), layout.meta_file(conversation_id)]
+        paths += [layout.index_file(conversation_id), layout.summaries_file(conversation_id),
+                  layout.meta_file(conversation_id)]
         removed = []
         for path in dict.fromkeys(paths):
             try:
