@@ -69,9 +69,14 @@ class LiteLLMProvider:
                 litellm.telemetry = False
                 litellm.drop_params = True
                 # calls through the openai SDK (every OpenAI-compatible server) read their answer
-                # through this client, which stops at the size limit
+                # through this client, which stops at the size limit; underneath it, litellm's own
+                # transport (aiohttp), which costs less CPU per call than httpx's
+                from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+
                 litellm.aclient_session = httpx.AsyncClient(
-                    transport=BodyLimitTransport(self.settings.max_response_bytes), follow_redirects=False)
+                    transport=BodyLimitTransport(self.settings.max_response_bytes,
+                                                 AsyncHTTPHandler.create_async_transport()),
+                    follow_redirects=False)
                 litellm.custom_provider_map = [
                     *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
                     *self._custom_providers(),
