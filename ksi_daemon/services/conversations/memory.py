@@ -292,6 +292,7 @@ class ConversationCache:
     def create(self, meta: ConversationMeta) -> ConversationMemory:
         memory = ConversationMemory(meta)
         memory.set_entries([], 0)
+        memory.summaries = []  # a new conversation has none (a reset or delete took the old id's along)
         return self._keep(memory)
 
     def forget(self, conversation_id: str) -> None:
