@@ -57,12 +57,12 @@ def user_messages(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[str, Any]],
-                 duration_ms: float, sent: dict[str, Any] | None = None) -> dict[str, Any]:
+                 duration_ms: float, ts: str, sent: dict[str, Any] | None = None) -> dict[str, Any]:
     line: dict[str, Any] = {
         "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
         "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
         "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
-        "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": utc_now(),
+        "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": ts,
         "request_id": state.request_id, "conversation_id": state.conversation_id,
     }
     if state.request.instructions is not None:

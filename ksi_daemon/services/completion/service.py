@@ -673,7 +673,10 @@ class CompletionService:
         memory = prepared.memory
         assert state.response_id is not None
         duration_ms = state.duration_ms()
-        outcome = records.outcome_line(state, reply, attempts, duration_ms, prepared.sent)
+        # the service clock (so TTLs slide with activity), one time for the record, its index line
+        # and the metadata's last activity (which a reader recounts from the index after a kill)
+        now = format_ts(self.clock())
+        outcome = records.outcome_line(state, reply, attempts, duration_ms, now, prepared.sent)
         lines = [*prepared.inputs, outcome]
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
@@ -682,9 +685,8 @@ class CompletionService:
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         while True:
-            # the service clock, so TTLs slide with activity
             meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
-                                        prepared.system_changed, format_ts(self.clock()))
+                                        prepared.system_changed, now)
             try:
                 # Too late to cancel once the write has begun: the index line would be stored but
                 # not in memory. A cancel arriving now is absorbed; the request is reported done.
