@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ksi_common.tallies import TALLIES
 from ksi_common.timefmt import utc_now
 
 
@@ -45,6 +46,14 @@ class ConversationMeta(BaseModel):
     cost: float = 0.0
     models: list[str] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    def same_but_tallies(self, other: ConversationMeta) -> bool:
+        """Whether `other` differs from this only in the running totals an exchange moves, which
+        its index and response records also hold (see ksi_common.tallies)."""
+        return all(getattr(self, name) == getattr(other, name) for name in _NOT_TALLIES)
+
+
+_NOT_TALLIES = tuple(name for name in ConversationMeta.model_fields if name not in TALLIES)
 
 
 class AgentRecord(BaseModel):

@@ -3,12 +3,18 @@
 
 One daemon owns a var dir (its lock file), so the head of each index this daemon touched is kept
 in memory: the conditional append compares against it instead of re-reading the file.
+
+Metadata that an exchange changed only in its running totals is saved within a second, not with
+the exchange: the index and response records hold those totals too, and every reader counts in
+the exchanges a saved file lags by (`ksi_common.tallies`). Rewriting the file on every exchange
+cost more CPU than any other part of storing it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +28,7 @@ from ksi_common.jsonl import iter_lines_reversed
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
+from ksi_common.tallies import caught_up, may_lag
 from ksi_daemon.storage.jsonl.files import append_lines, jsonl, publish_new, read_json, replace_json, write_new
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
@@ -29,6 +36,8 @@ from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 T = TypeVar("T")
 log = structlog.get_logger("ksi.storage.conversations")
 IMPORTING = ".importing"  # an imported index waits under this suffix until its metadata exists
+TALLY_SAVE_DELAY = 1.0  # seconds metadata changed only in its totals may wait to be saved
+REMEMBERED = 4096  # conversations whose last saved metadata is kept to compare the next one with
 
 
 class JsonlConversations(JsonlReader):
@@ -39,6 +48,11 @@ class JsonlConversations(JsonlReader):
         self.layout = layout
         self.fsync = fsync
         self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known
+        self._saved: dict[str, ConversationMeta] = {}  # the metadata last saved (or waiting), newest last
+        self._unsaved: dict[str, ConversationMeta] = {}  # changed only in its totals since the file
+        self._meta_lock = threading.Lock()  # one metadata write at a time: a late save never wins
+        self._save_timer: asyncio.TimerHandle | None = None
+        self._saving: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
@@ -58,17 +72,42 @@ class JsonlConversations(JsonlReader):
         return await asyncio.to_thread(self._exists, conversation_id)
 
     def _load_meta(self, conversation_id: str) -> ConversationMeta | None:
-        raw = read_json(self.layout.meta_file(conversation_id))
+        waiting = self._unsaved.get(conversation_id)
+        if waiting is not None:
+            return waiting
+        path = self.layout.meta_file(conversation_id)
+        try:
+            saved_at = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            saved_at = 0
+        raw = read_json(path)
         if raw is None:
             if self.layout.index_file(conversation_id).exists():
                 return ConversationMeta(conversation_id=conversation_id)  # an index without metadata
             return None
-        return ConversationMeta.model_validate(raw)
+        if isinstance(raw, dict) and may_lag(self.layout, conversation_id, saved_at):
+            raw = caught_up(self.layout, raw)  # totals of exchanges indexed after the last save
+        meta = ConversationMeta.model_validate(raw)
+        self._remember(meta)
+        return meta
 
     async def load_meta(self, conversation_id: str) -> ConversationMeta | None:
+        if conversation_id in self._unsaved:
+            return self._unsaved[conversation_id]
         return await asyncio.to_thread(self._load_meta, conversation_id)
 
-    def _save_meta(self, meta: ConversationMeta) -> None:
+    def _remember(self, meta: ConversationMeta) -> None:
+        self._saved.pop(meta.conversation_id, None)
+        self._saved[meta.conversation_id] = meta
+        if len(self._saved) > REMEMBERED:  # a forgotten one is saved whole on its next exchange
+            del self._saved[next(iter(self._saved))]
+
+    def _forget(self, conversation_id: str) -> None:
+        with self._meta_lock:
+            self._saved.pop(conversation_id, None)
+            self._unsaved.pop(conversation_id, None)
+
+    def _write_meta(self, meta: ConversationMeta) -> None:
         path = self.layout.meta_file(meta.conversation_id)
         value = meta.model_dump(mode="json")
         try:
@@ -76,6 +115,67 @@ class JsonlConversations(JsonlReader):
         except FileNotFoundError:  # the first conversation of a fresh var dir
             path.parent.mkdir(parents=True, exist_ok=True)
             replace_json(path, value)
+
+    def _save_meta(self, meta: ConversationMeta) -> None:
+        with self._meta_lock:
+            self._unsaved.pop(meta.conversation_id, None)
+            self._write_meta(meta)
+            self._remember(meta)
+
+    def _commit_meta(self, meta: ConversationMeta) -> bool:
+        """Save `meta` now, or later when only its totals changed; True when it waits."""
+        with self._meta_lock:
+            saved = self._saved.get(meta.conversation_id)
+            if saved is not None and saved.same_but_tallies(meta):
+                self._unsaved[meta.conversation_id] = meta
+                self._remember(meta)
+                return True
+            self._unsaved.pop(meta.conversation_id, None)
+            self._write_meta(meta)
+            self._remember(meta)
+            return False
+
+    def save_waiting(self) -> None:
+        """Write every metadata whose totals wait (blocking); one that fails waits for the next."""
+        with self._meta_lock:
+            waiting, self._unsaved = self._unsaved, {}
+            for conversation_id, meta in waiting.items():
+                try:
+                    self._write_meta(meta)
+                except KsiError as error:
+                    self._unsaved.setdefault(conversation_id, meta)
+                    log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code)
+
+    def _save_later(self) -> None:
+        if self._save_timer is None:
+            self._save_timer = asyncio.get_running_loop().call_later(TALLY_SAVE_DELAY, self._save_now)
+
+    def _save_now(self) -> None:
+        self._save_timer = None
+        if self._saving is None or self._saving.done():  # a slow save still running takes the rest after it
+            self._saving = asyncio.ensure_future(asyncio.to_thread(self.save_waiting))
+        else:
+            self._save_later()
+
+    async def close(self) -> None:
+        if self._save_timer is not None:
+            self._save_timer.cancel()
+            self._save_timer = None
+        if self._saving is not None:
+            await self._saving
+        await asyncio.to_thread(self.save_waiting)
+
+    async def metas(self, conversation_ids: list[str]) -> list[dict[str, Any] | None]:
+        found = await super().metas(conversation_ids)
+        return [self._waiting_record(c) or meta for c, meta in zip(conversation_ids, found, strict=True)]
+
+    async def all_metas(self) -> list[dict[str, Any]]:
+        found = await super().all_metas()
+        return [self._waiting_record(str(meta.get("conversation_id"))) or meta for meta in found]
+
+    def _waiting_record(self, conversation_id: str) -> dict[str, Any] | None:
+        waiting = self._unsaved.get(conversation_id)
+        return waiting.model_dump(mode="json") if waiting is not None else None
 
     async def save_meta(self, meta: ConversationMeta) -> None:
         await self._write(lambda: self._save_meta(meta))
@@ -91,6 +191,8 @@ class JsonlConversations(JsonlReader):
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
         self._heads[meta.conversation_id] = 0
+        with self._meta_lock:
+            self._remember(meta)
 
     async def create(self, meta: ConversationMeta) -> None:
         await self._write(lambda: self._create(meta))
@@ -120,7 +222,8 @@ class JsonlConversations(JsonlReader):
         return await asyncio.to_thread(self._head, conversation_id)
 
     def _append(self, conversation_id: str, entry: IndexEntry, response: list[dict[str, Any]] | None,
-                meta: ConversationMeta | None) -> None:
+                meta: ConversationMeta | None) -> bool:
+        """Response record, index line, metadata; True when the metadata waits to be saved."""
         head = self._head(conversation_id)
         if entry.n <= head:
             raise ExchangeConflict(conversation_id, entry.n, head)
@@ -131,20 +234,23 @@ class JsonlConversations(JsonlReader):
                 pass  # an earlier attempt of this same append wrote it
         append_lines(self.layout.index_file(conversation_id), jsonl([entry.to_record()]), self.fsync)
         self._heads[conversation_id] = entry.n
-        if meta is not None:
-            # The index line is the commit: from here the exchange is done, so a full disk now
-            # must not report it failed (it would stay indexed while the caller gives its number
-            # again). The caller keeps the metadata in memory; the next exchange writes it.
-            try:
-                self._save_meta(meta)
-            except KsiError as error:
-                log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code,
-                            exchange=entry.n)
+        if meta is None:
+            return False
+        # The index line is the commit: from here the exchange is done, so a full disk now
+        # must not report it failed (it would stay indexed while the caller gives its number
+        # again). The caller keeps the metadata in memory; the next exchange writes it.
+        try:
+            return self._commit_meta(meta)
+        except KsiError as error:
+            log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code,
+                        exchange=entry.n)
+            return False
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,
                               meta: ConversationMeta | None = None) -> None:
-        await self._write(lambda: self._append(conversation_id, entry, response, meta))
+        if await self._write(lambda: self._append(conversation_id, entry, response, meta)):
+            self._save_later()
 
     async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
         return await asyncio.to_thread(read_index_tail, self.layout.index_file(conversation_id), token_budget)
@@ -152,7 +258,8 @@ class JsonlConversations(JsonlReader):
     # -- moves -----------------------------------------------------------------
     def _move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
         meta = self._load_meta(conversation_id) or ConversationMeta(conversation_id=conversation_id)
-        meta.conversation_id = new_id
+        self._forget(conversation_id)  # no later save may write the old id's file again
+        meta = meta.model_copy(update={"conversation_id": new_id, "extra": dict(meta.extra)})
         meta.extra.update(note)
         self._save_meta(meta)  # first: a crash after it leaves the old conversation whole, plus a stray copy
         # the summaries go with their exchanges (before the index: a crash between leaves the old
@@ -180,8 +287,8 @@ class JsonlConversations(JsonlReader):
                 continue
             if not isinstance(raw, dict) or raw.get("parent_id") != parent_id:
                 continue
-            meta = ConversationMeta.model_validate(raw)
-            meta.parent_id = new_parent_id
+            waiting = self._unsaved.get(path.stem)  # its totals may be newer than its file
+            meta = (waiting or ConversationMeta.model_validate(raw)).model_copy(update={"parent_id": new_parent_id})
             self._save_meta(meta)
             changed.append(meta.conversation_id)
         return changed
@@ -193,6 +300,7 @@ class JsonlConversations(JsonlReader):
         """The index, its summaries, the metadata and the response files of this conversation."""
         # A response file belongs to the conversation whose index lists it. Its lines keep the
         # conversation id they were written under, which after an agent reset names another one.
+        self._forget(conversation_id)  # no later save may write its metadata again
         kept = self._indexed_elsewhere(conversation_id)
         layout = self.layout
         paths = [layout.response_file(entry.response_id)

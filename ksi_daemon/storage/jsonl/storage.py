@@ -39,6 +39,7 @@ class JsonlStorage:
         await asyncio.to_thread(self.conversations.finish_imports)  # imports a kill interrupted
 
     async def close(self) -> None:
+        await self.conversations.close()  # metadata whose totals wait to be saved
         await self.journal.close()
 
     def describe(self) -> dict[str, Any]:

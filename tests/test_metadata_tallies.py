@@ -1,0 +1,107 @@
+"""JSONL metadata that an exchange changed only in its running totals (exchanges, tokens, cost,
+last activity, models) is saved within a second instead of with every exchange; the daemon, the
+inspection readers and a daemon restarted after kill -9 all see exact totals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ksi_common.client import KsiClient
+from ksi_common.layout import VarLayout
+from ksi_common.reading import JsonlReader
+from ksi_daemon.storage.jsonl.conversations import TALLY_SAVE_DELAY
+from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.test_crash import DaemonProcess, daemon_env
+
+TALLIES = ("exchanges", "tokens_in", "tokens_out", "cost", "last_activity", "models")
+PRICED = "openai/gpt-4o-mini"  # priced in litellm's bundled cost map: the totals include a cost
+
+
+def tallies(meta: dict[str, Any]) -> dict[str, Any]:
+    return {name: meta.get(name) for name in TALLIES}
+
+
+async def read_with_files(var: Path, conversation_id: str) -> dict[str, Any]:
+    (meta,) = await JsonlReader(VarLayout(var)).metas([conversation_id])
+    assert meta is not None
+    return meta
+
+
+def on_disk(var: Path, conversation_id: str) -> dict[str, Any]:
+    return json.loads(VarLayout(var).meta_file(conversation_id).read_bytes())
+
+
+async def listed(client: KsiClient, conversation_id: str) -> dict[str, Any]:
+    items = (await client.request("conversation:list", {"limit": 1000}))["conversations"]
+    return next(item for item in items if item["conversation_id"] == conversation_id)
+
+
+async def test_totals_wait_but_every_reader_sees_them_exactly(short_tmp: Path, stub: Any) -> None:
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
+        var = daemon.settings.layout.root
+        await complete(client, prompt="one", conversation_id="c", create=True)
+        written = os.stat(VarLayout(var).meta_file("c"))
+        for k in range(2, 5):
+            await complete(client, prompt=f"turn {k}", conversation_id="c")
+        # the file was not replaced by those exchanges...
+        assert os.stat(VarLayout(var).meta_file("c")).st_ino == written.st_ino
+        assert on_disk(var, "c")["exchanges"] < 4
+        # ...yet the daemon and a reader of the files count all four, alike
+        daemon_view = (await client.request("conversation:stats", {"conversation_id": "c"}))["conversation"]
+        files_view = await read_with_files(var, "c")
+        assert daemon_view["exchanges"] == files_view["exchanges"] == (await listed(client, "c"))["exchanges"] == 4
+        assert tallies(files_view) == tallies(daemon_view)
+        assert files_view["tokens_in"] > 0 and files_view["tokens_out"] > 0
+
+        # within the delay the file catches up on its own
+        await asyncio.sleep(TALLY_SAVE_DELAY + 0.5)
+        assert tallies(on_disk(var, "c")) == tallies(files_view)
+
+        # a change beyond the totals is written at once, totals included
+        await complete(client, prompt="five", conversation_id="c")
+        await client.request("conversation:update", {"conversation_id": "c", "title": "named"})
+        saved = on_disk(var, "c")
+        assert saved["title"] == "named" and saved["exchanges"] == 5
+
+        await complete(client, prompt="six", conversation_id="c")
+        expected = tallies(await read_with_files(var, "c"))
+    # a clean stop writes what waits
+    assert tallies(on_disk(var, "c")) == expected and expected["exchanges"] == 6
+
+
+async def test_totals_survive_kill_9_before_they_were_saved(short_tmp: Path, stub: Any) -> None:
+    env = daemon_env(stub.api_base, KSI_MODELS=json.dumps({"openai/stub*": {"api_base": stub.api_base},
+                                                           PRICED: {"api_base": stub.api_base}}))
+    daemon = DaemonProcess(short_tmp, env)
+    await daemon.start()
+    async with KsiClient(daemon.socket) as client:
+        await complete(client, prompt="start", conversation_id="k", create=True)
+        await asyncio.sleep(TALLY_SAVE_DELAY + 0.5)  # saved once with one exchange
+        for k, model in enumerate(["openai/stub-model", PRICED, PRICED, "openai/stub-model", PRICED]):
+            await complete(client, prompt=f"turn {k}", conversation_id="k", model=model)
+        before = await listed(client, "k")
+    daemon.kill()  # before the totals of the last five exchanges were saved
+    assert on_disk(daemon.var, "k")["exchanges"] == 1
+    assert before["exchanges"] == 6 and before["cost"] > 0 and before["models"][-1] == PRICED
+
+    # the inspection readers, daemon stopped, count the lagging exchanges from the records
+    files_view = await read_with_files(daemon.var, "k")
+    assert tallies(files_view) == tallies(before)
+
+    await daemon.start()
+    try:
+        async with KsiClient(daemon.socket) as client:
+            assert tallies(await listed(client, "k")) == tallies(before)
+            shown = await client.request("conversation:stats", {"conversation_id": "k"})
+            assert tallies(shown["conversation"]) == tallies(before)
+            # the conversation continues with the model it used last, as before the kill
+            result = await complete(client, prompt="and now?", conversation_id="k")
+            assert result["model"] == PRICED and result["exchange"] == 7
+    finally:
+        await daemon.stop()
+    saved = on_disk(daemon.var, "k")
+    assert saved["exchanges"] == 7 and saved["cost"] > before["cost"]
