@@ -184,10 +184,14 @@ class JsonlConversations(JsonlReader):
         if self.layout.index_file(meta.conversation_id).exists():
             raise ConversationExists(meta.conversation_id)
         path = self.layout.meta_file(meta.conversation_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
         try:
-            # complete when visible: a reader racing this create never finds an empty file
-            publish_new(path, orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2), self.fsync)
+            try:
+                # complete when visible: a reader racing this create never finds an empty file
+                publish_new(path, payload, self.fsync)
+            except FileNotFoundError:  # the first conversation of a fresh var dir
+                path.parent.mkdir(parents=True, exist_ok=True)
+                publish_new(path, payload, self.fsync)
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
         self._heads[meta.conversation_id] = 0
