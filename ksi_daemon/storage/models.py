@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -50,10 +51,10 @@ class ConversationMeta(BaseModel):
     def same_but_tallies(self, other: ConversationMeta) -> bool:
         """Whether `other` differs from this only in the running totals an exchange moves, which
         its index and response records also hold (see ksi_common.tallies)."""
-        return all(getattr(self, name) == getattr(other, name) for name in _NOT_TALLIES)
+        return _not_tallies(self) == _not_tallies(other)
 
 
-_NOT_TALLIES = tuple(name for name in ConversationMeta.model_fields if name not in TALLIES)
+_not_tallies = attrgetter(*(name for name in ConversationMeta.model_fields if name not in TALLIES))
 
 
 class AgentRecord(BaseModel):
