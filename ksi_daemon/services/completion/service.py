@@ -248,7 +248,8 @@ class CompletionService:
         found = self.requests.get(data.request_id)
         if isinstance(found, RequestState) and not found.done.is_set() and data.timeout > 0:
             try:
-                await asyncio.wait_for(found.done.wait(), data.timeout)
+                async with asyncio.timeout(data.timeout):  # no task of its own, as wait_for makes
+                    await found.done.wait()
             except TimeoutError:
                 pass
         elif isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
@@ -555,7 +556,8 @@ class CompletionService:
     async def _attempt(self, answerer: Provider, call: ProviderCall) -> ProviderReply:
         timeout = call.timeout or self.settings.request_timeout
         try:
-            return await asyncio.wait_for(answerer.complete(call), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                return await answerer.complete(call)
         except TimeoutError:
             raise ProviderFailure(ErrorCode.TIMEOUT, f"no answer within {timeout}s", retryable=True) from None
 
