@@ -63,8 +63,13 @@ class ConversationStore(StoredReader, Protocol):
         """Whether the conversation has metadata or an index."""
         ...
 
-    async def create(self, meta: ConversationMeta) -> None:
-        """Exclusive create: raises `ConversationExists` when the id is taken (metadata or index)."""
+    async def create(self, meta: ConversationMeta, *, durable_with_first_exchange: bool = False) -> None:
+        """Exclusive create: raises `ConversationExists` when the id is taken (metadata or index).
+
+        `durable_with_first_exchange`: created for a request, so nothing is promised about it
+        before that request's result; a backend that syncs its writes may make it durable
+        together with the first exchange instead of on its own.
+        """
         ...
 
     async def load_meta(self, conversation_id: str) -> ConversationMeta | None:

@@ -426,7 +426,7 @@ class CompletionService:
         # survives restarts of both and any door can show it.
         extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
         if conversation_id is None:
-            return await self.create_conversation(new_id("conv-"), agent_id=data.agent_id,
+            return await self.create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra)
         memory = await self.cache.get(conversation_id)
         if memory is not None:
@@ -436,18 +436,20 @@ class CompletionService:
             raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {conversation_id} does not exist",
                            conversation_id=conversation_id)
         try:
-            return await self.create_conversation(conversation_id, agent_id=data.agent_id,
+            return await self.create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra)
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)
 
-    async def create_conversation(self, conversation_id: str, **fields: Any) -> ConversationMemory:
-        """A new conversation (exclusive: raises `ConversationExists` when the id is taken)."""
+    async def create_conversation(self, conversation_id: str, *, for_request: bool = False,
+                                  **fields: Any) -> ConversationMemory:
+        """A new conversation (exclusive: raises `ConversationExists` when the id is taken);
+        `for_request`: created for a request, durable with its first exchange."""
         now = format_ts(self.clock())
         meta = ConversationMeta(conversation_id=conversation_id, ttl=self.settings.default_ttl,
                                 created=now, last_activity=now,
                                 **{k: v for k, v in fields.items() if v is not None})
-        await self.cache.store.create(meta)
+        await self.cache.store.create(meta, durable_with_first_exchange=for_request)
         return self.cache.create(meta)
 
     def _check_open(self, memory: ConversationMemory) -> None:

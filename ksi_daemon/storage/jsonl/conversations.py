@@ -29,7 +29,9 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
 from ksi_common.tallies import caught_up, may_lag
-from ksi_daemon.storage.jsonl.files import append_lines, jsonl, publish_new, read_json, replace_json, write_new
+from ksi_daemon.storage.jsonl.files import (
+    append_lines, jsonl, publish_new, read_json, replace_json, sync_path, write_new,
+)
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 
@@ -53,6 +55,7 @@ class JsonlConversations(JsonlReader):
         self._meta_lock = threading.Lock()  # one metadata write at a time: a late save never wins
         self._save_timer: asyncio.TimerHandle | None = None
         self._saving: asyncio.Task[None] | None = None
+        self._unsynced: set[str] = set()  # created for a request: synced with the first exchange
 
     @property
     def shared(self) -> bool:
@@ -103,6 +106,7 @@ class JsonlConversations(JsonlReader):
             del self._saved[next(iter(self._saved))]
 
     def _forget(self, conversation_id: str) -> None:
+        self._unsynced.discard(conversation_id)
         with self._meta_lock:
             self._saved.pop(conversation_id, None)
             self._unsaved.pop(conversation_id, None)
@@ -180,7 +184,7 @@ class JsonlConversations(JsonlReader):
     async def save_meta(self, meta: ConversationMeta) -> None:
         await self._write(lambda: self._save_meta(meta))
 
-    def _create(self, meta: ConversationMeta) -> None:
+    def _create(self, meta: ConversationMeta, sync: bool) -> None:
         if self.layout.index_file(meta.conversation_id).exists():
             raise ConversationExists(meta.conversation_id)
         path = self.layout.meta_file(meta.conversation_id)
@@ -188,18 +192,30 @@ class JsonlConversations(JsonlReader):
         try:
             try:
                 # complete when visible: a reader racing this create never finds an empty file
-                publish_new(path, payload, self.fsync)
+                publish_new(path, payload, sync)
             except FileNotFoundError:  # the first conversation of a fresh var dir
                 path.parent.mkdir(parents=True, exist_ok=True)
-                publish_new(path, payload, self.fsync)
+                publish_new(path, payload, sync)
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
         self._heads[meta.conversation_id] = 0
         with self._meta_lock:
             self._remember(meta)
 
-    async def create(self, meta: ConversationMeta) -> None:
-        await self._write(lambda: self._create(meta))
+    async def create(self, meta: ConversationMeta, *, durable_with_first_exchange: bool = False) -> None:
+        if durable_with_first_exchange and self.fsync:
+            # written now, unsynced (no hop to a thread); its first exchange syncs it in its own
+            self._create(meta, sync=False)
+            self._unsynced.add(meta.conversation_id)
+            return
+        await self._write(lambda: self._create(meta, self.fsync))
+
+    def _sync_created(self, conversation_id: str) -> None:
+        if conversation_id in self._unsynced:
+            meta_file = self.layout.meta_file(conversation_id)
+            sync_path(meta_file)
+            sync_path(meta_file.parent)
+            self._unsynced.discard(conversation_id)
 
     # -- the index -------------------------------------------------------------
     def _head(self, conversation_id: str) -> int:
@@ -231,6 +247,8 @@ class JsonlConversations(JsonlReader):
         head = self._head(conversation_id)
         if entry.n <= head:
             raise ExchangeConflict(conversation_id, entry.n, head)
+        if self.fsync:
+            self._sync_created(conversation_id)  # the conversation is durable before its first exchange
         if response is not None:
             try:  # the response record first: durable before the index line names it
                 write_new(self.layout.response_file(entry.response_id), jsonl(response), self.fsync)
@@ -376,7 +394,7 @@ class JsonlConversations(JsonlReader):
         if exchanges:
             write_new(pending, jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
         try:
-            self._create(meta)
+            self._create(meta, self.fsync)
         except BaseException:
             pending.unlink(missing_ok=True)
             raise

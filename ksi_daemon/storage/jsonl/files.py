@@ -44,12 +44,18 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def sync_path(path: Path) -> None:
+    """Flush a file, or a directory's entries, to disk."""
+    with storage_failures():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_path(directory)
 
 
 def append_lines(path: Path, payload: bytes, fsync: bool) -> None:

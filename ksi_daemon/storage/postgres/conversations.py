@@ -111,7 +111,8 @@ class PostgresConversations(PostgresReader):
         return bool(await self.database.run(lambda c: c.fetchval(
             "SELECT EXISTS (SELECT 1 FROM ksi_conversations WHERE conversation_id = $1)", conversation_id)))
 
-    async def create(self, meta: ConversationMeta) -> None:
+    async def create(self, meta: ConversationMeta, *, durable_with_first_exchange: bool = False) -> None:
+        # a committed transaction is durable either way
         created = await self.database.run(lambda c: c.fetchval(CREATE, *meta_columns(meta)), retry=False)
         if created is None:
             raise ConversationExists(meta.conversation_id)
