@@ -183,8 +183,7 @@ class DirectWorker:
 ABLATIONS = {
     "instant_provider": "the provider answers at once, no litellm call: the daemon alone",
     "no_cost_lookup": "skip the daemon's litellm.completion_cost fallback for unpriced models",
-    "gc_freeze": "gc.freeze() right after litellm loads (full collections skip its ~300k objects)",
-    "no_meta_save": "the exchange's metadata is not saved (metadata file not rewritten)",
+    "no_meta_save": "the exchange's metadata is neither saved nor queued to be saved within a second",
     "no_response_file": "the exchange's response record is not written (no response file created)",
     "no_index_append": "the exchange's index line is not appended",
     "no_journal": "the request journal's record does nothing (3 appends per request)",
@@ -246,17 +245,6 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
                                  provider_response_id="chatcmpl-instant")
 
         LiteLLMProvider.complete = complete  # type: ignore[method-assign]
-    if "gc_freeze" in ablate:
-        import gc
-
-        original_load = LiteLLMProvider.load
-
-        def load(self: Any) -> Any:
-            module = original_load(self)
-            gc.freeze()
-            return module
-
-        LiteLLMProvider.load = load  # type: ignore[method-assign]
     if "no_cost_lookup" in ablate:
         original_reply = LiteLLMProvider._reply
 
@@ -488,7 +476,6 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
     specs: dict[str, dict[str, Any]] = {
         "reference": {"fsync": "never", "hooked": True},
         "no_cost_lookup": {"fsync": "never", "ablate": ("no_cost_lookup",)},
-        "gc_freeze": {"fsync": "never", "ablate": ("gc_freeze",)},
         # the daemon alone (provider answers at once), then without one part each
         "alone": {"fsync": "never", "ablate": ("instant_provider",)},
         "alone, fsync always": {"fsync": "always", "ablate": ("instant_provider",)},
@@ -610,7 +597,6 @@ def print_profile(report: dict[str, Any]) -> None:
     print("-" * len(header))
     rows = [("reference", None, "nothing: the full daemon calling litellm"),
             ("no_cost_lookup", "reference", ABLATIONS["no_cost_lookup"]),
-            ("gc_freeze", "reference", ABLATIONS["gc_freeze"]),
             ("alone", None, ABLATIONS["instant_provider"]),
             ("alone, fsync always", "alone", "the daemon alone with fsync always (saving < 0 = fsync's cost)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
