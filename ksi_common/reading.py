@@ -21,7 +21,7 @@ from ksi_common.ids import is_safe_id
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
 from ksi_common.summaries import Summary, read_summaries
-from ksi_common.tallies import caught_up, may_lag
+from ksi_common.tallies import caught_up
 
 STORAGE_NAMES = ("jsonl", "postgres")
 SETTLED_NS = 2_000_000_000  # a file time this old can no longer share its tick with a new change
@@ -93,9 +93,7 @@ class JsonlFiles:
             raw = {}
         if isinstance(raw, dict) and raw:
             raw.setdefault("conversation_id", conversation_id)
-            if may_lag(self.layout, conversation_id, saved_at):  # saved lazily by a running or killed daemon
-                raw = caught_up(self.layout, raw)
-            return raw
+            return caught_up(self.layout, raw, saved_at)  # saved lazily by a running or killed daemon
         index = self.layout.index_file(conversation_id)
         if raw is None and not index.exists():
             return None

@@ -43,19 +43,20 @@ def entries_after(index: Path, n: int) -> list[IndexEntry]:
     return found
 
 
-def may_lag(layout: VarLayout, conversation_id: str, meta_mtime_ns: int) -> bool:
+def _may_lag(layout: VarLayout, conversation_id: str, saved_at_ns: int) -> bool:
     """Whether the index changed since the metadata was saved (an equal time may hide either
     order: file times are coarse)."""
     try:
-        return os.stat(layout.index_file(conversation_id)).st_mtime_ns >= meta_mtime_ns
+        return os.stat(layout.index_file(conversation_id)).st_mtime_ns >= saved_at_ns
     except FileNotFoundError:
         return False
 
 
-def caught_up(layout: VarLayout, meta: dict[str, Any]) -> dict[str, Any]:
-    """`meta` (a metadata record) with the exchanges its totals miss counted in."""
+def caught_up(layout: VarLayout, meta: dict[str, Any], saved_at_ns: int) -> dict[str, Any]:
+    """`meta` (a metadata record saved at `saved_at_ns`) with the exchanges its totals miss
+    counted in; `meta` itself when its index has not changed since."""
     conversation_id = str(meta.get("conversation_id") or "")
-    if not is_safe_id(conversation_id):
+    if not is_safe_id(conversation_id) or not _may_lag(layout, conversation_id, saved_at_ns):
         return meta
     missing = entries_after(layout.index_file(conversation_id), counted_through(meta))
     if not missing:

@@ -28,7 +28,7 @@ from ksi_common.jsonl import iter_lines_reversed
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
-from ksi_common.tallies import caught_up, may_lag
+from ksi_common.tallies import caught_up
 from ksi_daemon.storage.jsonl.files import (
     append_lines, jsonl, publish_new, read_json, replace_json, sync_path, write_new,
 )
@@ -88,8 +88,8 @@ class JsonlConversations(JsonlReader):
             if self.layout.index_file(conversation_id).exists():
                 return ConversationMeta(conversation_id=conversation_id)  # an index without metadata
             return None
-        if isinstance(raw, dict) and may_lag(self.layout, conversation_id, saved_at):
-            raw = caught_up(self.layout, raw)  # totals of exchanges indexed after the last save
+        if isinstance(raw, dict):
+            raw = caught_up(self.layout, raw, saved_at)  # totals of exchanges indexed after the last save
         meta = ConversationMeta.model_validate(raw)
         self._remember(meta)
         return meta
@@ -121,23 +121,20 @@ class JsonlConversations(JsonlReader):
             replace_json(path, value)
 
     def _save_meta(self, meta: ConversationMeta) -> None:
-        with self._meta_lock:
-            self._unsaved.pop(meta.conversation_id, None)
-            self._write_meta(meta)
-            self._remember(meta)
+        self._commit_meta(meta, wait=False)
 
-    def _commit_meta(self, meta: ConversationMeta) -> bool:
-        """Save `meta` now, or later when only its totals changed; True when it waits."""
+    def _commit_meta(self, meta: ConversationMeta, wait: bool = True) -> bool:
+        """Save `meta` now, or (with `wait`) later when only its totals changed; True when it waits."""
         with self._meta_lock:
             saved = self._saved.get(meta.conversation_id)
-            if saved is not None and saved.same_but_tallies(meta):
+            waits = wait and saved is not None and saved.same_but_tallies(meta)
+            if waits:
                 self._unsaved[meta.conversation_id] = meta
-                self._remember(meta)
-                return True
-            self._unsaved.pop(meta.conversation_id, None)
-            self._write_meta(meta)
+            else:
+                self._unsaved.pop(meta.conversation_id, None)
+                self._write_meta(meta)
             self._remember(meta)
-            return False
+            return waits
 
     def save_waiting(self) -> None:
         """Write every metadata whose totals wait (blocking); one that fails waits for the next."""
