@@ -13,8 +13,11 @@ from typing import Any
 from ksi_common.client import KsiClient
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
+from ksi_common.records import IndexEntry
 from ksi_daemon.storage.jsonl.conversations import TALLY_SAVE_DELAY
-from tests.conftest import complete, connected, running_daemon, stub_settings
+from ksi_daemon.storage.jsonl.storage import JsonlStorage
+from ksi_daemon.storage.models import ConversationMeta
+from tests.conftest import complete, connected, make_settings, running_daemon, stub_settings
 from tests.test_crash import DaemonProcess, daemon_env
 
 TALLIES = ("exchanges", "tokens_in", "tokens_out", "cost", "last_activity", "models")
@@ -105,3 +108,25 @@ async def test_totals_survive_kill_9_before_they_were_saved(short_tmp: Path, stu
         await daemon.stop()
     saved = on_disk(daemon.var, "k")
     assert saved["exchanges"] == 7 and saved["cost"] > before["cost"]
+
+
+async def test_a_save_that_fails_keeps_the_totals_waiting_and_loses_nothing(tmp_path: Path) -> None:
+    storage = JsonlStorage(make_settings(tmp_path, fsync="never"))
+    await storage.open()
+    layout, store = storage.layout, storage.conversations
+    meta = ConversationMeta(conversation_id="c")
+    await store.create(meta)
+    for n in (1, 2):
+        meta = meta.model_copy(update={"exchanges": n, "tokens_in": 10 * n, "models": ["m"]})
+        outcome = {"type": "assistant", "content": "ok", "usage": {"prompt_tokens": 10}, "cost": 0.0}
+        await store.append_exchange("c", IndexEntry(n=n, response_id=f"r{n}", model="m"),
+                                    response=[{"type": "user", "content": "hi"}, outcome], meta=meta)
+    spare = layout.meta_file("c").with_name(".c.json.tmp")
+    spare.mkdir()  # where the save writes its new version: the write fails (an I/O error)
+    await store.close()
+    assert on_disk(layout.root, "c")["exchanges"] == 0  # the file kept its last good version
+    assert (await store.load_meta("c")) == meta  # the totals still wait in memory
+    assert (await read_with_files(layout.root, "c"))["exchanges"] == 2  # and readers count them
+    spare.rmdir()
+    await store.close()  # the next save writes them
+    assert on_disk(layout.root, "c")["exchanges"] == 2 and on_disk(layout.root, "c")["tokens_in"] == 20
