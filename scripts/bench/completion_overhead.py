@@ -21,6 +21,12 @@ Two shapes, each compared with a baseline that sends the same messages:
             daemon rebuilds history from memory, vs a direct chat loop that keeps the same C
             message lists itself and appends each reply.
 Requests are sequential (one in flight); each is completion:async then completion:wait.
+CPU is split into user and kernel time ("of it kernel"): file creation and fsync are kernel work
+whose price depends on the file system and its state, so each round also times "the writes
+alone": a new response file and an index line per exchange, written by the daemon's own file
+primitives in a plain loop in the same var root, fsync never and always. Var dirs are removed
+only when the whole run ends (on ext4 without a journal, deleting thousands of files makes every
+file created in the next minutes dearer).
 Every process stays up for the whole run and the measurements are interleaved in rounds
 (rotating the order), so drift and noise from other work on the machine fall on all alike;
 the table shows medians over `--repeats` rounds, and the overhead is the median of the
@@ -135,7 +141,7 @@ def serve_direct(api_base: str, conversations: int) -> None:
 
     async def batch(shape: str, count: int, offset: int) -> dict[str, float]:
         chats: list[list[dict[str, str]]] = [[] for _ in range(conversations)]
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        times0, wall0 = os.times(), time.perf_counter()
         for i in range(count):
             text = prompt(offset + i)
             if shape == "single":
@@ -144,7 +150,9 @@ def serve_direct(api_base: str, conversations: int) -> None:
                 chat = chats[i % conversations]
                 chat.append({"role": "user", "content": text})
                 chat.append({"role": "assistant", "content": await call(list(chat))})
-        return {"cpu_ms": (time.process_time() - cpu0) * 1000 / count,
+        times = os.times()
+        return {"cpu_ms": (times.user + times.system - times0.user - times0.system) * 1000 / count,
+                "sys_ms": (times.system - times0.system) * 1000 / count,
                 "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
 
     async def main() -> None:
@@ -342,9 +350,11 @@ class DaemonRun:
                 await asyncio.sleep(0.05)
 
     async def batch(self, shape: str, count: int, offset: int, conversations: int, tag: str) -> dict[str, float]:
-        cpu0, wall0 = self.cpu_s(), time.perf_counter()
+        times0, wall0 = self.ps.cpu_times(), time.perf_counter()
         await drive(self.client, count, offset, shape, conversations, tag)
-        return {"cpu_ms": (self.cpu_s() - cpu0) * 1000 / count,
+        times = self.ps.cpu_times()
+        return {"cpu_ms": (times.user + times.system - times0.user - times0.system) * 1000 / count,
+                "sys_ms": (times.system - times0.system) * 1000 / count,
                 "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
 
     async def idle_cpu_ms_per_s(self) -> float:
@@ -368,7 +378,8 @@ class DaemonRun:
             self.process.wait()
         self.stderr.close()
         shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(self.var_dir, ignore_errors=True)
+        # the var dir stays until the whole run ends: deleting thousands of files now would make
+        # file creation dearer for the daemons measured next (see storage_writes)
 
 
 async def drive(client: Any, count: int, offset: int, shape: str, conversations: int, tag: str) -> None:
@@ -411,8 +422,32 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
     return daemons
 
 
-async def rounds(players: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
-    """`repeats` rounds; in each, every player runs N completions of each shape, order rotated."""
+def storage_writes(root: Path, count: int, fsync: bool, tag: str) -> dict[str, float]:
+    """An exchange's file writes without the daemon: a new response record and an index line,
+    written by the daemon's own primitives in a plain loop. What the kernel charges for them
+    (file creation, fsync) differs by file system and by its state, so each round measures it."""
+    import resource
+
+    from ksi_daemon.storage.jsonl.files import append_lines, write_new
+
+    where = root / f"writes-{tag}"
+    (where / "responses").mkdir(parents=True)
+    record = b'{"v":1,"kind":"response","text":"' + b"x" * 900 + b'"}\n'  # a response file's size
+    line = b'{"v":1,"response_id":"' + b"r" * 40 + b'","n":1,"tokens":100,"ts":"2026-01-01T00:00:00Z"}\n'
+    before, wall0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+    for i in range(count):
+        write_new(where / "responses" / f"r{i}.jsonl", record, fsync)
+        append_lines(where / f"c{i % 10}.jsonl", line, fsync)
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return {"cpu_ms": (user + system) * 1000 / count, "sys_ms": system * 1000 / count,
+            "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
+
+
+async def rounds(players: dict[str, Any], args: argparse.Namespace,
+                 writes_root: Path | None = None) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """`repeats` rounds; in each, every player runs N completions of each shape, order rotated;
+    with `writes_root`, each round ends with the storage writes alone, fsync never and always."""
     runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in players}
     names = list(players)
     for r in range(args.repeats):
@@ -427,19 +462,24 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace) -> dict[str,
                     result = await player.batch(shape, args.n, r * args.n, args.conversations, f"{shape}-{r}")
                     key = shape
                 runs[name].setdefault(key, []).append(result)
+        if writes_root is not None:
+            for fsync in ("never", "always"):
+                result = storage_writes(writes_root, args.n, fsync == "always", f"{fsync}-{r}")
+                runs.setdefault("writes", {}).setdefault(fsync, []).append(result)
         print(f"  round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     return runs
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    workdir = args.var_root or HERE / "results" / "tmp"
-    workdir.mkdir(parents=True, exist_ok=True)
+    var_root = args.var_root or HERE / "results" / "tmp"
+    var_root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="run-", dir=var_root))  # removed at the very end
     stub, api_base = start_stub()
     report: dict[str, Any] = {
         "n": args.n, "warmup": args.warmup, "repeats": args.repeats, "conversations": args.conversations,
         "model": MODEL, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                     "platform": platform.platform(), "loadavg_before": os.getloadavg(),
-                                    "var_root": str(workdir), "file_system": file_system(workdir)},
+                                    "var_root": str(var_root), "file_system": file_system(workdir)},
     }
     direct = DirectWorker(api_base, args.conversations)
     daemons: dict[str, DaemonRun] = {}
@@ -448,7 +488,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             direct.batch(shape, args.warmup, 10_000_000)
         daemons = await start_daemons({"never": {"fsync": "never"}, "always": {"fsync": "always"}},
                                       api_base, workdir, args)
-        runs = await rounds({"direct": direct, **daemons}, args)
+        runs = await rounds({"direct": direct, **daemons}, args, writes_root=workdir)
         report["runs"] = runs
         report["idle_cpu_ms_per_s"] = {name: await d.idle_cpu_ms_per_s() for name, d in daemons.items()}
         for daemon in daemons.values():
@@ -463,6 +503,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         assert stub.stdin is not None
         stub.stdin.close()
         stub.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
     report["machine"]["loadavg_after"] = os.getloadavg()
     return report
 
@@ -539,25 +580,32 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for shape, base in SHAPES:
         direct = runs["direct"][base]
-        rows.append({"what": f"direct litellm ({base})", "cpu_ms": median([r["cpu_ms"] for r in direct]),
-                     "wall_ms": median([r["wall_ms"] for r in direct]), "overhead_ms": None, "goal": None})
+        rows.append({"what": f"direct litellm ({base})", **medians(direct), "overhead_ms": None,
+                     "overhead_sys_ms": None, "goal": None})
         for fsync in ("never", "always"):
             mine = runs[fsync][shape]
             overhead = median([m["cpu_ms"] - d["cpu_ms"] for m, d in zip(mine, direct, strict=True)])
             rows.append({
-                "what": f"daemon {shape}, fsync {fsync}", "cpu_ms": median([r["cpu_ms"] for r in mine]),
-                "wall_ms": median([r["wall_ms"] for r in mine]), "overhead_ms": overhead,
+                "what": f"daemon {shape}, fsync {fsync}", **medians(mine), "overhead_ms": overhead,
+                "overhead_sys_ms": median([m["sys_ms"] - d["sys_ms"] for m, d in zip(mine, direct, strict=True)]),
                 "goal": overhead < GOAL_MS,  # the goal holds with fsync on or off
             })
     for shape, _base in SHAPES:
         never, always = runs["never"][shape], runs["always"][shape]
         rows.append({
             "what": f"fsync always - never ({shape})",
-            "cpu_ms": median([a["cpu_ms"] - b["cpu_ms"] for a, b in zip(always, never, strict=True)]),
-            "wall_ms": median([a["wall_ms"] - b["wall_ms"] for a, b in zip(always, never, strict=True)]),
-            "overhead_ms": None, "goal": None,
+            **{key: median([a[key] - b[key] for a, b in zip(always, never, strict=True)])
+               for key in ("cpu_ms", "sys_ms", "wall_ms")},
+            "overhead_ms": None, "overhead_sys_ms": None, "goal": None,
         })
+    for fsync in ("never", "always"):
+        rows.append({"what": f"the writes alone, fsync {fsync}", **medians(runs["writes"][fsync]),
+                     "overhead_ms": None, "overhead_sys_ms": None, "goal": None})
     return rows
+
+
+def medians(results: list[dict[str, float]]) -> dict[str, float]:
+    return {key: median([r[key] for r in results]) for key in ("cpu_ms", "sys_ms", "wall_ms")}
 
 
 def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -568,13 +616,19 @@ def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
           f"load average {report['machine']['loadavg_before'][0]:.1f} before, "
           f"{report['machine']['loadavg_after'][0]:.1f} after, {report['machine']['cpus']} CPUs; var dirs on "
           f"{report['machine']['file_system']} ({report['machine']['var_root']})\n")
-    header = f"{'what':34} {'CPU ms/compl':>13} {'wall ms/compl':>14} {'overhead CPU ms':>16}  goal < {GOAL_MS:g} ms"
+    header = (f"{'what':34} {'CPU ms/compl':>13} {'of it kernel':>13} {'wall ms/compl':>14} "
+              f"{'overhead CPU ms':>16} {'of it kernel':>13}  goal < {GOAL_MS:g} ms")
     print(header)
     print("-" * len(header))
     for row in rows:
         overhead = "" if row["overhead_ms"] is None else f"{row['overhead_ms']:+.3f}"
+        overhead_sys = "" if row["overhead_sys_ms"] is None else f"{row['overhead_sys_ms']:+.3f}"
         goal = "" if row["goal"] is None else ("ok" if row["goal"] else "MISSED")
-        print(f"{row['what']:34} {row['cpu_ms']:13.3f} {row['wall_ms']:14.3f} {overhead:>16}  {goal}")
+        print(f"{row['what']:34} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
+              f"{overhead:>16} {overhead_sys:>13}  {goal}")
+    print("'the writes alone': a new response file and an index line per exchange, written by the daemon's "
+          "own file primitives in a plain loop in the same var root, each round (what the kernel charges "
+          "for the writes the daemon cannot leave out)")
     idle = max(report["idle_cpu_ms_per_s"].values())
     print(f"daemon idle CPU after the runs: at most {idle:.2f} ms per second")
     if "profile" in report:
