@@ -9,7 +9,8 @@ Separate processes, so each CPU figure belongs to one process only:
   direct   the baseline: a process making the same chat calls with litellm itself (the
            `direct` role of completion_overhead.py); CPU is its time.process_time();
   daemons  real `python -m ksi_daemon --quiet` subprocesses; CPU is psutil user+system of each
-           daemon pid, summed over the daemons of a configuration;
+           daemon pid, summed over the daemons of a configuration (the JSON also has each
+           daemon's share and how many completions it served);
   server   a throwaway PostgreSQL cluster (tests/pg_cluster.py) with fsync and synchronous
            commit ON, as a production server would run; its CPU (every server process) is shown
            apart, never added to the daemon's.
@@ -155,14 +156,20 @@ async def one_turn(client: Any, conversation_id: str, text: str) -> None:
 async def sequential(config: Configuration, count: int, offset: int, conversations: int, tag: str,
                      server: Any) -> dict[str, float]:
     turns = [0] * conversations
+    served = [0] * len(config.daemons)
+    each0 = [d.cpu_s() for d in config.daemons]
     cpu0, server0, wall0 = config.cpu_s(), server_cpu_s(server), time.perf_counter()
     for i in range(count):
         c = i % conversations
         daemon = config.daemon_for(c, turns[c])
         await one_turn(daemon.clients[0], f"sb-{tag}-{c}", prompt(offset + i))
+        served[config.daemons.index(daemon)] += 1
         turns[c] += 1
     return {"cpu_ms": (config.cpu_s() - cpu0) * 1000 / count, "wall_ms": (time.perf_counter() - wall0) * 1000 / count,
-            "server_cpu_ms": (server_cpu_s(server) - server0) * 1000 / count}
+            "server_cpu_ms": (server_cpu_s(server) - server0) * 1000 / count,
+            # with two daemons: what each spent, over all N completions, and how many it served
+            "cpu_ms_by_daemon": [(d.cpu_s() - c0) * 1000 / count for d, c0 in zip(config.daemons, each0, strict=True)],
+            "served_by_daemon": served}
 
 
 async def concurrent(config: Configuration, count: int, offset: int, tag: str, concurrency: int,
