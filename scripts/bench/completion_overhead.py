@@ -43,45 +43,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "completion_overhead.json"
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
-MODEL = "openai/stub-model"
+from harness import (
+    RESULTS_DIR,
+    STUB_MODEL,
+    Daemon,
+    DirectWorker,
+    StubProcess,
+    machine,
+    prompt,
+    quiet_litellm,
+    rotated,
+    serve_batches,
+    serve_stub,
+    write_results,
+)
+
 GOAL_MS = 1.0
 SHAPES = (("new", "single"), ("continue", "chat"))  # daemon shape, its direct baseline
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update({
-        "OPENAI_API_KEY": "sk-bench-dummy",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "LITELLM_MODE": "PRODUCTION",
-        "LITELLM_LOG": "ERROR",
-        "PYTHONPATH": str(ROOT),
-    })
-    env.update(extra)
-    return env
-
-
-def prompt(i: int) -> str:
-    return f"Question {i}: what is {i} squared, and why does it matter?"
 
 
 def file_system(path: Path) -> str:
@@ -104,38 +91,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-# -- role: stub server ------------------------------------------------------------------------
-def serve_stub() -> None:
-    from tests.stub_openai import StubOpenAI
-
-    async def main() -> None:
-        async with StubOpenAI() as server:
-            server.requests = _Discard()  # type: ignore[assignment]  # keep memory flat
-            print(server.api_base, flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
-
-    asyncio.run(main())
-
-
-class _Discard(list):  # the stub records every request; a bench does not need them
-    def append(self, _item: Any) -> None:
-        pass
-
-
 # -- role: direct litellm baseline ------------------------------------------------------------
 def serve_direct(api_base: str, conversations: int) -> None:
     """Read `SHAPE COUNT OFFSET` lines; answer each with the CPU and wall ms per call as JSON."""
-    for name, value in (("LITELLM_LOCAL_MODEL_COST_MAP", "True"), ("LITELLM_MODE", "PRODUCTION"),
-                        ("LITELLM_LOG", "ERROR")):
-        os.environ.setdefault(name, value)
-    import litellm
-
-    litellm.suppress_debug_info = True
-    litellm.disable_hf_tokenizer_download = True
-    litellm.telemetry = False
+    litellm = quiet_litellm()
 
     async def call(messages: list[dict[str, str]]) -> str:
-        response = await litellm.acompletion(model=MODEL, api_base=api_base, api_key="x",
+        response = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x",
                                              messages=messages, max_retries=0)
         return response.choices[0].message.content or ""
 
@@ -155,36 +117,12 @@ def serve_direct(api_base: str, conversations: int) -> None:
                 "sys_ms": (times.system - times0.system) * 1000 / count,
                 "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            shape, count, offset = line.split()
-            print(json.dumps(await batch(shape, int(count), int(offset))), flush=True)
-
-    asyncio.run(main())
+    serve_batches(batch)
 
 
-class DirectWorker:
-    def __init__(self, api_base: str, conversations: int) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--role", "direct", "--api-base", api_base,
-             "--conversations", str(conversations)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean_env(), cwd=tempfile.gettempdir(),
-        )
-
-    def batch(self, shape: str, count: int, offset: int) -> dict[str, float]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(f"{shape} {count} {offset}\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError("the direct worker died")
-        return json.loads(line)
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(30)
+def start_direct(api_base: str, conversations: int) -> DirectWorker:
+    """This script's `direct` role, the baseline (storage_backends.py runs it too)."""
+    return DirectWorker(__file__, "--api-base", api_base, "--conversations", str(conversations))
 
 
 # -- role: the daemon with measurement hooks (profile, ablations) ----------------------------
@@ -305,49 +243,19 @@ PARTS = ("no_meta_save", "no_response_file", "no_index_append", "no_journal", "i
 
 
 # -- the daemon under test --------------------------------------------------------------------
-class DaemonRun:
+class DaemonRun(Daemon):
+    """A daemon with KSI_FSYNC=`fsync`; with what-if patches, a profile or `hooked` (the reference
+    for the what-ifs) it runs under this script's `hooked-daemon` role. Its var dir stays until the whole run ends: deleting thousands
+    of files would make file creation dearer for the daemons measured next (see storage_writes)."""
+
     def __init__(self, api_base: str, fsync: str, workdir: Path, profile_out: Path | None = None,
                  ablate: tuple[str, ...] = (), hooked: bool = False) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="ksi-co-", dir="/tmp"))  # short: socket path limit
-        self.var_dir = Path(tempfile.mkdtemp(prefix=f"var-{fsync}-", dir=workdir))
-        self.socket = self.root / "d.sock"
-        self.client: Any = None
-        models = json.dumps({"openai/stub*": {"api_base": api_base}})
-        env = clean_env(KSI_MODELS=models, KSI_FSYNC=fsync, KSI_DEFAULT_MODEL=MODEL)
-        command = [sys.executable, "-m", "ksi_daemon", "--quiet",
-                   "--var-dir", str(self.var_dir), "--socket", str(self.socket)]
+        env = {"KSI_FSYNC": fsync}
+        launcher: list[str] = []
         if profile_out is not None or ablate or hooked:
-            env["KSI_BENCH_PROFILE"] = str(profile_out or "")
-            env["KSI_BENCH_ABLATE"] = ",".join(ablate)
-            command = [sys.executable, __file__, "--role", "hooked-daemon", "--", *command[3:]]
-        self.stderr = open(self.root / "stderr.log", "w+b")  # noqa: SIM115
-        self.process = subprocess.Popen(command, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=self.stderr)
-        import psutil
-
-        self.ps = psutil.Process(self.process.pid)
-
-    def cpu_s(self) -> float:
-        times = self.ps.cpu_times()
-        return times.user + times.system
-
-    async def connect(self, timeout: float = 120.0) -> None:
-        from ksi_common.client import KsiClient
-        from ksi_common.errors import KsiError
-
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                self.stderr.seek(0)
-                raise RuntimeError(f"daemon exited: {self.stderr.read().decode(errors='replace')[-2000:]}")
-            try:
-                self.client = await KsiClient(self.socket).connect()
-                await self.client.request("system:health")
-                return
-            except KsiError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the daemon did not answer") from None
-                await asyncio.sleep(0.05)
+            env.update(KSI_BENCH_PROFILE=str(profile_out or ""), KSI_BENCH_ABLATE=",".join(ablate))
+            launcher = [sys.executable, __file__, "--role", "hooked-daemon", "--"]
+        super().__init__(api_base, workdir, env, launcher=launcher)
 
     async def batch(self, shape: str, count: int, offset: int, conversations: int, tag: str) -> dict[str, float]:
         times0, wall0 = self.ps.cpu_times(), time.perf_counter()
@@ -361,25 +269,6 @@ class DaemonRun:
         cpu0 = self.cpu_s()
         await asyncio.sleep(1.0)
         return (self.cpu_s() - cpu0) * 1000
-
-    async def stop(self) -> None:
-        if self.client is not None:
-            try:
-                await self.client.request("system:shutdown")
-            except Exception:
-                self.process.terminate()
-            await self.client.close()
-        elif self.process.poll() is None:
-            self.process.terminate()
-        try:
-            await asyncio.to_thread(self.process.wait, 30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.stderr.close()
-        shutil.rmtree(self.root, ignore_errors=True)
-        # the var dir stays until the whole run ends: deleting thousands of files now would make
-        # file creation dearer for the daemons measured next (see storage_writes)
 
 
 async def drive(client: Any, count: int, offset: int, shape: str, conversations: int, tag: str) -> None:
@@ -395,16 +284,6 @@ async def drive(client: Any, count: int, offset: int, shape: str, conversations:
 
 
 # -- orchestration ----------------------------------------------------------------------------
-def start_stub() -> tuple[subprocess.Popen[str], str]:
-    stub = subprocess.Popen([sys.executable, __file__, "--role", "stub"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=clean_env(), cwd=ROOT)
-    assert stub.stdout is not None
-    api_base = stub.stdout.readline().strip()
-    if not api_base.startswith("http"):
-        raise RuntimeError("the stub did not start")
-    return stub, api_base
-
-
 async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir: Path,
                         args: argparse.Namespace) -> dict[str, DaemonRun]:
     daemons: dict[str, DaemonRun] = {}
@@ -451,9 +330,8 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace,
     runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in players}
     names = list(players)
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
         for shape, base in SHAPES:
-            for name in order:
+            for name in rotated(names, r):
                 player = players[name]
                 if isinstance(player, DirectWorker):
                     result = await asyncio.to_thread(player.batch, base, args.n, r * args.n)
@@ -471,17 +349,17 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace,
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    var_root = args.var_root or HERE / "results" / "tmp"
+    var_root = args.var_root or RESULTS_DIR / "tmp"
     var_root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=var_root))  # removed at the very end
-    stub, api_base = start_stub()
+    stub = StubProcess(__file__)
+    api_base = stub.api_base
     report: dict[str, Any] = {
         "n": args.n, "warmup": args.warmup, "repeats": args.repeats, "conversations": args.conversations,
-        "model": MODEL, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                    "platform": platform.platform(), "loadavg_before": os.getloadavg(),
-                                    "var_root": str(var_root), "file_system": file_system(workdir)},
+        "model": STUB_MODEL, "machine": machine(loadavg_before=os.getloadavg(), var_root=str(var_root),
+                                                file_system=file_system(workdir)),
     }
-    direct = DirectWorker(api_base, args.conversations)
+    direct = start_direct(api_base, args.conversations)
     daemons: dict[str, DaemonRun] = {}
     try:
         for shape in ("single", "chat"):
@@ -500,9 +378,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for daemon in daemons.values():
             await daemon.stop()
         direct.close()
-        assert stub.stdin is not None
-        stub.stdin.close()
-        stub.wait(10)
+        stub.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     report["machine"]["loadavg_after"] = os.getloadavg()
     return report
@@ -701,9 +577,7 @@ def main() -> int:
     rows = summarize(report)
     report["table"] = rows
     print_table(report, rows)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results("completion_overhead", report)
     return 0
 
 

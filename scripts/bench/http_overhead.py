@@ -33,10 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,80 +42,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "http_overhead.json"
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
-MODEL = "openai/stub-model"
+from harness import (
+    STUB_MODEL,
+    DirectWorker,
+    StubProcess,
+    free_port,
+    machine,
+    prompt,
+    quiet_litellm,
+    rotated,
+    serve_batches,
+    serve_stub,
+    stub_env,
+    stub_models,
+    write_results,
+)
+
 TOKEN = "sk-bench-token-0123456789"  # litellm's proxy wants its master key to start with sk-
 CONVERSATIONS = 10
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update({"OPENAI_API_KEY": "sk-bench-dummy", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR", "PYTHONPATH": str(ROOT)})
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def prompt(i: int) -> str:
-    return f"Question {i}: what is {i} squared, and why does it matter?"
-
-
-# -- role: stub ---------------------------------------------------------------------------------
-class _Discard(list):  # type: ignore[type-arg]  # the stub records requests; a bench keeps memory flat
-    def append(self, _item: Any) -> None:
-        pass
-
-
-def serve_stub() -> None:
-    from tests.stub_openai import StubOpenAI
-
-    async def main() -> None:
-        async with StubOpenAI() as server:
-            server.requests = _Discard()
-            server.headers = _Discard()
-            print(server.api_base, flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-
-    asyncio.run(main())
-
-
-def _litellm() -> Any:
-    for name, value in (("LITELLM_LOCAL_MODEL_COST_MAP", "True"), ("LITELLM_MODE", "PRODUCTION"),
-                        ("LITELLM_LOG", "ERROR")):
-        os.environ.setdefault(name, value)
-    import litellm
-
-    litellm.suppress_debug_info = True
-    litellm.disable_hf_tokenizer_download = True
-    litellm.telemetry = False
-    return litellm
 
 
 # -- role: direct litellm ------------------------------------------------------------------------
 def serve_direct(api_base: str) -> None:
     """Read `SHAPE COUNT OFFSET` lines; answer each with CPU ms and the per-call wall ms as JSON."""
-    litellm = _litellm()
+    litellm = quiet_litellm()
 
     async def call(messages: list[dict[str, str]]) -> str:
-        reply = await litellm.acompletion(model=MODEL, api_base=api_base, api_key="x", messages=messages,
+        reply = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x", messages=messages,
                                           max_retries=0)
         return reply.choices[0].message.content or ""
 
     async def first_token(text: str) -> float:
         start = time.perf_counter()
-        stream = await litellm.acompletion(model=MODEL, api_base=api_base, api_key="x", max_retries=0,
+        stream = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x", max_retries=0,
                                            messages=[{"role": "user", "content": text}], stream=True)
         first = None
         async for chunk in stream:
@@ -145,13 +101,7 @@ def serve_direct(api_base: str) -> None:
             walls.append((time.perf_counter() - start) * 1000)
         return {"cpu_ms": (time.process_time() - cpu0) * 1000 / count, "walls": walls}
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            shape, count, offset = line.split()
-            print(json.dumps(await batch(shape, int(count), int(offset))), flush=True)
-
-    asyncio.run(main())
+    serve_batches(batch)
 
 
 # -- role: bare forwarder -------------------------------------------------------------------------
@@ -163,12 +113,12 @@ def serve_forwarder(api_base: str, port: int) -> None:
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    litellm = _litellm()
+    litellm = quiet_litellm()
 
     async def chat(request: Request) -> Response:
         body = await request.json()
         if body.get("stream"):
-            stream = await litellm.acompletion(model=MODEL, api_base=api_base, api_key="x", max_retries=0,
+            stream = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x", max_retries=0,
                                                messages=body["messages"], stream=True)
 
             async def chunks() -> Any:
@@ -177,7 +127,7 @@ def serve_forwarder(api_base: str, port: int) -> None:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")
-        reply = await litellm.acompletion(model=MODEL, api_base=api_base, api_key="x", max_retries=0,
+        reply = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x", max_retries=0,
                                           messages=body["messages"])
         return JSONResponse(reply.model_dump())
 
@@ -231,7 +181,7 @@ class Server:
 async def one_request(server: Server, client: Any, shape: str, text: str, state: Any) -> Any:
     """One request of `shape`; returns what continuing needs (a response id or the history)."""
     if server.kind == "ksi":
-        body: dict[str, Any] = {"model": MODEL, "input": text}
+        body: dict[str, Any] = {"model": STUB_MODEL, "input": text}
         if shape == "continue" and state:
             body["previous_response_id"] = state
         reply = await client.post(f"{server.url}/v1/responses", json=body)
@@ -239,7 +189,7 @@ async def one_request(server: Server, client: Any, shape: str, text: str, state:
         return reply.json()["id"]
     messages = [*(state or []), {"role": "user", "content": text}] if shape == "continue" else \
         [{"role": "user", "content": text}]
-    reply = await client.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages})
+    reply = await client.post(f"{server.url}/v1/chat/completions", json={"model": STUB_MODEL, "messages": messages})
     reply.raise_for_status()
     answer = reply.json()["choices"][0]["message"]["content"]
     return [*messages, {"role": "assistant", "content": answer}]
@@ -248,12 +198,12 @@ async def one_request(server: Server, client: Any, shape: str, text: str, state:
 async def first_text_ms(server: Server, client: Any, text: str) -> float:
     start = time.perf_counter()
     if server.kind == "ksi":
-        request = client.stream("POST", f"{server.url}/v1/responses", json={"model": MODEL, "input": text,
+        request = client.stream("POST", f"{server.url}/v1/responses", json={"model": STUB_MODEL, "input": text,
                                                                              "stream": True})
         marker = "event: response.output_text.delta"
     else:
         request = client.stream("POST", f"{server.url}/v1/chat/completions",
-                                json={"model": MODEL, "messages": [{"role": "user", "content": text}],
+                                json={"model": STUB_MODEL, "messages": [{"role": "user", "content": text}],
                                       "stream": True})
         marker = '"content":"'
     first = None
@@ -297,30 +247,9 @@ async def throughput(server: Server, clients: int, total: int) -> float:
     return total / (time.perf_counter() - start)
 
 
-class DirectWorker:
-    def __init__(self, api_base: str) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, "--role", "direct", "--api-base", api_base],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        env=clean_env(), cwd=tempfile.gettempdir())
-
-    def batch(self, shape: str, count: int, offset: int) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(f"{shape} {count} {offset}\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError("the direct worker died")
-        return json.loads(line)
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(30)
-
-
 def proxy_config(path: Path, api_base: str) -> None:
     path.write_text(json.dumps({
-        "model_list": [{"model_name": MODEL, "litellm_params": {"model": MODEL, "api_base": api_base,
+        "model_list": [{"model_name": STUB_MODEL, "litellm_params": {"model": STUB_MODEL, "api_base": api_base,
                                                                  "api_key": "x", "max_retries": 0}}],
         "litellm_settings": {"drop_params": True, "telemetry": False},
         "general_settings": {"master_key": TOKEN},  # the proxy refuses to start without one
@@ -332,14 +261,14 @@ def start_servers(api_base: str, work: Path, proxy_python: str | None) -> tuple[
     for fsync in ("never", "always"):
         port = free_port()
         var = work / f"ksi-{fsync}"
-        env = clean_env(KSI_MODELS=json.dumps({"openai/stub*": {"api_base": api_base}}),
-                        KSI_DEFAULT_MODEL=MODEL, KSI_HTTP_TOKEN=TOKEN, KSI_FSYNC=fsync)
+        env = stub_env(KSI_MODELS=stub_models(api_base), KSI_DEFAULT_MODEL=STUB_MODEL, KSI_HTTP_TOKEN=TOKEN,
+                       KSI_FSYNC=fsync)
         servers.append(Server(f"ksi (fsync {fsync})", [sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir",
                                                       str(var), "--socket", str(var / "d.sock"), "--http",
                                                       f"127.0.0.1:{port}"], env, f"http://127.0.0.1:{port}", "ksi"))
     port = free_port()
     servers.append(Server("forwarder", [sys.executable, __file__, "--role", "forwarder", "--api-base", api_base,
-                                        "--port", str(port)], clean_env(), f"http://127.0.0.1:{port}", "chat"))
+                                        "--port", str(port)], stub_env(), f"http://127.0.0.1:{port}", "chat"))
     proxy_note = None
     if proxy_python and Path(proxy_python).exists():
         port = free_port()
@@ -348,7 +277,7 @@ def start_servers(api_base: str, work: Path, proxy_python: str | None) -> tuple[
         proxy_bin = Path(proxy_python).parent / "litellm"
         servers.append(Server("litellm proxy", [str(proxy_bin), "--config", str(config), "--port", str(port),
                                                 "--host", "127.0.0.1", "--num_workers", "1"],
-                              clean_env(), f"http://127.0.0.1:{port}", "chat"))
+                              stub_env(), f"http://127.0.0.1:{port}", "chat"))
     else:
         proxy_note = f"litellm[proxy] not found at {proxy_python}; compared with the bare forwarder only"
     return servers, proxy_note
@@ -358,7 +287,7 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> dict[s
     import httpx
 
     servers, proxy_note = start_servers(api_base, work, args.proxy_python)
-    direct = DirectWorker(api_base)
+    direct = DirectWorker(__file__, "--api-base", api_base)
     results: dict[str, Any] = {"proxy_note": proxy_note, "rounds": []}
     try:
         async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
@@ -372,8 +301,7 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> dict[s
             for round_no in range(args.repeats):
                 row: dict[str, Any] = {}
                 for shape in ("new", "continue", "ttft"):
-                    order = names[round_no % len(names):] + names[:round_no % len(names)]
-                    for name in order:
+                    for name in rotated(names, round_no):
                         offset = 100_000 * (round_no + 1)
                         if name == "direct":
                             got = direct.batch(shape, args.n, offset)
@@ -449,27 +377,21 @@ def main() -> None:
         return serve_forwarder(args.api_base, args.port)
     if args.quick:
         args.n, args.repeats, args.total = 30, 1, 200
-    stub = subprocess.Popen([sys.executable, __file__, "--role", "stub"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=clean_env(), cwd=tempfile.gettempdir())
-    assert stub.stdout is not None and stub.stdin is not None
-    api_base = stub.stdout.readline().strip()
+    stub = StubProcess(__file__)
     work = Path(tempfile.mkdtemp(prefix="ksi-bench-http-"))
     try:
-        results = asyncio.run(measure(args, api_base, work))
+        results = asyncio.run(measure(args, stub.api_base, work))
     finally:
-        stub.stdin.close()
-        stub.wait(10)
+        stub.stop()
         shutil.rmtree(work, ignore_errors=True)
     table = summarize(results)
     print_tables(table, results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+    write_results("http_overhead", {
+        "machine": machine(),
         "settings": {"n": args.n, "repeats": args.repeats, "clients": args.clients, "total": args.total},
         "table": table, "throughput": results["throughput"], "proxy_note": results.get("proxy_note"),
         "rounds": results["rounds"],
-    }, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    })
 
 
 if __name__ == "__main__":

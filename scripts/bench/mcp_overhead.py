@@ -31,10 +31,8 @@ import asyncio
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,41 +41,11 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "mcp_overhead.json"
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
+from harness import Daemon, StubProcess, machine, rotated, serve_stub, stub_env, write_results
+
 GOAL_MS = 5.0
 TOKEN_GOAL = 2000
 TOKEN = "bench-token-0123456789"
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update({"OPENAI_API_KEY": "sk-bench-dummy", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR", "PYTHONPATH": str(ROOT)})
-    env.update(extra)
-    return env
-
-
-def serve_stub() -> None:
-    from tests.stub_openai import StubOpenAI
-
-    async def main() -> None:
-        async with StubOpenAI() as server:
-            server.requests = _Discard()  # type: ignore[assignment]  # keep memory flat
-            print(server.api_base, flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
-
-    asyncio.run(main())
-
-
-class _Discard(list):  # the stub records every request; a bench does not need them
-    def append(self, _item: Any) -> None:
-        pass
 
 
 def tool_list_tokens() -> int:
@@ -104,32 +72,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     from ksi_common.client import KsiClient
 
     root = Path(tempfile.mkdtemp(prefix="ksi-mcpb-", dir="/tmp"))
-    stub = subprocess.Popen([sys.executable, __file__, "--role", "stub"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=clean_env(), cwd=root)
-    daemon: subprocess.Popen[bytes] | None = None
+    stub = StubProcess(__file__)
+    daemon: Daemon | None = None
     try:
-        assert stub.stdout is not None
-        api_base = stub.stdout.readline().strip()
-        socket_path, var_dir = root / "d.sock", root / "var"
-        env = clean_env(KSI_MODELS=json.dumps({"openai/stub*": {"api_base": api_base}}),
-                        KSI_DEFAULT_MODEL="openai/stub-model", KSI_HTTP_TOKEN=TOKEN)
-        daemon = subprocess.Popen([sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(var_dir),
-                                   "--socket", str(socket_path), "--http", "127.0.0.1:0"],
-                                  env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        health: dict[str, Any] = {}
-        for _ in range(500):
-            try:
-                async with KsiClient(socket_path) as probe:
-                    health = await probe.request("system:health", {})
-                break
-            except Exception:
-                await asyncio.sleep(0.02)
-        where = ["--var-dir", str(var_dir), "--socket", str(socket_path)]
+        daemon = Daemon(stub.api_base, root, {"KSI_HTTP_TOKEN": TOKEN}, args=("--http", "127.0.0.1:0"))
+        await daemon.connect()
+        health = await daemon.client.request("system:health")
+        where = ["--var-dir", str(daemon.var_dir), "--socket", str(daemon.socket)]
 
         async with AsyncExitStack() as stack:
-            socket = await stack.enter_async_context(KsiClient(socket_path))
+            socket = await stack.enter_async_context(KsiClient(daemon.socket))
             stdio = await stack.enter_async_context(Client(stdio_client(StdioServerParameters(
-                command=sys.executable, args=["-m", "ksi_cli", "mcp", *where], env=clean_env(), cwd=str(root)))))
+                command=sys.executable, args=["-m", "ksi_cli", "mcp", *where], env=stub_env(), cwd=str(root)))))
             http_client = await stack.enter_async_context(
                 httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60))
             http = await stack.enter_async_context(
@@ -150,7 +104,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             async def ask_turn(i: int) -> None:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "ksi_cli", "ask", *where, "--json", f"question {i}",
-                    env=clean_env(), cwd=root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                    env=stub_env(), cwd=root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
                 out, err = await process.communicate()
                 assert process.returncode == 0, err.decode()
                 assert "content" in json.loads(out)
@@ -166,7 +120,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
             mcp_process = next(p for p in psutil.Process().children(recursive=True)
                                if "mcp" in p.cmdline() and "ksi_cli" in p.cmdline())
-            daemon_process = psutil.Process(daemon.pid)
+            daemon_process = daemon.ps
 
             def cpu_ms(process: Any) -> float:
                 times = process.cpu_times()
@@ -177,10 +131,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                             "daemon, mcp-http turn": [],
                                             **{f"client, {name} turn": [] for name in ("socket", "mcp-stdio",
                                                                                       "mcp-http")}}
-            order = list(ways)
             counter = 0
             for r in range(args.repeats):
-                for name in order[r % len(order):] + order[:r % len(order)]:
+                for name in rotated(list(ways), r):
                     turn, count = ways[name]
                     times = []
                     mcp_cpu, daemon_cpu = cpu_ms(mcp_process), cpu_ms(daemon_process)
@@ -199,11 +152,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         cpu[f"daemon, {name} turn"].append((cpu_ms(daemon_process) - daemon_cpu) / count)
     finally:
         if daemon is not None:
-            daemon.terminate()
-            daemon.wait(15)
-        if stub.stdin is not None:
-            stub.stdin.close()
-        stub.wait(15)
+            await daemon.stop()
+        stub.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     overhead = {name: statistics.median(m - s for m, s in zip(rounds[name], rounds["socket"], strict=True))
@@ -217,7 +167,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "tool_list_tokens": tool_list_tokens(),
         "token_goal": TOKEN_GOAL,
         "n": args.n, "asks": args.asks, "repeats": args.repeats,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
     }
 
 
@@ -246,9 +196,7 @@ def main() -> int:
         return 0
     report = asyncio.run(bench(args))
     show(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    write_results("mcp_overhead", report)
     return 0
 
 

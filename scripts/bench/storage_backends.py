@@ -33,95 +33,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "storage_backends.json"
-for path in (str(ROOT), str(HERE)):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import completion_overhead  # its stub and direct roles serve this bench too
+from harness import RESULTS_DIR, Daemon, StubProcess, machine, prompt, rotated, write_results
 
-from completion_overhead import DirectWorker, clean_env, prompt, start_stub  # noqa: E402
+from tests.pg_cluster import ThrowawayCluster
 
-from tests.pg_cluster import ThrowawayCluster  # noqa: E402
-
-MODEL = "openai/stub-model"
 GOAL_PG_MS = 2.0
 GOAL_JSONL_MS = 1.0
-
-
-class Daemon:
-    """One daemon subprocess with a client connected to it."""
-
-    def __init__(self, api_base: str, extra_env: dict[str, str], workdir: Path) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="ksi-sb-", dir="/tmp"))  # short: socket path limit
-        self.var_dir = Path(tempfile.mkdtemp(prefix="var-", dir=workdir))
-        self.socket = self.root / "d.sock"
-        env = clean_env(KSI_MODELS=json.dumps({"openai/stub*": {"api_base": api_base}}),
-                        KSI_DEFAULT_MODEL=MODEL, **extra_env)
-        self.stderr = open(self.root / "stderr.log", "w+b")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(self.var_dir), "--socket", str(self.socket)],
-            cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
-        import psutil
-
-        self.ps = psutil.Process(self.process.pid)
-        self.clients: list[Any] = []
-
-    def cpu_s(self) -> float:
-        times = self.ps.cpu_times()
-        return times.user + times.system
-
-    async def connect(self, connections: int, timeout: float = 120.0) -> None:
-        from ksi_common.client import KsiClient
-        from ksi_common.errors import KsiError
-
-        deadline = time.monotonic() + timeout
-        while not self.clients:
-            if self.process.poll() is not None:
-                self.stderr.seek(0)
-                raise RuntimeError(f"daemon exited: {self.stderr.read().decode(errors='replace')[-2000:]}")
-            try:
-                client = await KsiClient(self.socket).connect()
-                await client.request("system:health")
-                self.clients.append(client)
-            except (KsiError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the daemon did not answer") from None
-                await asyncio.sleep(0.05)
-        for _ in range(connections - 1):
-            self.clients.append(await KsiClient(self.socket).connect())
-
-    async def stop(self) -> None:
-        for client in self.clients[1:]:
-            await client.close()
-        if self.clients:
-            try:
-                await self.clients[0].request("system:shutdown")
-            except Exception:
-                self.process.terminate()
-            await self.clients[0].close()
-        elif self.process.poll() is None:
-            self.process.terminate()
-        try:
-            await asyncio.to_thread(self.process.wait, 30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.stderr.close()
-        shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(self.var_dir, ignore_errors=True)
 
 
 class Configuration:
@@ -218,17 +143,17 @@ def server_cpu_s(cluster: ThrowawayCluster | None) -> float:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    workdir = HERE / "results" / "tmp"
+    workdir = RESULTS_DIR / "tmp"
     workdir.mkdir(parents=True, exist_ok=True)
-    stub, api_base = start_stub()
+    stub = StubProcess(completion_overhead.__file__)
+    api_base = stub.api_base
     cluster = ThrowawayCluster(durable=True)
     cluster.start()
     report: dict[str, Any] = {
         "n": args.n, "repeats": args.repeats, "conversations": args.conversations, "concurrency": args.concurrency,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "loadavg_before": os.getloadavg()},
+        "machine": machine(loadavg_before=os.getloadavg()),
     }
-    direct = DirectWorker(api_base, args.conversations)
+    direct = completion_overhead.start_direct(api_base, args.conversations)
     configs: list[Configuration] = []
     try:
         direct.batch("chat", args.warmup, 10_000_000)
@@ -244,7 +169,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("postgres 2 split", [{**postgres, "KSI_DATABASE_URL": pg3}] * 2, False),
         ]
         for name, envs, alternate in specs:
-            configs.append(Configuration(name, [Daemon(api_base, env, workdir) for env in envs], alternate))
+            configs.append(Configuration(name, [Daemon(api_base, workdir, env) for env in envs], alternate))
         for config in configs:
             for daemon in config.daemons:
                 await daemon.connect(args.concurrency)
@@ -254,8 +179,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         runs["direct"] = {"chat": []}
         players: list[Any] = ["direct", *configs]
         for r in range(args.repeats):
-            order = players[r % len(players):] + players[:r % len(players)]
-            for player in order:
+            for player in rotated(players, r):
                 if player == "direct":
                     runs["direct"]["chat"].append(await asyncio.to_thread(direct.batch, "chat", args.n, r * args.n))
                     continue
@@ -270,10 +194,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for config in configs:
             for daemon in config.daemons:
                 await daemon.stop()
+                shutil.rmtree(daemon.var_dir, ignore_errors=True)
         direct.close()
-        assert stub.stdin is not None
-        stub.stdin.close()
-        stub.wait(10)
+        stub.stop()
         cluster.remove()
     report["machine"]["loadavg_after"] = os.getloadavg()
     report["rows"] = summarize(report)
@@ -334,9 +257,7 @@ def main() -> int:
     args = parser.parse_args()
     report = asyncio.run(run(args))
     print_table(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results("storage_backends", report)
     return 0
 
 
