@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,9 @@ from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
 from ksi_daemon.daemon import Daemon
+from tests import test_compaction as compaction
 from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stub_openai import Reply
 from tests.test_crash import DaemonProcess, daemon_env
 
 
@@ -65,6 +68,32 @@ async def test_a_metadata_change_on_one_daemon_survives_a_turn_on_the_other(shor
         for client in (on_a, on_b):
             shown = (await client.request("conversation:show", {"conversation_id": "meta"}))["conversation"]
             assert (shown["title"], shown["tags"], shown["exchanges"]) == ("Named on B", ["b"], 3)
+
+
+async def test_a_summary_due_on_one_daemon_is_not_written_over_a_conversation_replaced_on_the_other(
+        short_tmp: Path, pg_url: str, stub: Any) -> None:
+    """A compactor decides on the conversation as its daemon holds it (no query per turn); one that
+    is about to summarise asks the database first, so it never summarises exchanges another daemon
+    has since deleted into a conversation that now has the same id."""
+    stub.answer = compaction.answer
+    stub.model_script[compaction.WRITER_AT_STUB] = deque([Reply(status=500)])  # A's first summary fails
+    shared = {"storage": "postgres", "database_url": pg_url, "summary_retry_delay": 600}
+    (short_tmp / "a").mkdir()
+    (short_tmp / "b").mkdir()
+    async with running_daemon(short_tmp / "a", **compaction.settings(stub, summariser=compaction.WRITER, **shared)) as a, \
+            running_daemon(short_tmp / "b", **compaction.settings(stub, summariser="off", **shared)) as b, \
+            connected(b) as on_b:
+        await compaction.grow(a, "long", range(1, 13))
+        assert len(compaction.summariser_calls(stub)) == 1  # due, refused, its retry far off
+        assert await a.storage.summaries.read("long") == []
+        await on_b.request("conversation:delete", {"conversation_id": "long"})
+        await complete(on_b, model=compaction.SMALL, prompt="a new start", conversation_id="long", create=True)
+
+        assert await a.completion.compactor.extend("long", compaction.SMALL) is None
+        assert len(compaction.summariser_calls(stub)) == 1
+        assert await a.storage.summaries.read("long") == []
+        after = await complete(on_b, model=compaction.SMALL, prompt="and on", conversation_id="long")
+        assert after["exchange"] == 2 and "summary_upto" not in after["history"]
 
 
 async def test_eight_clients_on_two_daemons_append_to_one_conversation_without_gap_loss_or_duplicate(

@@ -193,7 +193,9 @@ class Compactor:
     async def extend(self, conversation_id: str, model: str) -> Summary | None:
         """Extend the conversation's summary if the next turn would leave out more than it covers."""
         summariser = self.summariser(model)
-        memory = await self.cache.get(conversation_id)
+        # Most looks find nothing to do, so they look at the conversation as this daemon holds it
+        # (no query to a shared store); a look that will pay a summariser checks first.
+        memory = self.cache.cached(conversation_id) or await self.cache.get(conversation_id)
         if summariser is None or memory is None or not memory.entries:
             return None
         last = memory.entries[-1]
@@ -209,6 +211,8 @@ class Compactor:
         target = min(first_kept - 1 + self.settings.compaction_step - 1, memory.next_n - 2)
         if target <= covered:
             return None
+        if self.cache.store.shared and not await self.cache.fresh(memory):
+            return await self.extend(conversation_id, model)  # another daemon moved it: decide again
         exchanges = await self._exchanges(memory, covered, target)
         summary = await self._summarise(memory.conversation_id, summariser, current, covered + 1, exchanges, target)
         known = await self.summaries(memory)

@@ -587,7 +587,7 @@ class CompletionService:
                 input_tokens=input_tokens, context_window=window, output_reserve=reserve,
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
-        memory = await self.cache.require(state.conversation_id, budget)
+        memory = await self.cache.widen(memory, budget)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
         summary = await self.compactor.for_turn(memory, state.model) if history.omitted else None
         if summary is not None and summary.tokens < budget:

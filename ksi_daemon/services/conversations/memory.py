@@ -203,9 +203,15 @@ class ConversationCache:
             self._items.move_to_end(conversation_id)
             if self.store.shared and not await self.fresh(memory):
                 return await self.get(conversation_id, budget)
+        await self.widen(memory, budget)
+        return self._keep(memory)
+
+    async def widen(self, memory: ConversationMemory, budget: int) -> ConversationMemory:
+        """`memory` with at least `budget` tokens of history loaded when it has them, without asking
+        a shared store again whether it moved (the caller's `get` just did)."""
         if budget > memory.tail_budget and not memory.complete and memory.eligible_tokens() < budget:
             await self._extend(memory, budget)
-        return self._keep(memory)
+        return memory
 
     async def fresh(self, memory: ConversationMemory) -> bool:
         """Whether the store's head is still the one in memory; a stale memory is dropped."""
