@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import shutil
@@ -60,6 +61,12 @@ def stub_models(api_base: str) -> str:
 def prompt(i: int) -> str:
     """The i-th user message: a different one per request, all of about the same length."""
     return f"Question {i}: what is {i} squared, and why does it matter?"
+
+
+def estimate_tokens(text: str) -> int:
+    """The daemon's token count before litellm's tokenizer is loaded (ceil(chars / 4)): the history
+    benches count with it so that they need not import litellm; the budget logic is the same."""
+    return max(1, math.ceil(len(text) / 4))
 
 
 def free_port() -> int:

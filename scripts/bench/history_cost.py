@@ -34,10 +34,7 @@ import asyncio
 import builtins
 import gc
 import io
-import json
-import math
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -47,31 +44,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "history_cost.json"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from harness import RESULTS_DIR, estimate_tokens, machine, write_results
 
-from ksi_common.ids import new_response_id  # noqa: E402
-from ksi_common.layout import VarLayout  # noqa: E402
-from ksi_common.records import IndexEntry, read_index, read_response  # noqa: E402
-from ksi_common.settings import Settings  # noqa: E402
-from ksi_common.summaries import Summary  # noqa: E402
-from ksi_common.timefmt import utc_now  # noqa: E402
-from ksi_daemon.router import Router  # noqa: E402
-from ksi_daemon.services.completion.compaction import Compactor, summary_block  # noqa: E402
-from ksi_daemon.services.conversations.history import (  # noqa: E402
+from ksi_common.ids import new_response_id
+from ksi_common.layout import VarLayout
+from ksi_common.records import IndexEntry, read_index, read_response
+from ksi_common.settings import Settings
+from ksi_common.summaries import Summary
+from ksi_common.timefmt import utc_now
+from ksi_daemon.router import Router
+from ksi_daemon.services.completion.compaction import Compactor, summary_block
+from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
     select_history,
 )
-from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response  # noqa: E402
-from ksi_daemon.storage.jsonl.conversations import JsonlConversations  # noqa: E402
-from ksi_daemon.storage.jsonl.responses import JsonlResponses  # noqa: E402
-from ksi_daemon.storage.models import ConversationMeta  # noqa: E402
-from ksi_daemon.storage.jsonl.summaries import JsonlSummaries  # noqa: E402
+from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.responses import JsonlResponses
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
 
 MODEL = "openai/gpt-4o-mini"
 SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."
@@ -80,11 +73,6 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "but have an they you were her she there one all we can their has been if more when will "
          "would who so no model token budget context window history memory daemon conversation "
          "request response index file disk cache restart continuity provider answer question").split()
-
-
-def count_tokens(text: str) -> int:
-    """The daemon's estimate before litellm's tokenizer is loaded."""
-    return max(1, math.ceil(len(text) / 4))
 
 
 def sentence(rng: random.Random, words: int) -> str:
@@ -107,8 +95,8 @@ async def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: i
         ts = utc_now()
         user = sentence(rng, rng.randint(20, 80))
         reply = " ".join(sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8)))
-        tokens_in = count_tokens(user) + MESSAGE_OVERHEAD
-        tokens_out = count_tokens(reply) + MESSAGE_OVERHEAD
+        tokens_in = estimate_tokens(user) + MESSAGE_OVERHEAD
+        tokens_out = estimate_tokens(reply) + MESSAGE_OVERHEAD
         response = [
             {"v": 1, "type": "user", "content": user, "ts": ts, "request_id": request_id,
              "conversation_id": conversation_id},
@@ -197,14 +185,14 @@ class Preparer:
         settings = Settings(_env_file=None, var_dir=layout.root, summariser=None if compaction else "off")
         # only the reading side of the compactor runs here: no provider, no budget callback
         self.compactor = Compactor(settings, Router(), self.cache, JsonlSummaries(layout, fsync=False),
-                                   provider=None, count_tokens=count_tokens, budget_for=None)  # type: ignore[arg-type]
+                                   provider=None, count_tokens=estimate_tokens, budget_for=None)  # type: ignore[arg-type]
 
     async def prepare(self, conversation_id: str, text: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
         memory = await self.cache.require(conversation_id)
         system = memory.meta.system
         user_messages = [{"role": "user", "content": text}]
-        input_tokens = count_tokens(text) + MESSAGE_OVERHEAD
-        system_tokens = count_tokens(system) + MESSAGE_OVERHEAD if system else 0
+        input_tokens = estimate_tokens(text) + MESSAGE_OVERHEAD
+        system_tokens = estimate_tokens(system) + MESSAGE_OVERHEAD if system else 0
         budget = self.window - self.reserve - system_tokens - input_tokens - NOTE_RESERVE
         memory = await self.cache.require(conversation_id, budget)
         history = await select_history(self.cache, memory, budget, self.max_depth)
@@ -250,7 +238,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     result["cold"] = {"ms": statistics.median(c["ms"] for c in cold), "bytes": cold[-1]["bytes"],
                       "files": cold[-1]["files"], "reads": cold[-1]["reads"], "runs": cold}
     result["sent"] = {**stats, "messages": len(messages),
-                      "tokens_est": sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)}
+                      "tokens_est": sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)}
 
     # cold from the disk: the same, after evicting this conversation's files from the page cache
     disk: list[dict[str, Any]] = []
@@ -289,7 +277,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
         text = sentence(random.Random(size), 300)
         await JsonlSummaries(layout, fsync=False).append(Summary(
             conversation_id=conversation_id, upto=first_kept, text=text, model=MODEL,
-            tokens=count_tokens(text) + MESSAGE_OVERHEAD, ts=utc_now()))
+            tokens=estimate_tokens(text) + MESSAGE_OVERHEAD, ts=utc_now()))
     compacted_cold = []
     for attempt in range(args.cold_runs + 1):
         preparer = Preparer(layout, args.window, args.reserve, compaction=True)
@@ -321,7 +309,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
             naive.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened})
     result["naive"] = {"ms": statistics.median(n["ms"] for n in naive), "bytes": naive[-1]["bytes"],
                        "files": naive[-1]["files"], "messages": len(messages),
-                       "tokens_est": sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages),
+                       "tokens_est": sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages),
                        "runs": naive}
     return result
 
@@ -394,8 +382,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="history-", dir=args.dir))
     layout = VarLayout(root / "var")
     report: dict[str, Any] = {"window": args.window, "reserve": args.reserve, "sizes": {},
-                              "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                          "platform": platform.platform(), "loadavg": os.getloadavg()},
+                              "machine": machine(loadavg=os.getloadavg()),
                               "data_dir": str(root)}
     try:
         built = {}
@@ -424,15 +411,13 @@ def main() -> int:
     parser.add_argument("--cold-runs", type=int, default=20)
     parser.add_argument("--disk-runs", type=int, default=5)
     parser.add_argument("--naive-runs", type=int, default=20)
-    parser.add_argument("--dir", default=str(HERE / "results"), help="where to build the conversations")
+    parser.add_argument("--dir", default=str(RESULTS_DIR), help="where to build the conversations")
     parser.add_argument("--keep", action="store_true", help="keep the built conversations")
     args = parser.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     report = asyncio.run(run(args))
     print_table(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results("history_cost", report)
     return 0
 
 

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -37,30 +34,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "postgres_history.json"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from harness import estimate_tokens, machine, write_results
 
-from ksi_common.ids import new_response_id  # noqa: E402
-from ksi_common.layout import VarLayout  # noqa: E402
-from ksi_common.records import IndexEntry  # noqa: E402
-from ksi_common.timefmt import utc_now  # noqa: E402
-from ksi_daemon.services.conversations.history import (  # noqa: E402
+from ksi_common.ids import new_response_id
+from ksi_common.layout import VarLayout
+from ksi_common.records import IndexEntry
+from ksi_common.timefmt import utc_now
+from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
     select_history,
 )
-from ksi_daemon.services.conversations.memory import ConversationCache  # noqa: E402
-from ksi_daemon.storage.jsonl.conversations import JsonlConversations  # noqa: E402
-from ksi_daemon.storage.jsonl.responses import JsonlResponses  # noqa: E402
-from ksi_daemon.storage.models import ConversationMeta  # noqa: E402
-from ksi_daemon.storage.postgres.conversations import PostgresConversations  # noqa: E402
-from ksi_daemon.storage.postgres.database import Database  # noqa: E402
-from ksi_daemon.storage.postgres.records import PostgresResponses  # noqa: E402
-from tests.pg_cluster import ThrowawayCluster  # noqa: E402
+from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.responses import JsonlResponses
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.postgres.conversations import PostgresConversations
+from ksi_daemon.storage.postgres.database import Database
+from ksi_daemon.storage.postgres.records import PostgresResponses
+from tests.pg_cluster import ThrowawayCluster
 
 MODEL = "openai/gpt-4o-mini"
 SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."
@@ -68,10 +61,6 @@ NEW_INPUT = "Given everything we discussed so far, what should I do next, and wh
 WORDS = ("the of and to in is that for it as was with be by on not this are or from at which but have "
          "an they you were there one all we can their has been if more when will would who so no model "
          "token budget context window history memory daemon conversation request response index").split()
-
-
-def count_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / 4))
 
 
 def sentence(rng: random.Random, words: int) -> str:
@@ -85,7 +74,7 @@ def exchanges_of(conversation_id: str, size: int, seed: int) -> list[tuple[Index
         response_id, ts = new_response_id(MODEL), utc_now()
         user = sentence(rng, rng.randint(20, 80))
         reply = " ".join(sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8)))
-        tokens_in, tokens_out = count_tokens(user) + MESSAGE_OVERHEAD, count_tokens(reply) + MESSAGE_OVERHEAD
+        tokens_in, tokens_out = estimate_tokens(user) + MESSAGE_OVERHEAD, estimate_tokens(reply) + MESSAGE_OVERHEAD
         lines = [
             {"v": 1, "type": "user", "content": user, "ts": ts, "request_id": f"req-{n:012x}",
              "conversation_id": conversation_id},
@@ -142,8 +131,8 @@ async def prepare(cache: ConversationCache, conversation_id: str, window: int, r
     """The history part of the completion service's prepare, freshness probe included."""
     memory = await cache.require(conversation_id)
     system = memory.meta.system
-    input_tokens = count_tokens(NEW_INPUT) + MESSAGE_OVERHEAD
-    system_tokens = count_tokens(system) + MESSAGE_OVERHEAD if system else 0
+    input_tokens = estimate_tokens(NEW_INPUT) + MESSAGE_OVERHEAD
+    system_tokens = estimate_tokens(system) + MESSAGE_OVERHEAD if system else 0
     budget = window - reserve - system_tokens - input_tokens - NOTE_RESERVE
     memory = await cache.require(conversation_id, budget)
     history = await select_history(cache, memory, budget, 32)
@@ -200,8 +189,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster.start()
     workdir = Path(tempfile.mkdtemp(prefix="pg-history-"))
     report: dict[str, Any] = {"window": args.window, "reserve": args.reserve, "sizes": sizes, "rows": {},
-                              "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                          "platform": platform.platform(), "loadavg": os.getloadavg()}}
+                              "machine": machine(loadavg=os.getloadavg())}
     try:
         backends = [Backend("jsonl", VarLayout(workdir / "var"), None),
                     Backend("postgres", VarLayout(workdir / "unused"), cluster.url(cluster.create_database()))]
@@ -268,9 +256,7 @@ def main() -> int:
     args = parser.parse_args()
     report = asyncio.run(run(args))
     print_table(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results("postgres_history", report)
     return 0
 
 
