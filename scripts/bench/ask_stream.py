@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "ask_stream.json"
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
+from harness import clean_env, stub_models, write_results
+
 DELAY = 0.5  # seconds the second chunk is held back: what arrives before it is the first chunk
 FIRST = "alpha"
 
@@ -90,14 +89,6 @@ for event in client.chat.completions.create(model="stub", messages=[{"role": "us
         sys.stdout.flush()
 sys.stdout.write("\n")
 '''
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR",
-                "OPENAI_API_KEY": "sk-bench"})
-    env.update(extra)
-    return env
 
 
 def on_terminal(command: list[str], cwd: Path, env: dict[str, str], stub: subprocess.Popen[str]) -> float:
@@ -200,14 +191,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ksi-bench-", dir="/tmp"))
+    base_env = clean_env(OPENAI_API_KEY="sk-bench")
     stub = subprocess.Popen([sys.executable, "-c", STUB, str(DELAY)], stdout=subprocess.PIPE, text=True,
-                            env=clean_env())
+                            env=base_env)
     daemon = None
     try:
         assert stub.stdout is not None
         api_base = f"http://127.0.0.1:{int(stub.stdout.readline())}/v1"
-        models = json.dumps({"openai/stub*": {"api_base": api_base}})
-        env = clean_env(KSI_MODELS=models)
+        env = {**base_env, "KSI_MODELS": stub_models(api_base)}
         where = ["--var-dir", str(root / "var"), "--socket", str(root / "d.sock")]
         daemon = subprocess.Popen([sys.executable, "-m", "ksi_daemon", "--quiet", *where], cwd=root, env=env,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -271,9 +262,7 @@ def main() -> None:
     width = max(len(row[0]) for row in rows)
     for name, value, goal, verdict in rows:
         print(f"{name.ljust(width)}  {value:>10}  {goal:>9}  {verdict}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written to {RESULTS.relative_to(HERE.parent.parent)}")
+    write_results("ask_stream", report)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,19 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from harness import clean_env, free_port, machine, write_results
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-RESULTS = HERE / "results" / "console_bench.json"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ksi_common.client import KsiClient  # noqa: E402
-from ksi_common.layout import VarLayout  # noqa: E402
+from ksi_common.client import KsiClient
+from ksi_common.layout import VarLayout
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "ksi-bench-token-0123456789"
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 GOAL_MS = 200.0
 
 
@@ -75,16 +65,8 @@ def write_conversations(layout: VarLayout, count: int) -> None:
              "tokens_in": 5, "tokens_out": 3, "models": ["openai/stub-model"]}))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_daemon(root: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update(KSI_HTTP_TOKEN=TOKEN, KSI_LITELLM_PRELOAD="false", OPENAI_API_KEY="sk-bench",
-               LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MODE="PRODUCTION")
+    env = clean_env(KSI_HTTP_TOKEN=TOKEN, KSI_LITELLM_PRELOAD="false", OPENAI_API_KEY="sk-bench")
     return subprocess.Popen(
         [sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(root / "var"),
          "--socket", str(root / "d.sock"), "--http", f"127.0.0.1:{port}"],
@@ -217,7 +199,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             process.kill()
         shutil.rmtree(root, ignore_errors=True)
-    report["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    report["machine"] = machine()
     return report
 
 
@@ -251,9 +233,7 @@ def main() -> None:
     args = parser.parse_args()
     report = asyncio.run(run(args))
     print_table(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results("console_bench", report)
 
 
 if __name__ == "__main__":

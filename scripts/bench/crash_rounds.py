@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from harness import write_results
 
-from tests.test_crash import crash_rounds  # noqa: E402
-
-RESULTS = REPO / "scripts" / "bench" / "results" / "crash_rounds.json"
+from tests.test_crash import crash_rounds
 
 
 def main() -> int:
@@ -71,9 +67,7 @@ def main() -> int:
             print(f"{name.ljust(width)}  {value}")
         failed = bool(outcome["lost"] or outcome["indexed_not_done"] or outcome["done_not_indexed"]
                       or outcome["failed_but_indexed"] or outcome["open"] or outcome["failed_other"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), **outcome, "ok": not failed}, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(REPO)}")
+    write_results("crash_rounds", {"args": vars(args), **outcome, "ok": not failed})
     return 1 if failed else 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import shutil
 import statistics
@@ -34,14 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from harness import rotated, write_results
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from ksi_common.client import KsiClient
+from tests.test_crash import DaemonProcess, daemon_env
 
-from ksi_common.client import KsiClient  # noqa: E402
-from tests.test_crash import DaemonProcess, daemon_env  # noqa: E402
-
-RESULTS = REPO / "scripts" / "bench" / "results" / "fsync_cost.json"
 MODES = ("always", "never")
 
 
@@ -90,7 +86,7 @@ async def run(exchanges: int, conversations: int, reps: int) -> dict[str, Any]:
             await measure(daemons[mode], 100, 10, f"warm{mode}")  # first calls pay lazy imports
         samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for rep in range(reps):
-            for mode in MODES if rep % 2 == 0 else reversed(MODES):
+            for mode in rotated(MODES, rep):
                 sample = await measure(daemons[mode], exchanges, conversations, f"r{rep}")
                 samples[mode].append(sample)
                 print(f"  rep {rep + 1} fsync={mode:<6} {sample['completions_per_s']:8.0f}/s  "
@@ -123,11 +119,8 @@ def main() -> int:
     for label, key, fmt in rows:
         ratio = always[key] / never[key] if never[key] else float("nan")
         print(f"{label:<36}{fmt.format(always[key]):>14}{fmt.format(never[key]):>14}{ratio:>14.2f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "machine": {"cpus": psutil.cpu_count(),
-                                                                    "python": platform.python_version()},
-                                   **result}, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(REPO)}")
+    write_results("fsync_cost", {"args": vars(args), "machine": {"cpus": psutil.cpu_count(),
+                                                                 "python": platform.python_version()}, **result})
     return 0
 
 

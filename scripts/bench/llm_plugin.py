@@ -10,7 +10,6 @@ user directory is temporary too. Writes scripts/bench/results/llm_plugin.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -21,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import rotated, write_results
+
 BIN = Path(sys.executable).parent
-RESULTS = Path(__file__).parent / "results"
 
 
 def children_cpu() -> float:
@@ -66,9 +66,7 @@ def main() -> None:
         samples: dict[str, list[float]] = {name: [] for name in cases}
         cpu: dict[str, list[float]] = {name: [] for name in cases}
         for round_no in range(args.rounds):
-            names = list(cases)
-            names = names[round_no % len(names):] + names[:round_no % len(names)]  # rotate the order
-            for name in names:
+            for name in rotated(list(cases), round_no):
                 command, case_env = cases[name]
                 wall, used = timed(command, case_env, root)
                 samples[name].append(wall)
@@ -85,12 +83,8 @@ def main() -> None:
     for name, value in medians.items():
         used = cpu_medians[name]
         print(f"{name:58} {value:7.3f} {value - base:+8.3f} {used:7.3f} {used - base_cpu:+8.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "llm_plugin.json"
-    out.write_text(json.dumps({"rounds": args.rounds, "median_seconds": medians, "median_cpu_seconds": cpu_medians,
-                               "samples": samples, "cpu_samples": cpu,
-                               "load_average": os.getloadavg()}, indent=2))
-    print(f"wrote {out}")
+    write_results("llm_plugin", {"rounds": args.rounds, "median_seconds": medians, "median_cpu_seconds": cpu_medians,
+                                 "samples": samples, "cpu_samples": cpu, "load_average": os.getloadavg()})
 
 
 if __name__ == "__main__":

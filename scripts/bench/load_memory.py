@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import resource
 import shutil
 import sys
@@ -30,16 +29,13 @@ from typing import Any
 
 import orjson
 import psutil
+from harness import write_results
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from ksi_common.client import KsiClient
+from ksi_common.errors import KsiError
+from tests.stub_openai import StubOpenAI
+from tests.test_crash import DaemonProcess, daemon_env
 
-from ksi_common.client import KsiClient  # noqa: E402
-from ksi_common.errors import KsiError  # noqa: E402
-from tests.stub_openai import StubOpenAI  # noqa: E402
-from tests.test_crash import DaemonProcess, daemon_env  # noqa: E402
-
-RESULTS = REPO / "scripts" / "bench" / "results" / "load_memory.json"
 MB = 1024 * 1024
 
 
@@ -190,9 +186,7 @@ def main() -> int:
     print(f"\nacknowledged {waiting:,} requests in {queued['submit_seconds']:.1f}s; one more: {queued['one_more']}")
     print(f"pushed {subs['results_received']:,}/{subs['results_expected']:,} results to "
           f"{subs['subscriptions']:,} subscribers in {subs['fan_out_seconds']:.2f}s")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "queued": queued, "subscribers": subs}, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(REPO)}")
+    write_results("load_memory", {"args": vars(args), "queued": queued, "subscribers": subs})
     ok = (queued["one_more"] or {}).get("code") == "overloaded" and \
         subs["results_received"] == subs["results_expected"]
     return 0 if ok else 1

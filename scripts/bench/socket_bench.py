@@ -24,7 +24,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import platform
 import selectors
 import shutil
 import socket
@@ -37,11 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from harness import clean_env, machine, write_results
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "socket_bench.json"
 HEALTH = b'{"event":"system:health","data":{},"correlation_id":"b-1"}\n'
-CLEAN_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 
 # The reference daemon of DESIGN.md section 7, measured on this machine.
 REFERENCE = {"round_trip_ms": 7.4, "throughput_rps": 266, "start_s": 7.4, "idle_rss_mb": 257, "cli_s": 0.46}
@@ -243,13 +240,6 @@ def throughput(path: Path, line: bytes, processes: int, per_process: int, window
 # -- processes ----------------------------------------------------------------------
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
-    env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR"})
-    env.update(extra)
-    return env
-
-
 def spawn_daemon(root: Path, preload: bool) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(root / "var"),
@@ -377,9 +367,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         daemon = None
 
         report = {
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(),
-                        "load_average_before": load_before, "load_average_after": os.getloadavg()},
+            "machine": machine(load_average_before=load_before, load_average_after=os.getloadavg()),
             "round_trip": {
                 "count": args.round_trips,
                 "daemon_median_us": statistics.median(daemon_rt),
@@ -497,14 +485,12 @@ def main() -> int:
     if args.quick:
         args.round_trips, args.duration, args.starts, args.cli_runs = 1000, 1.0, 2, 5
     report = run(args)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report["goals"])
     machine = report["machine"]
     print(f"\n{machine['cpus']} CPUs, Python {machine['python']}; load average before "
           f"{machine['load_average_before'][0]:.2f}, after {machine['load_average_after'][0]:.2f} "
           "(other work on the machine inflates every wall-clock number above)")
-    print(f"\nJSON: {RESULTS}")
+    write_results("socket_bench", report)
     return 0 if all(row["pass"] for row in report["goals"]) else 1
 
 
