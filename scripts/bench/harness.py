@@ -1,6 +1,6 @@
 """What the bench scripts share: a clean environment for their child processes, the local OpenAI
 stub and the direct litellm baseline in processes of their own, a daemon subprocess routed to the
-stub, the order of interleaved rounds, and where results are written.
+stub, the daemon's token estimate, the order of interleaved rounds, and where results are written.
 
 The scripts import it by name (`from harness import ...`): a script run as
 `.venv/bin/python scripts/bench/NAME.py` has its own folder first on sys.path. Importing it puts
@@ -40,7 +40,7 @@ T = TypeVar("T")
 # -- environments -------------------------------------------------------------------------------
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without CLEAN_PREFIXES, litellm offline (its bundled cost map)
-    and quiet, then `extra`: for every child process a bench starts."""
+    and quiet, then `extra`: the environment of a bench's child processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
     env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR"})
     env.update(extra)
