@@ -124,7 +124,7 @@ class Daemon:
                 "litellm_loaded": lambda: self.litellm.loaded,
                 "http": lambda: self.http.url,
                 "var_dir": lambda: str(settings.var_dir),
-                "storage": lambda: settings.storage,
+                "storage": self.storage.describe,
             },
             settings_view=settings.public_view,
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common.client import KsiClient
+from ksi_common.dburl import mask_url
 from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
@@ -147,6 +148,14 @@ async def test_agents_and_events_cross_from_one_daemon_to_the_other(short_tmp: P
         assert [f["data"]["response_id"] for f in pushed] == [reply["response_id"], result["response_id"]]
         assert pushed[1]["data"]["content"] == "stub answer to: from a"
         assert pushed[1]["data"]["history"]["exchanges_sent"] == 1  # B's exchange, seen on A
+        # each daemon's health names its backend, the masked database, itself and what crossed over
+        on_a_storage = (await on_a.request("system:health"))["storage"]
+        on_b_storage = (await on_b.request("system:health"))["storage"]
+        assert on_a_storage["backend"] == on_b_storage["backend"] == "postgres"
+        assert on_a_storage["url"] == on_b_storage["url"] == mask_url(pg_url) != pg_url
+        assert on_a_storage["daemon_id"] != on_b_storage["daemon_id"]
+        assert on_a_storage["events_published"] >= 1 and on_b_storage["events_received"] >= 1
+        assert on_a_storage["database_calls"] > 0 and on_b_storage["database_calls"] > 0
 
 
 async def test_a_daemon_killed_in_a_burst_loses_nothing_it_acknowledged(short_tmp: Path, pg_url: str,

@@ -276,5 +276,5 @@ class Storage(Protocol):
     async def close(self) -> None: ...
 
     def describe(self) -> dict[str, Any]:
-        """What `system:health` and `ksi config` show (secrets masked)."""
+        """What `system:health` shows under `storage` (secrets masked)."""
         ...

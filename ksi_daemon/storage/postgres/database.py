@@ -77,6 +77,7 @@ class Database:
         self.connect_timeout = connect_timeout
         self._pool: asyncpg.Pool | None = None
         self.migration: MigrationReport | None = None
+        self.calls = 0  # units of work run (each a pool checkout and at least one round trip)
 
     async def open(self) -> MigrationReport:
         """Connect and bring the schema up to date; raises StorageUnavailable or SchemaTooNew."""
@@ -129,6 +130,7 @@ class Database:
     async def run(self, work: Callable[[asyncpg.Connection], Awaitable[T]], retry: bool = True) -> T:
         """`work` on a pooled connection. With `retry`, a connection found dead (the server
         restarted since it was opened) is replaced once: only for work that is safe to repeat."""
+        self.calls += 1
         attempts = 2 if retry else 1
         for attempt in range(attempts):
             try:

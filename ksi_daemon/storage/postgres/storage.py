@@ -68,6 +68,7 @@ class PostgresStorage:
             "schema_version": migration.after if migration else None,
             "supported_schema_version": SCHEMA_VERSION,
             "daemon_id": self.daemon_id,
+            "database_calls": self.database.calls,
             "events_published": self.relay.published,
             "events_received": self.relay.received,
         }
