@@ -24,7 +24,8 @@ Configurations, each warmed up first (litellm's import excluded):
 Two passes per configuration and round, rounds interleaved with the order rotated:
   sequential   N completions one at a time over C conversations (history within the budget);
                daemon CPU per completion, and the same minus the direct baseline's CPU per call
-               for the same messages: the daemon's own overhead;
+               for the same messages: the daemon's own overhead; and the database calls per
+               completion (each daemon's `system:health` storage.database_calls, read around it);
   concurrent   N completions with `--concurrency` in flight: turns per second.
 Prints a table and writes scripts/bench/results/storage_backends.json.
 """
@@ -78,9 +79,19 @@ async def one_turn(client: Any, conversation_id: str, text: str) -> None:
     raise RuntimeError(f"completion did not finish: {result}")
 
 
+async def database_calls(config: Configuration) -> int:
+    """Units of work the configuration's daemons have run on the database so far (0 for JSONL)."""
+    total = 0
+    for daemon in config.daemons:
+        storage = (await daemon.clients[0].request("system:health"))["storage"]
+        total += storage.get("database_calls", 0)
+    return total
+
+
 async def sequential(config: Configuration, count: int, offset: int, conversations: int, tag: str,
                      server: Any) -> dict[str, float]:
     turns = [0] * conversations
+    calls0 = await database_calls(config)
     served = [0] * len(config.daemons)
     each0 = [d.cpu_s() for d in config.daemons]
     cpu0, server0, wall0 = config.cpu_s(), server_cpu_s(server), time.perf_counter()
@@ -90,8 +101,11 @@ async def sequential(config: Configuration, count: int, offset: int, conversatio
         await one_turn(daemon.clients[0], f"sb-{tag}-{c}", prompt(offset + i))
         served[config.daemons.index(daemon)] += 1
         turns[c] += 1
-    return {"cpu_ms": (config.cpu_s() - cpu0) * 1000 / count, "wall_ms": (time.perf_counter() - wall0) * 1000 / count,
-            "server_cpu_ms": (server_cpu_s(server) - server0) * 1000 / count,
+    cpu, wall, server_cpu = config.cpu_s() - cpu0, time.perf_counter() - wall0, server_cpu_s(server) - server0
+    # read after the clock stops: the health requests are not part of the turns measured
+    calls = await database_calls(config) - calls0
+    return {"cpu_ms": cpu * 1000 / count, "wall_ms": wall * 1000 / count, "server_cpu_ms": server_cpu * 1000 / count,
+            "database_calls": calls / count,
             # with two daemons: what each spent, over all N completions, and how many it served
             "cpu_ms_by_daemon": [(d.cpu_s() - c0) * 1000 / count for d, c0 in zip(config.daemons, each0, strict=True)],
             "served_by_daemon": served}
@@ -218,6 +232,7 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
             "what": name, "cpu_ms": statistics.median(s["cpu_ms"] for s in seq),
             "wall_ms": statistics.median(s["wall_ms"] for s in seq), "overhead_ms": overhead,
             "server_cpu_ms": statistics.median(s["server_cpu_ms"] for s in seq),
+            "database_calls": statistics.median(s["database_calls"] for s in seq),
             "turns_per_s": statistics.median(c["turns_per_s"] for c in conc),
             "concurrent_cpu_ms": statistics.median(c["cpu_ms"] for c in conc),
             "goal_ms": goal, "goal_met": overhead < goal,
@@ -229,21 +244,23 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"\nstorage backends: {report['repeats']} interleaved rounds; sequential N={report['n']} over "
           f"{report['conversations']} conversations; concurrent N={report['n']} with {report['concurrency']} in flight\n")
     header = (f"{'configuration':<26} | {'CPU ms':>7} {'own ms':>7} {'goal':>6} | {'wall ms':>7} | "
-              f"{'server ms':>9} | {'turns/s':>8} {'CPU ms':>7}")
+              f"{'server ms':>9} {'db calls':>8} | {'turns/s':>8} {'CPU ms':>7}")
     print(header)
     print("-" * len(header))
     for row in report["rows"]:
         if "overhead_ms" not in row:
-            print(f"{row['what']:<26} | {row['cpu_ms']:7.2f} {'':>7} {'':>6} | {row['wall_ms']:7.2f} | {'':>9} | "
-                  f"{'':>8} {'':>7}")
+            print(f"{row['what']:<26} | {row['cpu_ms']:7.2f} {'':>7} {'':>6} | {row['wall_ms']:7.2f} | {'':>9} "
+                  f"{'':>8} | {'':>8} {'':>7}")
             continue
         verdict = f"<{row['goal_ms']:.0f} {'ok' if row['goal_met'] else 'NO'}"
         print(f"{row['what']:<26} | {row['cpu_ms']:7.2f} {row['overhead_ms']:7.2f} {verdict:>6} | "
-              f"{row['wall_ms']:7.2f} | {row['server_cpu_ms']:9.2f} | {row['turns_per_s']:8.1f} "
+              f"{row['wall_ms']:7.2f} | {row['server_cpu_ms']:9.2f} {row['database_calls']:8.2f} | "
+              f"{row['turns_per_s']:8.1f} "
               f"{row['concurrent_cpu_ms']:7.2f}")
     print("\nCPU ms: daemon CPU per completion, sequential (summed over the configuration's daemons); own ms: "
           "minus the direct litellm CPU per call for the same messages (the daemon's own cost)")
-    print("server ms: PostgreSQL server CPU per completion (not counted in the daemon's); "
+    print("server ms: PostgreSQL server CPU per completion (not counted in the daemon's); db calls: units of "
+          "work the daemons ran on the database per completion (system:health storage.database_calls); "
           "turns/s and its CPU ms: the concurrent pass")
 
 
