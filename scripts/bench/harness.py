@@ -1,6 +1,6 @@
 """What the bench scripts share: a clean environment for their child processes, the local OpenAI
 stub and the direct litellm baseline in processes of their own, a daemon subprocess routed to the
-stub, the daemon's token estimate, the order of interleaved rounds, and where results are written.
+stub, the order of interleaved rounds, and where results are written.
 
 The scripts import it by name (`from harness import ...`): a script run as
 `.venv/bin/python scripts/bench/NAME.py` has its own folder first on sys.path. Importing it puts
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import platform
 import shutil
@@ -61,12 +60,6 @@ def stub_models(api_base: str) -> str:
 def prompt(i: int) -> str:
     """The i-th user message: a different one per request, all of about the same length."""
     return f"Question {i}: what is {i} squared, and why does it matter?"
-
-
-def estimate_tokens(text: str) -> int:
-    """The daemon's token count before litellm's tokenizer is loaded (ceil(chars / 4)): the history
-    benches count with it so that they need not import litellm; the budget logic is the same."""
-    return max(1, math.ceil(len(text) / 4))
 
 
 def free_port() -> int:

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS_DIR, estimate_tokens, machine, write_results
+from harness import RESULTS_DIR, machine, write_results
 
 from ksi_common.ids import new_response_id
 from ksi_common.layout import VarLayout
@@ -60,7 +60,7 @@ from ksi_daemon.services.conversations.history import (
     build_messages,
     select_history,
 )
-from ksi_daemon.services.conversations.memory import ConversationCache, exchange_from_response
+from ksi_daemon.services.conversations.memory import ConversationCache, estimate_tokens, exchange_from_response
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.models import ConversationMeta

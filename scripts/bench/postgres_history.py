@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import estimate_tokens, machine, write_results
+from harness import machine, write_results
 
 from ksi_common.ids import new_response_id
 from ksi_common.layout import VarLayout
@@ -46,7 +46,7 @@ from ksi_daemon.services.conversations.history import (
     build_messages,
     select_history,
 )
-from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.conversations.memory import ConversationCache, estimate_tokens
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.models import ConversationMeta
