@@ -57,3 +57,17 @@ async def test_a_conversation_made_for_a_request_is_durable_before_its_first_exc
         # durable before the fork's reply: the file (written aside, then linked) and its directory
         assert forked[-1] == "state/conversations"
         assert any(p.startswith("state/conversations/.f.json.") for p in forked)
+
+
+async def test_a_replaced_record_is_durable_with_its_rename(short_tmp: Path, stub: Any, synced: list[str]) -> None:
+    """Agent records are written aside and renamed over the old one: the rename is synced too."""
+    async with running_daemon(short_tmp, **stub_settings(stub, fsync="always")) as daemon, \
+            connected(daemon) as client:
+        var = daemon.settings.layout.root
+        await client.request("agent:spawn", {"agent_id": "scribe", "system": "Be brief."})
+        synced.clear()
+        await client.request("agent:terminate", {"agent_id": "scribe"})
+        order = relative(synced, var)
+        written = [i for i, p in enumerate(order) if p == "state/agents/.scribe.json.tmp"]
+        assert written, order
+        assert "state/agents" in order[written[-1] + 1:]  # the directory after the file's content

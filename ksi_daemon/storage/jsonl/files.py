@@ -54,10 +54,6 @@ def sync_path(path: Path) -> None:
             os.close(fd)
 
 
-def _sync_dir(directory: Path) -> None:
-    sync_path(directory)
-
-
 def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
     """Append whole lines; a torn last line left by a crash is cut off first.
 
@@ -82,7 +78,7 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
         finally:
             os.close(fd)
         if created and fsync:
-            _sync_dir(path.parent)
+            sync_path(path.parent)
 
 
 def _truncate_torn_tail(fd: int, size: int) -> None:
@@ -113,7 +109,7 @@ def write_new(path: Path, payload: bytes, fsync: bool) -> None:
             raise
         os.close(fd)
         if fsync:
-            _sync_dir(path.parent)
+            sync_path(path.parent)
 
 
 def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
@@ -125,13 +121,14 @@ def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
         with storage_failures():
             os.link(tmp, path)  # fails when `path` exists: the exclusive part
             if fsync:
-                _sync_dir(path.parent)
+                sync_path(path.parent)
     finally:
         _undo(tmp.unlink)
 
 
 def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
-    """Replace a small JSON state file atomically (write aside, then rename)."""
+    """Replace a small JSON state file atomically (write aside, then rename); with `fsync`, the
+    new content is on disk when this returns."""
     tmp = path.with_name(f".{path.name}.tmp")
     with storage_failures():
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -145,6 +142,8 @@ def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
             raise
         os.close(fd)
         os.replace(tmp, path)
+        if fsync:
+            sync_path(path.parent)  # the rename itself: without it a crash may bring back the old file
 
 
 def read_json(path: Path) -> Any:
