@@ -149,8 +149,13 @@ async def test_agents_and_events_cross_from_one_daemon_to_the_other(short_tmp: P
         assert pushed[1]["data"]["content"] == "stub answer to: from a"
         assert pushed[1]["data"]["history"]["exchanges_sent"] == 1  # B's exchange, seen on A
         # each daemon's health names its backend, the masked database, itself and what crossed over
-        on_a_storage = (await on_a.request("system:health"))["storage"]
         on_b_storage = (await on_b.request("system:health"))["storage"]
+        # A counts a publication when its NOTIFY returns, which may come after B got the event
+        for _ in range(100):
+            on_a_storage = (await on_a.request("system:health"))["storage"]
+            if on_a_storage["events_published"]:
+                break
+            await asyncio.sleep(0.05)
         assert on_a_storage["backend"] == on_b_storage["backend"] == "postgres"
         assert on_a_storage["url"] == on_b_storage["url"] == mask_url(pg_url) != pg_url
         assert on_a_storage["daemon_id"] != on_b_storage["daemon_id"]
