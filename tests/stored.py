@@ -54,7 +54,8 @@ async def stored_meta(daemon: Daemon, conversation_id: str) -> dict[str, Any] | 
     return meta
 
 
-SKIPPED = ("run/", "logs/daemon/", "state/requests.jsonl", "state/calibration.json")  # what any request changes
+SKIPPED = ("run/", "logs/daemon/", "state/requests.jsonl", "state/calibration.json",  # what any request changes
+           "state/exchange-log/")  # records wait there until the files they cover are synced
 
 
 async def stored_snapshot(settings: Settings) -> dict[str, Any]:

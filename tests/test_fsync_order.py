@@ -1,6 +1,6 @@
-"""With KSI_FSYNC=always, what is synced and in which order: a conversation made for a request is
-durable before its first exchange's index line (synced with that exchange, not at the ack); one
-made by conversation:fork is durable before the fork's reply."""
+"""With KSI_FSYNC=always, what is synced and in which order: an exchange (with the metadata of a
+conversation made for it) by one synced record of the exchange log, its files at the next
+checkpoint; a conversation made by conversation:fork before the fork's reply."""
 
 from __future__ import annotations
 
@@ -33,23 +33,28 @@ def relative(paths: list[str], var: Path) -> list[str]:
     return [p[len(root) + 1:] for p in paths if p.startswith(root + "/")]
 
 
-async def test_a_conversation_made_for_a_request_is_durable_before_its_first_exchange(
-        short_tmp: Path, stub: Any, synced: list[str]) -> None:
+async def test_an_exchange_is_durable_by_one_synced_log_record(short_tmp: Path, stub: Any, synced: list[str]) -> None:
     async with running_daemon(short_tmp, **stub_settings(stub, fsync="always")) as daemon, \
             connected(daemon) as client:
         var = daemon.settings.layout.root
         synced.clear()
         result = await complete(client, prompt="hello", conversation_id="c", create=True)
-        order = relative(synced, var)
-        meta, index = "state/conversations/c.json", "logs/conversations/c.jsonl"
-        response = f"logs/responses/{result['response_id']}.jsonl"
-        assert meta in order and "state/conversations" in order
-        assert order.index(meta) < order.index("state/conversations") < order.index(index)
-        assert order.index(response) < order.index("logs/responses") < order.index(index)
+        # a new conversation: its log generation (found again after a crash), then the record
+        assert relative(synced, var) == ["state/exchange-log", "state/exchange-log/0.jsonl"]
+        [record] = daemon.storage.conversations.log.records()
+        assert record["meta"]["conversation_id"] == "c"  # the metadata travels with the first exchange
+        assert record["entry"]["response_id"] == result["response_id"] and record["entry"]["n"] == 1
+        assert [line["type"] for line in record["response"]] == ["user", "assistant"]
 
         synced.clear()
         await complete(client, prompt="again", conversation_id="c")
-        assert meta not in relative(synced, var)  # synced once, with the first exchange
+        assert relative(synced, var) == ["state/exchange-log/0.jsonl"]  # one fsync per exchange
+        assert "meta" not in daemon.storage.conversations.log.records()[-1]
+
+        synced.clear()
+        await daemon.storage.conversations.checkpoint()  # the files synced in bulk, the log dropped
+        assert daemon.storage.conversations.log.records() == []
+        assert not list((var / "state" / "exchange-log").iterdir())
 
         synced.clear()
         await client.request("conversation:fork", {"conversation_id": "c", "new_id": "f"})

@@ -29,8 +29,9 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
 from ksi_common.tallies import caught_up
+from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
 from ksi_daemon.storage.jsonl.files import (
-    append_lines, jsonl, publish_new, read_json, replace_json, sync_path, write_new,
+    append_lines, jsonl, publish_new, read_json, replace_file, replace_json, write_new,
 )
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
@@ -39,6 +40,7 @@ T = TypeVar("T")
 log = structlog.get_logger("ksi.storage.conversations")
 IMPORTING = ".importing"  # an imported index waits under this suffix until its metadata exists
 TALLY_SAVE_DELAY = 1.0  # seconds metadata changed only in its totals may wait to be saved
+CHECKPOINT_DELAY = 2.0  # seconds exchanges wait in the exchange log before their files are synced
 REMEMBERED = 4096  # conversations whose last saved metadata is kept to compare the next one with
 
 
@@ -49,13 +51,18 @@ class JsonlConversations(JsonlReader):
         super().__init__(layout)
         self.layout = layout
         self.fsync = fsync
+        # with fsync on, an exchange is durable by its exchange log record; read at open either way
+        self.log = ExchangeLog(layout.state_dir / "exchange-log")
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
         self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known
         self._saved: dict[str, ConversationMeta] = {}  # the metadata last saved (or waiting), newest last
         self._unsaved: dict[str, ConversationMeta] = {}  # changed only in its totals since the file
         self._meta_lock = threading.Lock()  # one metadata write at a time: a late save never wins
         self._save_timer: asyncio.TimerHandle | None = None
         self._saving: asyncio.Task[None] | None = None
-        self._unsynced: set[str] = set()  # created for a request: synced with the first exchange
+        # created for a request, unsynced: the metadata goes into its first exchange's log record
+        self._unlogged: dict[str, dict[str, Any]] = {}
 
     @property
     def shared(self) -> bool:
@@ -106,7 +113,7 @@ class JsonlConversations(JsonlReader):
             del self._saved[next(iter(self._saved))]
 
     def _forget(self, conversation_id: str) -> None:
-        self._unsynced.discard(conversation_id)
+        self._unlogged.pop(conversation_id, None)
         with self._meta_lock:
             self._saved.pop(conversation_id, None)
             self._unsaved.pop(conversation_id, None)
@@ -165,6 +172,70 @@ class JsonlConversations(JsonlReader):
         if self._saving is not None:
             await self._saving
         await asyncio.to_thread(self.save_waiting)
+        if self._checkpoint_timer is not None:
+            self._checkpoint_timer.cancel()
+            self._checkpoint_timer = None
+        await self.checkpoint()
+        self.log.close()
+
+    # -- the exchange log --------------------------------------------------------
+    def replay_log(self) -> int:
+        """Exchanges a crash of the machine may have kept from their files, written again from
+        the exchange log (blocking; at open, before anything is served). Returns how many
+        records were read."""
+        records = self.log.records()
+        for record in records:
+            self._apply(record)
+        if records:
+            self.log.sync_all()
+        self.log.drop_replayed()
+        return len(records)
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        """Write what of one logged exchange is missing: applied twice, it changes nothing."""
+        conversation_id = str(record.get("conversation_id") or "")
+        entry = record.get("entry")
+        if not is_safe_id(conversation_id) or not isinstance(entry, dict):
+            return
+        meta = record.get("meta")
+        if isinstance(meta, dict) and not self.layout.meta_file(conversation_id).exists():
+            replace_json(self.layout.meta_file(conversation_id), meta)
+        response = record.get("response")
+        response_id = str(entry.get("response_id") or "")
+        if isinstance(response, list) and is_safe_id(response_id):
+            path = self.layout.response_file(response_id)
+            payload = jsonl(response)
+            try:
+                whole = path.read_bytes() == payload
+            except FileNotFoundError:
+                whole = False
+            if not whole:
+                replace_file(path, payload)
+        n = int(entry.get("n") or 0)
+        if n > self._head(conversation_id):
+            append_lines(self.layout.index_file(conversation_id), jsonl([entry]), fsync=False)
+            self._heads[conversation_id] = n
+
+    async def checkpoint(self) -> None:
+        """Sync the files of the exchanges logged so far and drop their records."""
+        if self._checkpointing is not None and not self._checkpointing.done():
+            await self._checkpointing
+        if self.log.pending:
+            await asyncio.to_thread(self.log.checkpoint)
+
+    def _checkpoint_later(self) -> None:
+        if self._checkpoint_timer is None:
+            self._checkpoint_timer = asyncio.get_running_loop().call_later(CHECKPOINT_DELAY, self._checkpoint_now)
+
+    def _checkpoint_now(self) -> None:
+        self._checkpoint_timer = None
+        self._checkpointing = asyncio.ensure_future(self._background_checkpoint())
+
+    async def _background_checkpoint(self) -> None:
+        try:
+            await asyncio.to_thread(self.log.checkpoint)
+        except KsiError as error:  # the records stay; the next exchange schedules another try
+            log.warning("checkpoint_failed", code=error.code, reason=error.message[:200])
 
     async def metas(self, conversation_ids: list[str]) -> list[dict[str, Any] | None]:
         found = await super().metas(conversation_ids)
@@ -181,11 +252,13 @@ class JsonlConversations(JsonlReader):
     async def save_meta(self, meta: ConversationMeta) -> None:
         await self._write(lambda: self._save_meta(meta))
 
-    def _create(self, meta: ConversationMeta, sync: bool) -> None:
+    def _create(self, meta: ConversationMeta, sync: bool) -> dict[str, Any]:
+        """Write the metadata of a new conversation; returns it as written."""
         if self.layout.index_file(meta.conversation_id).exists():
             raise ConversationExists(meta.conversation_id)
         path = self.layout.meta_file(meta.conversation_id)
-        payload = orjson.dumps(meta.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+        record = meta.model_dump(mode="json")
+        payload = orjson.dumps(record, option=orjson.OPT_INDENT_2)
         try:
             try:
                 # complete when visible: a reader racing this create never finds an empty file
@@ -198,21 +271,14 @@ class JsonlConversations(JsonlReader):
         self._heads[meta.conversation_id] = 0
         with self._meta_lock:
             self._remember(meta)
+        return record
 
     async def create(self, meta: ConversationMeta, *, durable_with_first_exchange: bool = False) -> None:
         if durable_with_first_exchange and self.fsync:
-            # written now, unsynced (no hop to a thread); its first exchange syncs it in its own
-            self._create(meta, sync=False)
-            self._unsynced.add(meta.conversation_id)
+            # written now, unsynced (no hop to a thread): its first exchange's log record holds it
+            self._unlogged[meta.conversation_id] = self._create(meta, sync=False)
             return
         await self._write(lambda: self._create(meta, self.fsync))
-
-    def _sync_created(self, conversation_id: str) -> None:
-        if conversation_id in self._unsynced:
-            meta_file = self.layout.meta_file(conversation_id)
-            sync_path(meta_file)
-            sync_path(meta_file.parent)
-            self._unsynced.discard(conversation_id)
 
     # -- the index -------------------------------------------------------------
     def _head(self, conversation_id: str) -> int:
@@ -244,14 +310,19 @@ class JsonlConversations(JsonlReader):
         head = self._head(conversation_id)
         if entry.n <= head:
             raise ExchangeConflict(conversation_id, entry.n, head)
+        line = entry.to_record()
         if self.fsync:
-            self._sync_created(conversation_id)  # the conversation is durable before its first exchange
-        if response is not None:
-            try:  # the response record first: durable before the index line names it
-                write_new(self.layout.response_file(entry.response_id), jsonl(response), self.fsync)
-            except FileExistsError:
-                pass  # an earlier attempt of this same append wrote it
-        append_lines(self.layout.index_file(conversation_id), jsonl([entry.to_record()]), self.fsync)
+            # durable by one synced log record; the files are synced in bulk at the next checkpoint
+            record: dict[str, Any] = {"v": 1, "conversation_id": conversation_id, "entry": line,
+                                      "response": response}
+            created = self._unlogged.get(conversation_id)
+            if created is not None:
+                record["meta"] = created
+            with self.log.committing(record):
+                self._write_exchange(conversation_id, entry, line, response)
+            self._unlogged.pop(conversation_id, None)
+        else:
+            self._write_exchange(conversation_id, entry, line, response)
         self._heads[conversation_id] = entry.n
         if meta is None:
             return False
@@ -265,11 +336,22 @@ class JsonlConversations(JsonlReader):
                         exchange=entry.n)
             return False
 
+    def _write_exchange(self, conversation_id: str, entry: IndexEntry, line: dict[str, Any],
+                        response: list[dict[str, Any]] | None) -> None:
+        if response is not None:
+            try:  # the response record first: a reader never finds an index line without it
+                write_new(self.layout.response_file(entry.response_id), jsonl(response), fsync=False)
+            except FileExistsError:
+                pass  # an earlier attempt of this same append wrote it
+        append_lines(self.layout.index_file(conversation_id), jsonl([line]), fsync=False)
+
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,
                               meta: ConversationMeta | None = None) -> None:
         if await self._write(lambda: self._append(conversation_id, entry, response, meta)):
             self._save_later()
+        if self.fsync:
+            self._checkpoint_later()
 
     async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
         return await asyncio.to_thread(read_index_tail, self.layout.index_file(conversation_id), token_budget)
@@ -313,6 +395,7 @@ class JsonlConversations(JsonlReader):
         return changed
 
     async def move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
+        await self.checkpoint()  # a replay must never write the old id's exchanges again
         return await asyncio.to_thread(self._move, conversation_id, new_id, note)
 
     def _delete(self, conversation_id: str) -> list[str]:
@@ -371,6 +454,7 @@ class JsonlConversations(JsonlReader):
         return owned
 
     async def delete(self, conversation_id: str) -> list[str]:
+        await self.checkpoint()  # a replay must never bring its exchanges back
         return await asyncio.to_thread(self._delete, conversation_id)
 
     # -- import ------------------------------------------------------------------

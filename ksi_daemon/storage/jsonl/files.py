@@ -59,7 +59,7 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
 
     One appender per file at a time: a concurrent one could be taken for a torn line.
     """
-    created = not path.exists()
+    created = fsync and not path.exists()  # a new file's directory entry is synced too
     with storage_failures():
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -77,8 +77,29 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
                 raise
         finally:
             os.close(fd)
-        if created and fsync:
+        if created:
             sync_path(path.parent)
+
+
+def append_synced(fd: int, payload: bytes) -> int:
+    """Append `payload` to the open file `fd` and sync it; returns where it starts. On failure
+    no part of it stays."""
+    with storage_failures():
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+        except OSError:
+            _undo(lambda: os.ftruncate(fd, start))
+            raise
+    return start
+
+
+def cut_back(fd: int, start: int) -> None:
+    """Take back what was appended to `fd` from `start` on, durably."""
+    with storage_failures():
+        os.ftruncate(fd, start)
+        os.fsync(fd)
 
 
 def _truncate_torn_tail(fd: int, size: int) -> None:
@@ -126,14 +147,14 @@ def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
         _undo(tmp.unlink)
 
 
-def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
-    """Replace a small JSON state file atomically (write aside, then rename); with `fsync`, the
-    new content is on disk when this returns."""
+def replace_file(path: Path, payload: bytes, fsync: bool = False) -> None:
+    """Replace a file atomically (write aside, then rename); with `fsync`, the new content is on
+    disk when this returns."""
     tmp = path.with_name(f".{path.name}.tmp")
     with storage_failures():
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _write_all(fd, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str))
+            _write_all(fd, payload)
             if fsync:
                 os.fsync(fd)
         except OSError:
@@ -144,6 +165,11 @@ def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
         os.replace(tmp, path)
         if fsync:
             sync_path(path.parent)  # the rename itself: without it a crash may bring back the old file
+
+
+def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
+    """Replace a small JSON state file atomically (see replace_file)."""
+    replace_file(path, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str), fsync)
 
 
 def read_json(path: Path) -> Any:
