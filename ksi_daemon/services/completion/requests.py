@@ -42,6 +42,27 @@ class RequestState:
     def duration_ms(self) -> float:
         return round((time.perf_counter() - self.started_at) * 1000, 2) if self.started_at else 0.0
 
+    def retired(self) -> FinishedRequest:
+        return FinishedRequest(self.request_id, self.conversation_id, self.model, self.status, self.created,
+                               self.response_id, self.started_at is not None, self.result, self.error)
+
+
+@dataclass(slots=True, eq=False)
+class FinishedRequest:
+    """What is kept of a finished request: what wait, status and cancel answer with. Not its job,
+    task, context or input: thousands are kept, and a garbage collection walks every object each
+    of them holds."""
+
+    request_id: str
+    conversation_id: str
+    model: str
+    status: str
+    created: str
+    response_id: str | None
+    started: bool
+    result: dict[str, Any] | None
+    error: KsiError | None
+
 
 class RequestRegistry:
     """Live requests plus the most recent finished ones (bounded)."""
@@ -49,14 +70,14 @@ class RequestRegistry:
     def __init__(self, keep_finished: int) -> None:
         self.keep_finished = keep_finished
         self._live: dict[str, RequestState] = {}
-        self._finished: OrderedDict[str, RequestState | dict[str, Any]] = OrderedDict()
+        self._finished: OrderedDict[str, FinishedRequest | dict[str, Any]] = OrderedDict()
 
     def add(self, state: RequestState) -> None:
         self._live[state.request_id] = state
 
     def retire(self, state: RequestState) -> None:
         self._live.pop(state.request_id, None)
-        self._finished[state.request_id] = state
+        self._finished[state.request_id] = state.retired()
         while len(self._finished) > self.keep_finished:
             self._finished.popitem(last=False)
 
@@ -64,7 +85,7 @@ class RequestRegistry:
         """A request the previous daemon left unfinished (journal record)."""
         self._finished[record["request_id"]] = record
 
-    def get(self, request_id: str) -> RequestState | dict[str, Any]:
+    def get(self, request_id: str) -> RequestState | FinishedRequest | dict[str, Any]:
         found = self._live.get(request_id) or self._finished.get(request_id)
         if found is None:
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id}", request_id=request_id)

@@ -46,7 +46,7 @@ from ksi_daemon.services.conversations.history import (
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
-from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
+from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.limits import ConcurrencyLimits
@@ -276,7 +276,7 @@ class CompletionService:
         names = list(dict.fromkeys([self.settings.default_model, *configured, BUILTIN_MODEL]))
         return {"default": self.settings.default_model, "models": names}
 
-    def outcome(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
+    def outcome(self, found: RequestState | FinishedRequest | dict[str, Any]) -> dict[str, Any]:
         """Result data when done; a failure for failed or cancelled; else the status."""
         if isinstance(found, dict):  # a request of the previous daemon, finished or left unfinished
             if found.get("status") == "done":
@@ -293,7 +293,7 @@ class CompletionService:
                            **{**found.error.details, "request_id": found.request_id})
         return self.describe(found)
 
-    def describe(self, found: RequestState | dict[str, Any]) -> dict[str, Any]:
+    def describe(self, found: RequestState | FinishedRequest | dict[str, Any]) -> dict[str, Any]:
         if isinstance(found, dict):
             if found.get("status") == "done":
                 return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
@@ -302,15 +302,19 @@ class CompletionService:
             return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
                     "status": "cancelled" if found.get("status") == "cancelled" else "failed",
                     "reason": found.get("code", "daemon_restart"), "queue_position": 0}
+        position = 0
+        if isinstance(found, RequestState) and found.job is not None and found.status == "queued":
+            position = self.scheduler.position(found.job)
+        started = found.started if isinstance(found, FinishedRequest) else found.started_at is not None
         description: dict[str, Any] = {
             "request_id": found.request_id,
             "conversation_id": found.conversation_id,
             "status": found.status,
-            "queue_position": self.scheduler.position(found.job) if found.job and found.status == "queued" else 0,
+            "queue_position": position,
             "created": found.created,
             "model": found.model,
         }
-        if found.response_id and found.started_at is not None:  # a request that never ran has no response
+        if found.response_id and started:  # a request that never ran has no response
             description["response_id"] = found.response_id
         if found.error is not None:
             description["reason"] = found.error.code
