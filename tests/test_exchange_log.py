@@ -4,6 +4,7 @@ record applied twice changes nothing; a torn last record (never acknowledged) is
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
+from ksi_common.errors import KsiError
 from ksi_common.records import read_index
 from ksi_common.tallies import TALLIES
+from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
 from tests.conftest import complete, connected, running_daemon, stub_settings
 
 
@@ -82,3 +85,30 @@ async def test_a_record_applied_twice_changes_nothing(short_tmp: Path, stub: Any
     async with running_daemon(short_tmp, **stub_settings(stub, fsync="always")) as daemon:
         assert snapshot(var) == files
         assert [e.n for e in read_index(daemon.layout.index_file("c"))] == [1, 2]
+
+
+# -- the log itself -----------------------------------------------------------------------------
+
+
+def test_a_failed_body_takes_its_record_back_and_a_failed_sync_keeps_the_records(tmp_path: Path) -> None:
+    log = ExchangeLog(tmp_path)
+    with log.committing({"n": 1}):
+        pass
+    with pytest.raises(RuntimeError), log.committing({"n": 2}):
+        raise RuntimeError("the exchange's files could not be written")
+    assert log.records() == [{"n": 1}]  # the failed exchange can never be replayed
+
+    def failing_sync(_fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    working_sync, log._syncfs = log._syncfs, failing_sync
+    with pytest.raises(KsiError) as failed:
+        log.checkpoint()
+    assert failed.value.code == "storage_error"
+    with log.committing({"n": 3}):  # appends go on, to the next generation
+        pass
+    assert [p.name for p in log.generations()] == ["0.jsonl", "1.jsonl"]
+    assert log.records() == [{"n": 1}, {"n": 3}]
+    log._syncfs = working_sync
+    log.checkpoint()  # both generations covered, both dropped
+    assert log.generations() == [] and not log.pending

@@ -175,7 +175,10 @@ class JsonlConversations(JsonlReader):
         if self._checkpoint_timer is not None:
             self._checkpoint_timer.cancel()
             self._checkpoint_timer = None
-        await self.checkpoint()
+        try:
+            await self.checkpoint()
+        except KsiError as error:  # the records stay: the next start writes from them what is missing
+            log.warning("checkpoint_failed", code=error.code, reason=error.message[:200])
         self.log.close()
 
     # -- the exchange log --------------------------------------------------------
