@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,11 @@ async def test_a_record_applied_twice_changes_nothing(short_tmp: Path, stub: Any
 
 def test_a_failed_body_takes_its_record_back_and_a_failed_sync_keeps_the_records(tmp_path: Path) -> None:
     log = ExchangeLog(tmp_path)
-    with log.committing({"n": 1}):
+    with log.committing("a", {"n": 1}):
         pass
-    with pytest.raises(RuntimeError), log.committing({"n": 2}):
+    with pytest.raises(RuntimeError), log.committing("b", {"n": 2}):
         raise RuntimeError("the exchange's files could not be written")
-    assert log.records() == [{"n": 1}]  # the failed exchange can never be replayed
+    assert log.records() == [{"id": "a", "n": 1}]  # the failed exchange is never replayed
 
     def failing_sync(_fd: int) -> None:
         raise OSError(errno.EIO, "I/O error")
@@ -105,10 +106,35 @@ def test_a_failed_body_takes_its_record_back_and_a_failed_sync_keeps_the_records
     with pytest.raises(KsiError) as failed:
         log.checkpoint()
     assert failed.value.code == "storage_error"
-    with log.committing({"n": 3}):  # appends go on, to the next generation
+    with log.committing("c", {"n": 3}):  # appends go on, to the next generation
         pass
     assert [p.name for p in log.generations()] == ["0.jsonl", "1.jsonl"]
-    assert log.records() == [{"n": 1}, {"n": 3}]
+    assert log.records() == [{"id": "a", "n": 1}, {"id": "c", "n": 3}]
     log._syncfs = working_sync
     log.checkpoint()  # both generations covered, both dropped
     assert log.generations() == [] and not log.pending
+
+
+def test_a_checkpoint_waits_for_exchanges_still_writing_their_files(tmp_path: Path) -> None:
+    log = ExchangeLog(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+
+    def exchange() -> None:
+        with log.committing("a", {"n": 1}):
+            inside.set()
+            release.wait(10)  # its files are being written
+
+    writer = threading.Thread(target=exchange)
+    writer.start()
+    assert inside.wait(10)
+    checkpoint = threading.Thread(target=log.checkpoint)
+    checkpoint.start()
+    checkpoint.join(0.3)
+    assert checkpoint.is_alive() and log.generations()  # a sync now would miss the exchange's files
+    with log.committing("b", {"n": 2}):  # others append meanwhile, to the next generation
+        pass
+    release.set()
+    writer.join(10)
+    checkpoint.join(10)
+    assert not checkpoint.is_alive()
+    assert log.records() == [{"id": "b", "n": 2}]  # only what came after the checkpoint began

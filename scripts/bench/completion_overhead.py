@@ -302,22 +302,36 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
 
 
 def storage_writes(root: Path, count: int, fsync: bool, tag: str) -> dict[str, float]:
-    """An exchange's file writes without the daemon: a new response record and an index line,
-    written by the daemon's own primitives in a plain loop. What the kernel charges for them
-    (file creation, fsync) differs by file system and by its state, so each round measures it."""
+    """An exchange's writes without the daemon, as the JSONL store makes them, in a plain loop: a
+    new response record and an index line, and with fsync the exchange log's synced record before
+    them (checkpoints left out). What the kernel charges for them (file creation, fsync) differs
+    by file system and by its state, so each round measures it."""
     import resource
 
+    from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
     from ksi_daemon.storage.jsonl.files import append_lines, write_new
 
     where = root / f"writes-{tag}"
     (where / "responses").mkdir(parents=True)
+    (where / "log").mkdir()
+    exchange_log = ExchangeLog(where / "log")
     record = b'{"v":1,"kind":"response","text":"' + b"x" * 900 + b'"}\n'  # a response file's size
     line = b'{"v":1,"response_id":"' + b"r" * 40 + b'","n":1,"tokens":100,"ts":"2026-01-01T00:00:00Z"}\n'
+    logged = {"response": [{"v": 1, "kind": "response", "text": "x" * 900}], "entry": {"n": 1, "response_id": "r" * 40}}
+
+    def write(i: int) -> None:
+        write_new(where / "responses" / f"r{i}.jsonl", record, fsync=False)
+        append_lines(where / f"c{i % 10}.jsonl", line, fsync=False)
+
     before, wall0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
     for i in range(count):
-        write_new(where / "responses" / f"r{i}.jsonl", record, fsync)
-        append_lines(where / f"c{i % 10}.jsonl", line, fsync)
+        if fsync:
+            with exchange_log.committing(f"r{i}", logged):
+                write(i)
+        else:
+            write(i)
     after = resource.getrusage(resource.RUSAGE_THREAD)
+    exchange_log.close()
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
     return {"cpu_ms": (user + system) * 1000 / count, "sys_ms": system * 1000 / count,
             "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
@@ -502,9 +516,9 @@ def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         goal = "" if row["goal"] is None else ("ok" if row["goal"] else "MISSED")
         print(f"{row['what']:34} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
               f"{overhead:>16} {overhead_sys:>13}  {goal}")
-    print("'the writes alone': a new response file and an index line per exchange, written by the daemon's "
-          "own file primitives in a plain loop in the same var root, each round (what the kernel charges "
-          "for the writes the daemon cannot leave out)")
+    print("'the writes alone': a new response file and an index line per exchange (with fsync, after the "
+          "exchange log's synced record), written by the daemon's own storage primitives in a plain loop in "
+          "the same var root, each round (what the kernel charges for the writes the daemon cannot leave out)")
     idle = max(report["idle_cpu_ms_per_s"].values())
     print(f"daemon idle CPU after the runs: at most {idle:.2f} ms per second")
     if "profile" in report:

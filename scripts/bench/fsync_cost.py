@@ -3,14 +3,13 @@ against KSI_FSYNC=never, both daemons measured in one run, interleaved.
 
     .venv/bin/python scripts/bench/fsync_cost.py [--exchanges 1000] [--reps 3]
 
-The fsync policy measured here (ksi_daemon/storage):
-  always  per exchange, in a worker thread, in this order:
-            1. responses/{id}.jsonl is created whole (O_EXCL), fsync(file), fsync(responses/)
-            2. the index line is appended to conversations/{cid}.jsonl, fsync(file)
-               (and fsync(conversations/) when the index is new)
-            3. state/conversations/{cid}.json is replaced atomically (tmp + rename), not fsynced
-          only then is completion:result emitted. The request journal (state/requests.jsonl) is
-          appended without fsync. A failed request's response file is written like step 1.
+The fsync policy measured here (ksi_daemon/storage/jsonl):
+  always  per exchange, in a worker thread: one line (response lines, index line, and the metadata
+          of a conversation made for it) appended to state/exchange-log/N.jsonl, fsync(file)
+          (and fsync(state/exchange-log/) when the generation is new); then the response file,
+          the index line and any metadata written without fsync; only then is completion:result
+          emitted. Every two seconds one syncfs makes those files durable and the generation is
+          removed. The request journal (state/requests.jsonl) is appended without fsync.
   never   the same writes without any fsync: a killed daemon loses nothing (the kernel has the
           data), a power loss may lose the last exchanges.
 The echo/ model answers (no network), so the difference is the storage path plus the daemon's own

@@ -321,7 +321,7 @@ class JsonlConversations(JsonlReader):
             created = self._unlogged.get(conversation_id)
             if created is not None:
                 record["meta"] = created
-            with self.log.committing(record):
+            with self.log.committing(entry.response_id, record):
                 self._write_exchange(conversation_id, entry, line, response)
             self._unlogged.pop(conversation_id, None)
         else:

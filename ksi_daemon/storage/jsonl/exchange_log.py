@@ -8,9 +8,10 @@ checkpoint syncs the whole file system once (syncfs) and drops the log. After a 
 machine, the daemon replays what the log holds before it serves anything (`replay`): each record
 writes only what is missing, so a record applied twice changes nothing.
 
-Records are appended under one lock held until the exchange's files are written too, so when a
-file write fails the record is still the log's last line and is cut off again: an exchange
-reported failed can never come back at replay.
+Only the append itself is serialised: the fsyncs of concurrent exchanges run at once, and one
+covers every record appended before it. When an exchange's files cannot be written after its
+record was synced, a revoking line follows it, so an exchange reported failed is not written
+again at replay. A checkpoint waits for exchanges still writing their files before it syncs.
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import structlog
 
 from ksi_common.jsonl import read_records
-from ksi_daemon.storage.jsonl.files import append_synced, cut_back, storage_failures, sync_path
+from ksi_common.errors import KsiError
+from ksi_daemon.storage.jsonl.files import append_whole, storage_failures, sync_path
+
+log = structlog.get_logger("ksi.storage.exchange_log")
 
 
 def _file_system_sync() -> Callable[[int], None]:
@@ -45,20 +51,26 @@ def _file_system_sync() -> Callable[[int], None]:
     return lambda _fd: os.sync()
 
 
+@dataclass(eq=False)
+class _Generation:
+    path: Path
+    fd: int
+    writing: int = 0  # exchanges whose record is appended and whose files are not written yet
+
+
 class ExchangeLog:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._lock = threading.Lock()
-        self._fd: int | None = None  # the generation appended to; opened by the first record after a checkpoint
-        self._path: Path | None = None
-        self._sealed: list[Path] = []  # generations closed for appends, dropped by the next checkpoint
+        self._lock = threading.Condition()
+        self._current: _Generation | None = None  # opened by the first record after a checkpoint
+        self._sealed: list[_Generation] = []  # closed for appends, dropped by the next checkpoint
         self._next = 0
         self._syncfs = _file_system_sync()
 
     @property
     def pending(self) -> bool:
         """Whether records wait for a checkpoint."""
-        return self._fd is not None or bool(self._sealed)
+        return self._current is not None or bool(self._sealed)
 
     def generations(self) -> list[Path]:
         """The log's files, oldest first."""
@@ -66,51 +78,73 @@ class ExchangeLog:
         return [p for _n, p in sorted(found)]
 
     def records(self) -> list[dict[str, Any]]:
-        """Every complete record of every generation, oldest first (a torn last line was never
-        acknowledged and is left out)."""
-        return [record for path in self.generations() for record in read_records(path)]
+        """Every complete record of every generation that was not revoked, oldest first (a torn
+        last line was never acknowledged and is left out)."""
+        found = [record for path in self.generations() for record in read_records(path)]
+        revoked = {record["revoke"] for record in found if "revoke" in record}
+        return [record for record in found if "revoke" not in record and record.get("id") not in revoked]
 
     @contextmanager
-    def committing(self, record: dict[str, Any]) -> Iterator[None]:
-        """Append `record` durably, then run the body (which writes the exchange's files); when
-        the body fails, the record is cut off again before the error goes on."""
-        payload = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE, default=str)
+    def committing(self, record_id: str, record: dict[str, Any]) -> Iterator[None]:
+        """Append `record` under `record_id` and sync it, then run the body (which writes the
+        exchange's files); when the body fails, the record is revoked before the error goes on."""
+        payload = orjson.dumps({"id": record_id, **record}, option=orjson.OPT_APPEND_NEWLINE, default=str)
         with self._lock:
-            fd = self._open()
-            start = append_synced(fd, payload)
+            generation = self._open()
+            append_whole(generation.fd, payload)
+            generation.writing += 1
+        try:
             try:
+                with storage_failures():
+                    os.fsync(generation.fd)
                 yield
             except BaseException:
-                cut_back(fd, start)
+                self._revoke(generation, record_id)
                 raise
+        finally:
+            with self._lock:
+                generation.writing -= 1
+                self._lock.notify_all()
 
-    def _open(self) -> int:
-        if self._fd is None:
+    def _revoke(self, generation: _Generation, record_id: str) -> None:
+        try:
+            with self._lock:
+                append_whole(generation.fd, orjson.dumps({"revoke": record_id}, option=orjson.OPT_APPEND_NEWLINE))
+            with storage_failures():
+                os.fsync(generation.fd)
+        except KsiError as error:
+            # not replayed either way unless the machine goes down before the next checkpoint
+            log.warning("exchange_log_revoke_failed", code=error.code, record=record_id)
+
+    def _open(self) -> _Generation:
+        if self._current is None:
             self._next = max(self._next, *(int(p.stem) + 1 for p in self.generations()), 0)
             path = self.directory / f"{self._next}.jsonl"
             with storage_failures():
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 sync_path(self.directory)  # found again after a crash
-            self._path = path
+            self._current = _Generation(path, fd)
             self._next += 1
-        return self._fd
+        return self._current
 
     def checkpoint(self) -> None:
         """Make every file written so far durable, then drop the records that covered them
         (blocking). Records appended meanwhile go to a new generation and wait for the next."""
         with self._lock:
-            if self._fd is not None and self._path is not None:
-                os.close(self._fd)
-                self._sealed.append(self._path)
-                self._fd = self._path = None
+            if self._current is not None:
+                self._sealed.append(self._current)
+                self._current = None
             sealed = list(self._sealed)
+            while any(generation.writing for generation in sealed):  # their files are being written
+                self._lock.wait()
         if not sealed:
             return
         self.sync_all()  # on failure the sealed generations stay for the next checkpoint
         with self._lock:
-            for path in sealed:
-                path.unlink(missing_ok=True)
-                self._sealed.remove(path)
+            for generation in sealed:
+                os.close(generation.fd)
+                generation.path.unlink(missing_ok=True)
+                self._sealed.remove(generation)
 
     def sync_all(self) -> None:
         """Every file written on the var dir's file system, durable (blocking)."""
@@ -127,6 +161,6 @@ class ExchangeLog:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = self._path = None
+        for generation in [*self._sealed, *([self._current] if self._current else [])]:
+            os.close(generation.fd)
+        self._sealed, self._current = [], None

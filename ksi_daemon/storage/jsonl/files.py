@@ -81,25 +81,16 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
             sync_path(path.parent)
 
 
-def append_synced(fd: int, payload: bytes) -> int:
-    """Append `payload` to the open file `fd` and sync it; returns where it starts. On failure
-    no part of it stays."""
+def append_whole(fd: int, payload: bytes) -> None:
+    """Append `payload` to the open file `fd` (unsynced); on failure no part of it stays. One
+    appender at a time (the caller's lock)."""
     with storage_failures():
         start = os.lseek(fd, 0, os.SEEK_END)
         try:
             _write_all(fd, payload)
-            os.fsync(fd)
         except OSError:
             _undo(lambda: os.ftruncate(fd, start))
             raise
-    return start
-
-
-def cut_back(fd: int, start: int) -> None:
-    """Take back what was appended to `fd` from `start` on, durably."""
-    with storage_failures():
-        os.ftruncate(fd, start)
-        os.fsync(fd)
 
 
 def _truncate_torn_tail(fd: int, size: int) -> None:
