@@ -134,6 +134,9 @@ def _print_report(report: checks.Report, repaired: list[dict[str, Any]]) -> None
     counts = report.counts
     click.echo(f"  {counts.get('indexes', 0)} indexes, {counts.get('index_entries', 0)} exchanges, "
                f"{counts.get('responses', 0)} response files")
+    if counts.get("exchange_log_records"):
+        click.echo(f"  {counts['exchange_log_records']} exchanges wait in the exchange log "
+                   "(the daemon's next start writes to their files whatever they lack)")
     for item in repaired:
         click.secho(f"  repaired  {item['kind']:<20} {item['path']}: {item['action']}", fg="green")
     for problem in report.problems:

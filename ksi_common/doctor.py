@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ksi_common.exchange_log import logged_exchanges
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
 from ksi_common.privacy import loose_modes
@@ -200,5 +201,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
             extra={"has_answer": has_answer}))
 
     report.counts = {"indexes": len(indexes), "index_entries": entries, "responses": responses,
-                     "problems": len(report.problems), "orphans": len(report.orphans)}
+                     "problems": len(report.problems), "orphans": len(report.orphans),
+                     # synced, their files maybe not (a crash of the machine): the next start writes them
+                     "exchange_log_records": len(logged_exchanges(layout.exchange_log_dir))}
     return report

@@ -85,6 +85,10 @@ class VarLayout:
     def requests_file(self) -> Path:
         return self.state_dir / "requests.jsonl"
 
+    @property
+    def exchange_log_dir(self) -> Path:
+        return self.state_dir / "exchange-log"
+
     def response_file(self, response_id: str) -> Path:
         return self._responses / f"{response_id}.jsonl"
 

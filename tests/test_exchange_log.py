@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from ksi_common import doctor
 from ksi_common.errors import KsiError
 from ksi_common.records import read_index
 from ksi_common.tallies import TALLIES
@@ -61,6 +62,7 @@ async def test_exchanges_lost_with_the_machine_are_written_again_from_the_log(
     (var / second_response).write_bytes(files[second_response][:40])
     log = var / "state" / "exchange-log" / "0.jsonl"
     log.write_bytes(kept.read_bytes() + b'{"v": 1, "conversation_id": "c", "entry": {"n": 3, "resp')
+    assert doctor.check(var).counts["exchange_log_records"] == 2  # what the next start will write
 
     async with running_daemon(short_tmp, **stub_settings(stub, fsync=fsync)) as daemon, \
             connected(daemon) as client:

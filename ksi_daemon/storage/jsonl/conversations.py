@@ -52,7 +52,7 @@ class JsonlConversations(JsonlReader):
         self.layout = layout
         self.fsync = fsync
         # with fsync on, an exchange is durable by its exchange log record; read at open either way
-        self.log = ExchangeLog(layout.state_dir / "exchange-log")
+        self.log = ExchangeLog(layout.exchange_log_dir)
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known

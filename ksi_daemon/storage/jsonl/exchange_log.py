@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 import structlog
 
-from ksi_common.jsonl import read_records
+from ksi_common.exchange_log import generations, logged_exchanges
 from ksi_common.errors import KsiError
 from ksi_daemon.storage.jsonl.files import append_whole, storage_failures, sync_path
 
@@ -74,15 +74,11 @@ class ExchangeLog:
 
     def generations(self) -> list[Path]:
         """The log's files, oldest first."""
-        found = [(int(p.stem), p) for p in self.directory.glob("*.jsonl") if p.stem.isdigit()]
-        return [p for _n, p in sorted(found)]
+        return generations(self.directory)
 
     def records(self) -> list[dict[str, Any]]:
-        """Every complete record of every generation that was not revoked, oldest first (a torn
-        last line was never acknowledged and is left out)."""
-        found = [record for path in self.generations() for record in read_records(path)]
-        revoked = {record["revoke"] for record in found if "revoke" in record}
-        return [record for record in found if "revoke" not in record and record.get("id") not in revoked]
+        """Every record not revoked, oldest first (see ksi_common.exchange_log)."""
+        return logged_exchanges(self.directory)
 
     @contextmanager
     def committing(self, record_id: str, record: dict[str, Any]) -> Iterator[None]:
@@ -118,7 +114,7 @@ class ExchangeLog:
 
     def _open(self) -> _Generation:
         if self._current is None:
-            self._next = max(self._next, *(int(p.stem) + 1 for p in self.generations()), 0)
+            self._next = max(self._next, *(int(p.stem) + 1 for p in generations(self.directory)), 0)
             path = self.directory / f"{self._next}.jsonl"
             with storage_failures():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -34,7 +34,7 @@ class JsonlStorage:
 
     async def open(self) -> None:
         for directory in (self.layout.responses_dir, self.layout.conversations_dir, self.layout.consortium_dir,
-                          self.layout.state_dir, self.conversations.log.directory):
+                          self.layout.state_dir, self.layout.exchange_log_dir):
             private_dir(directory)
         await asyncio.to_thread(self.conversations.replay_log)  # exchanges a crash of the machine kept from their files
         await asyncio.to_thread(self.conversations.finish_imports)  # imports a kill interrupted
