@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import uvloop
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # settings a developer's shell may carry: a bench must neither reach a real provider nor read them
@@ -137,7 +139,9 @@ def serve_batches(batch: Callable[[str, int, int], Awaitable[dict[str, Any]]]) -
             shape, count, offset = line.split()
             print(json.dumps(await batch(shape, int(count), int(offset))), flush=True)
 
-    asyncio.run(main())
+    # the daemon's event loop: litellm's own CPU is measured on the loop it runs on in the daemon
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
 
 
 class DirectWorker:
