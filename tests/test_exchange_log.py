@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,39 @@ def test_a_checkpoint_waits_for_exchanges_still_writing_their_files(tmp_path: Pa
     checkpoint.join(10)
     assert not checkpoint.is_alive()
     assert log.records() == [{"id": "b", "n": 2}]  # only what came after the checkpoint began
+
+
+def test_checkpoints_at_once_close_each_generation_once(tmp_path: Path) -> None:
+    """A delete's checkpoint and the timed one can run together: a descriptor closed twice could
+    be another file's by then (the request journal's lines once landed in a metadata file)."""
+    log = ExchangeLog(tmp_path / "log")
+    (tmp_path / "log").mkdir()
+    inside, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def exchange() -> None:
+        with log.committing("a", {"n": 1}):
+            inside.set()
+            release.wait(10)
+
+    def checkpoint() -> None:
+        try:
+            log.checkpoint()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    writer = threading.Thread(target=exchange)
+    writer.start()
+    assert inside.wait(10)
+    both = [threading.Thread(target=checkpoint) for _ in range(2)]
+    for thread in both:
+        thread.start()
+    time.sleep(0.2)  # both wait for the exchange still writing its files
+    sentinel = tmp_path / "sentinel"
+    release.set()
+    writer.join(10)
+    for thread in both:
+        thread.join(10)
+    with open(sentinel, "wb") as handle:  # a descriptor number freed by the checkpoint is reused
+        handle.write(b"mine")
+    assert failures == [] and log.generations() == [] and sentinel.read_bytes() == b"mine"

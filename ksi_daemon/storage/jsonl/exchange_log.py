@@ -62,6 +62,7 @@ class ExchangeLog:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._lock = threading.Condition()
+        self._checkpointing = threading.Lock()
         self._current: _Generation | None = None  # opened by the first record after a checkpoint
         self._sealed: list[_Generation] = []  # closed for appends, dropped by the next checkpoint
         self._next = 0
@@ -125,22 +126,26 @@ class ExchangeLog:
 
     def checkpoint(self) -> None:
         """Make every file written so far durable, then drop the records that covered them
-        (blocking). Records appended meanwhile go to a new generation and wait for the next."""
-        with self._lock:
-            if self._current is not None:
-                self._sealed.append(self._current)
-                self._current = None
-            sealed = list(self._sealed)
-            while any(generation.writing for generation in sealed):  # their files are being written
-                self._lock.wait()
-        if not sealed:
-            return
-        self.sync_all()  # on failure the sealed generations stay for the next checkpoint
-        with self._lock:
-            for generation in sealed:
-                os.close(generation.fd)
-                generation.path.unlink(missing_ok=True)
-                self._sealed.remove(generation)
+        (blocking). Records appended meanwhile go to a new generation and wait for the next.
+
+        One checkpoint at a time: two would both close the same generations' descriptors, and
+        the second close could hit a descriptor number already given to another file."""
+        with self._checkpointing:
+            with self._lock:
+                if self._current is not None:
+                    self._sealed.append(self._current)
+                    self._current = None
+                sealed = list(self._sealed)
+                while any(generation.writing for generation in sealed):  # their files are being written
+                    self._lock.wait()
+            if not sealed:
+                return
+            self.sync_all()  # on failure the sealed generations stay for the next checkpoint
+            with self._lock:
+                for generation in sealed:
+                    os.close(generation.fd)
+                    generation.path.unlink(missing_ok=True)
+                    self._sealed.remove(generation)
 
     def sync_all(self) -> None:
         """Every file written on the var dir's file system, durable (blocking)."""
@@ -157,6 +162,7 @@ class ExchangeLog:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        for generation in [*self._sealed, *([self._current] if self._current else [])]:
-            os.close(generation.fd)
-        self._sealed, self._current = [], None
+        with self._checkpointing, self._lock:
+            for generation in [*self._sealed, *([self._current] if self._current else [])]:
+                os.close(generation.fd)
+            self._sealed, self._current = [], None
