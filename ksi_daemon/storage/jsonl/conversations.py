@@ -182,17 +182,16 @@ class JsonlConversations(JsonlReader):
         self.log.close()
 
     # -- the exchange log --------------------------------------------------------
-    def replay_log(self) -> int:
+    def replay_log(self) -> None:
         """Exchanges a crash of the machine may have kept from their files, written again from
-        the exchange log (blocking; at open, before anything is served). Returns how many
-        records were read."""
+        the exchange log (blocking; at open, before anything is served)."""
         records = self.log.records()
         for record in records:
             self._apply(record)
         if records:
             self.log.sync_all()
+            log.info("exchange_log_replayed", records=len(records))
         self.log.drop_replayed()
-        return len(records)
 
     def _apply(self, record: dict[str, Any]) -> None:
         """Write what of one logged exchange is missing: applied twice, it changes nothing."""

@@ -5,8 +5,9 @@ for a conversation made for it, the metadata), and syncing each file and its dir
 fsyncs for a new conversation, three for a continued one. Instead the exchange is first appended
 here as one line and synced; the files are then written without syncing, and every few seconds a
 checkpoint syncs the whole file system once (syncfs) and drops the log. After a crash of the
-machine, the daemon replays what the log holds before it serves anything (`replay`): each record
-writes only what is missing, so a record applied twice changes nothing.
+machine, the daemon replays what the log holds before it serves anything
+(`JsonlConversations.replay_log`): each record writes only what is missing, so a record applied
+twice changes nothing.
 
 Only the append itself is serialised: the fsyncs of concurrent exchanges run at once, and one
 covers every record appended before it. When an exchange's files cannot be written after its
@@ -119,7 +120,11 @@ class ExchangeLog:
             path = self.directory / f"{self._next}.jsonl"
             with storage_failures():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
                 sync_path(self.directory)  # found again after a crash
+            except KsiError:
+                os.close(fd)  # left empty: nothing to replay from it
+                raise
             self._current = _Generation(path, fd)
             self._next += 1
         return self._current
