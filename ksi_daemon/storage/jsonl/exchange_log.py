@@ -17,7 +17,6 @@ again at replay. A checkpoint waits for exchanges still writing their files befo
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 import threading
@@ -41,6 +40,8 @@ def _file_system_sync() -> Callable[[int], None]:
     """syncfs(2) on Linux: one call makes every file written on that file system durable; else
     sync(2), which does the same for every file system."""
     if sys.platform.startswith("linux"):
+        import ctypes  # here, not at import: only a checkpoint needs it, never the daemon's start
+
         libc = ctypes.CDLL(None, use_errno=True)
 
         def syncfs(fd: int) -> None:
@@ -67,7 +68,7 @@ class ExchangeLog:
         self._current: _Generation | None = None  # opened by the first record after a checkpoint
         self._sealed: list[_Generation] = []  # closed for appends, dropped by the next checkpoint
         self._next = 0
-        self._syncfs = _file_system_sync()
+        self._syncfs: Callable[[int], None] | None = None  # found at the first checkpoint
 
     @property
     def pending(self) -> bool:
@@ -116,7 +117,7 @@ class ExchangeLog:
 
     def _open(self) -> _Generation:
         if self._current is None:
-            self._next = max(self._next, *(int(p.stem) + 1 for p in generations(self.directory)), 0)
+            self._next = max(self._next, *(int(p.stem) + 1 for p in self.generations()), 0)
             path = self.directory / f"{self._next}.jsonl"
             with storage_failures():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -157,6 +158,8 @@ class ExchangeLog:
         with storage_failures():
             fd = os.open(self.directory, os.O_RDONLY)
             try:
+                if self._syncfs is None:
+                    self._syncfs = _file_system_sync()
                 self._syncfs(fd)
             finally:
                 os.close(fd)
