@@ -340,6 +340,33 @@ async def test_cancel_a_running_request_aborts_the_provider_call(short_tmp: Path
         assert after["exchange"] == 2
 
 
+async def test_cancelling_the_running_request_leaves_the_next_one_whole(short_tmp: Path) -> None:
+    """The running request and the one queued behind it share their conversation's worker: the
+    cancel ends the first only; the second runs, and is cancelled by its own cancel alone."""
+    async with AbortAwareStub() as stub, running_daemon(short_tmp, **stub_settings(stub)) as daemon, \
+            connected(daemon) as client:
+        stub.hold = 60.0
+        first = await client.request("completion:async", {"prompt": "abort me", "conversation_id": "cn",
+                                                           "create": True})
+        await until(lambda: stub.in_flight == 1, "the first request reaches the stub")
+        second = await client.request("completion:async", {"prompt": "then me", "conversation_id": "cn"})
+        cancelled = await client.request("completion:cancel", {"request_id": first["request_id"]})
+        assert cancelled["cancelled"] is True
+        await until(lambda: stub.aborted == 1 and stub.in_flight == 1, "the second request reaches the stub")
+        assert (await status_of(client, second["request_id"]))["status"] == "running"
+        stub.hold = 0.0
+        # the second call is held too; a cancel of it, like any, must end it alone
+        cancelled_again = await client.request("completion:cancel", {"request_id": second["request_id"]})
+        assert cancelled_again["cancelled"] is True
+        third = await complete(client, prompt="and me", conversation_id="cn")
+        reply = await client.send_frame("completion:wait", {"request_id": first["request_id"], "timeout": 5})
+        assert reply["error"]["code"] == "cancelled"
+    assert third["content"] == "stub answer to: and me"
+    assert third["exchange"] == 1  # the cancelled ones left nothing in the index
+    assert stub.aborted == 2
+    assert len(index_ids(daemon, "cn")) == 1
+
+
 async def test_result_and_error_events_carry_ids_and_context(stub_daemon: Daemon, stub: Any) -> None:
     async with connected(stub_daemon) as client, connected(stub_daemon) as watcher:
         await watcher.request("monitor:subscribe", {"patterns": ["completion:result", "completion:error"]})

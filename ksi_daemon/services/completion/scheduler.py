@@ -23,8 +23,9 @@ class Job:
     model: str
     run: Callable[[], Awaitable[Any]]
     on_cancel_queued: Callable[[], None]
-    task: asyncio.Task[Any] | None = None
+    task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
     cancelled: bool = False
+    finished: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,8 +67,9 @@ class Scheduler:
     def cancel(self, job: Job) -> bool:
         """Cancel a queued job (removed at once) or a running one (its task is cancelled)."""
         if job.task is not None:
-            if job.task.done():
+            if job.finished or job.cancelled:
                 return False
+            job.cancelled = True  # the worker takes this cancel as the job's, not its own
             job.task.cancel()
             return True
         queue = self._queues.get(job.key)
@@ -79,6 +81,10 @@ class Scheduler:
         return True
 
     async def _work(self, key: str, queue: deque[Job]) -> None:
+        """Run the conversation's jobs one after another in this task (no task per job: a
+        cancelled job is this task cancelled once, taken back when the job has ended)."""
+        worker = asyncio.current_task()
+        assert worker is not None
         try:
             while queue:
                 job = queue[0]
@@ -86,17 +92,19 @@ class Scheduler:
                     if job.cancelled or not queue or queue[0] is not job:
                         continue
                     self.running += 1
-                    job.task = asyncio.get_running_loop().create_task(job.run())
+                    job.task = worker
                     try:
-                        await asyncio.shield(job.task)
+                        await job.run()
                     except asyncio.CancelledError:
-                        if not job.task.done():  # the worker itself is being cancelled
-                            job.task.cancel()
-                            raise
+                        if not job.cancelled or worker.cancelling() > 1:
+                            raise  # the worker itself is being cancelled (the scheduler stops)
                     except Exception:
                         log.exception("job_failed", conversation_id=key)
                     finally:
                         self.running -= 1
+                        job.finished = True
+                        if job.cancelled and worker.cancelling():
+                            worker.uncancel()  # the job's cancel is spent; later awaits are the worker's own
                 if queue and queue[0] is job:
                     queue.popleft()
         finally:
@@ -111,8 +119,8 @@ class Scheduler:
         for queue in self._queues.values():
             for job in list(queue)[1:]:
                 self.cancel(job)
-        running = [job.task for job in self.jobs() if job.task is not None and not job.task.done()]
-        if running:
+        running = [job.task for job in self.jobs() if job.task is not None and not job.finished]
+        if running:  # only the running job is left in each queue: its worker ends with it
             _done, pending = await asyncio.wait(running, timeout=timeout)
             for task in pending:
                 task.cancel()
