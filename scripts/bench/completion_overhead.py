@@ -128,6 +128,7 @@ def start_direct(api_base: str, conversations: int) -> DirectWorker:
 # -- role: the daemon with measurement hooks (profile, ablations) ----------------------------
 ABLATIONS = {
     "instant_provider": "the provider answers at once, no litellm call: the daemon alone",
+    "waiting_provider": "the provider answers after a 2 ms wait that takes no CPU, as a remote call does",
     "no_cost_lookup": "skip the daemon's litellm.completion_cost fallback for unpriced models",
     "no_meta_save": "the exchange's metadata is neither saved nor queued to be saved within a second",
     "no_response_file": "the exchange's response record is not written (no response file created)",
@@ -179,10 +180,14 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
     from ksi_daemon.storage.jsonl.conversations import JsonlConversations
     from ksi_daemon.storage.jsonl.journal import JsonlJournal
 
-    if "instant_provider" in ablate:
+    if ablate & {"instant_provider", "waiting_provider"}:
         from ksi_daemon.providers.base import ProviderReply
 
+        wait = 0.002 if "waiting_provider" in ablate else 0.0
+
         async def complete(self: Any, call: Any) -> Any:
+            if wait:
+                await asyncio.sleep(wait)
             text = f"stub answer to: {call.messages[-1]['content']}"
             prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in call.messages)
             return ProviderReply(content=text, model=call.model, finish_reason="stop", provider="openai",
@@ -410,6 +415,7 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
         # the daemon alone (provider answers at once), then without one part each
         "alone": {"fsync": "never", "ablate": ("instant_provider",)},
         "alone, fsync always": {"fsync": "always", "ablate": ("instant_provider",)},
+        "alone, waiting provider": {"fsync": "never", "ablate": ("waiting_provider",)},
     }
     for name in PARTS:
         specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
@@ -542,7 +548,8 @@ def print_profile(report: dict[str, Any]) -> None:
     rows = [("reference", None, "nothing: the full daemon calling litellm"),
             ("no_cost_lookup", "reference", ABLATIONS["no_cost_lookup"]),
             ("alone", None, ABLATIONS["instant_provider"]),
-            ("alone, fsync always", "alone", "the daemon alone with fsync always (saving < 0 = fsync's cost)")]
+            ("alone, fsync always", "alone", "the daemon alone with fsync always (saving < 0 = fsync's cost)"),
+            ("alone, waiting provider", "alone", ABLATIONS["waiting_provider"] + " (the same work, run cold)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
     rows.append(("alone, all parts", "alone", "all five parts above left out"))
     for name, base, what in rows:
@@ -555,7 +562,8 @@ def print_profile(report: dict[str, Any]) -> None:
         inside = median([a["cpu_ms"] - b["cpu_ms"] for a, b in zip(abl["reference"][shape], abl["alone"][shape],
                                                                   strict=True)])
         print(f"{shape}: litellm's share inside the daemon (reference - alone) = {inside:.3f} ms; "
-              f"the daemon alone = {cpu('alone', shape):.3f} ms")
+              f"the daemon alone = {cpu('alone', shape):.3f} ms, "
+              f"{cpu('alone, waiting provider', shape):.3f} ms when its provider call waits")
     prof = report["profile"]["cprofile"]
     print(f"\ncProfile of the daemon alone ({prof['shape']}, fsync never), its own functions by cumulative time "
           f"(thread-CPU timer; {prof['profiled_ms_per_completion']:.1f} ms per completion profiled in all: "
