@@ -65,7 +65,7 @@ class Scheduler:
             return 0
 
     def cancel(self, job: Job) -> bool:
-        """Cancel a queued job (removed at once) or a running one (its task is cancelled)."""
+        """Cancel a queued job (removed at once) or a running one (its worker is cancelled, for this job only)."""
         if job.task is not None:
             if job.finished or job.cancelled:
                 return False
