@@ -6,12 +6,15 @@ import fnmatch
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ksi_common.dburl import mask_url
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
+
+
+RESOLVED_KEPT = 1024  # model names whose overrides are remembered (see Settings.model_settings)
 
 
 class ModelSettings(BaseModel):
@@ -58,6 +61,8 @@ class Settings(BaseSettings):
     default_context_window: int = Field(default=8192, gt=0)
     default_output_reserve: int = Field(default=1024, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
+    _resolved: dict[str, ModelSettings] = PrivateAttr(default_factory=dict)  # model name -> its overrides
+    _resolved_from: dict[str, ModelSettings] | None = PrivateAttr(default=None)  # the `models` they came from
     active_conversations: int = Field(default=1000, gt=0)
     finished_requests_kept: int = Field(default=10_000, gt=0)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
@@ -112,7 +117,20 @@ class Settings(BaseSettings):
         return self.socket_path or self.layout.default_socket
 
     def model_settings(self, model: str) -> ModelSettings:
-        """The most specific override for `model` (exact name first, then the longest glob)."""
+        """The most specific override for `model` (exact name first, then the longest glob).
+
+        Remembered per name: a completion asks about its model about ten times, and matching
+        every pattern each time was a visible share of the daemon's own CPU per request."""
+        found = self._resolved.get(model)
+        if found is None or self._resolved_from is not self.models:
+            if len(self._resolved) >= RESOLVED_KEPT or self._resolved_from is not self.models:
+                # names come from requests: kept bounded; a copy with other models starts afresh
+                self._resolved = {}
+                self._resolved_from = self.models
+            found = self._resolved[model] = self._most_specific(model)
+        return found
+
+    def _most_specific(self, model: str) -> ModelSettings:
         if model in self.models:
             return self.models[model]
         matches = [p for p in self.models if fnmatch.fnmatchcase(model, p)]
