@@ -407,7 +407,7 @@ async def _recover(tmp_path: Path, journal: JsonlJournal) -> list[dict[str, Any]
 
 async def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: Path) -> None:
     journal = _journal(tmp_path, [
-        {"request_id": "r1", "conversation_id": "c", "status": "queued"},
+        {"request_id": "r1", "conversation_id": "c", "status": "queued", "response_id": "m-0"},  # never indexed
         {"request_id": "r2", "conversation_id": "c", "status": "queued"},
         {"request_id": "r2", "conversation_id": "c", "status": "running", "response_id": "m-1"},
         {"request_id": "r3", "conversation_id": "c", "status": "queued"},
@@ -422,13 +422,18 @@ async def test_journal_reports_unfinished_requests_as_daemon_restart(tmp_path: P
     assert not journal.path.read_bytes().endswith(b"torn")
 
 
-async def test_journal_recovers_a_request_indexed_just_before_the_kill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lines", [
+    # what the daemon journals: the response id comes with `queued`
+    [{"request_id": "r1", "conversation_id": "c", "status": "queued", "response_id": "m-1"}],
+    # a journal of an earlier version: the response id came with a `running` line
+    [{"request_id": "r1", "conversation_id": "c", "status": "queued"},
+     {"request_id": "r1", "conversation_id": "c", "status": "running", "response_id": "m-1"}],
+], ids=["queued-with-response-id", "legacy-running-line"])
+async def test_journal_recovers_a_request_indexed_just_before_the_kill(tmp_path: Path,
+                                                                      lines: list[dict[str, Any]]) -> None:
     # killed after the index line was appended but before the journal said `done`:
     # the exchange is in the history, so the request is done, not failed (a retry would duplicate it)
-    journal = _journal(tmp_path, [
-        {"request_id": "r1", "conversation_id": "c", "status": "queued"},
-        {"request_id": "r1", "conversation_id": "c", "status": "running", "response_id": "m-1"},
-    ])
+    journal = _journal(tmp_path, lines)
     layout = VarLayout(tmp_path)
     layout.response_file("m-1").write_bytes(
         orjson.dumps({"v": 1, "type": "user", "content": "hi"}) + b"\n"

@@ -16,15 +16,16 @@ async def recover(journal: RequestJournal, conversations: ConversationStore,
     with `daemon_restart` (or done when their exchange was indexed); the journal is compacted to
     the most recent of them, so `completion:status` still answers for them after a restart."""
     interrupted, finished = [], []
+    indexed: dict[str, dict[str, int]] = {}  # conversation -> its indexed response ids, read once
     for line in await journal.states():
         if line.get("status") in ("done", "failed", "cancelled"):
             finished.append(line)
             continue
-        if line.get("status") not in ("queued", "running"):
+        if line.get("status") not in ("queued", "running"):  # `running`: journals of earlier versions
             continue
         # Killed after the index line was written but before `done` was journaled: the
         # exchange is in the history, so the request is done (a retry would duplicate it).
-        result = await indexed_result(line, conversations, responses) if line.get("status") == "running" else None
+        result = await indexed_result(line, conversations, responses, indexed)
         if result is not None:
             interrupted.append({**line, "status": "done", "recovered": True, "result": result, "ts": utc_now()})
         else:
@@ -34,15 +35,20 @@ async def recover(journal: RequestJournal, conversations: ConversationStore,
     return kept
 
 
-async def indexed_result(line: dict[str, Any], conversations: ConversationStore,
-                         responses: ResponseStore) -> dict[str, Any] | None:
-    """The result data of a journaled request whose exchange made it into its index, else None."""
+async def indexed_result(line: dict[str, Any], conversations: ConversationStore, responses: ResponseStore,
+                         indexed: dict[str, dict[str, int]] | None = None) -> dict[str, Any] | None:
+    """The result data of a journaled request whose exchange made it into its index, else None;
+    `indexed` keeps each conversation's index as read, for a caller asking about many requests."""
     response_id, conversation_id = line.get("response_id"), line.get("conversation_id")
     if not response_id or not conversation_id:
         return None
-    entries = await conversations.entries(conversation_id)
-    entry = next((e for e in reversed(entries) if e.response_id == response_id), None)
-    if entry is None:
+    numbers = indexed.get(conversation_id) if indexed is not None else None
+    if numbers is None:
+        numbers = {e.response_id: e.n for e in await conversations.entries(conversation_id)}
+        if indexed is not None:
+            indexed[conversation_id] = numbers
+    n = numbers.get(response_id)
+    if n is None:
         return None
     record = await responses.read(response_id)
     if record is None or not record.ok or record.outcome is None:
@@ -54,5 +60,5 @@ async def indexed_result(line: dict[str, Any], conversations: ConversationStore,
         "agent_id": agent_id, "model": outcome.get("model"), "content": record.content,
         "finish_reason": outcome.get("finish_reason"), "usage": outcome.get("usage") or {},
         "cost": outcome.get("cost"), "history": {}, "attempts": len(outcome.get("attempts") or []),
-        "duration_ms": outcome.get("duration_ms"), "exchange": entry.n or None, "recovered": True,
+        "duration_ms": outcome.get("duration_ms"), "exchange": n or None, "recovered": True,
     }

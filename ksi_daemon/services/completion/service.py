@@ -401,7 +401,9 @@ class CompletionService:
         self.requests.add(state)
         memory.users += 1  # held in memory until the request ends (see ConversationCache._keep)
         self._held[state.request_id] = memory
-        self.journal.record(state.request_id, state.conversation_id, "queued")
+        # two lines a request, queued and its end: the response id is known from here, so a
+        # restart finds an exchange indexed before the kill without a `running` line
+        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
         self.scheduler.submit(state.job)
         return state
 
@@ -496,7 +498,6 @@ class CompletionService:
     async def _run(self, state: RequestState) -> None:
         state.status = "running"
         state.started_at = time.perf_counter()
-        self.journal.record(state.request_id, state.conversation_id, "running", response_id=state.response_id)
         attempts: list[dict[str, Any]] = []
         inputs = records.input_lines(state)
         try:

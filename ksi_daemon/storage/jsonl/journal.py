@@ -23,7 +23,7 @@ log = structlog.get_logger("ksi.storage.journal")
 class JsonlJournal:
     def __init__(self, layout: VarLayout) -> None:
         self.path = layout.requests_file
-        self._fd: int | None = None  # kept open: three lines a request, a reopen each is waste
+        self._fd: int | None = None  # kept open: two lines a request, a reopen each is waste
 
     def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
                code: str | None = None) -> None:
@@ -55,7 +55,7 @@ class JsonlJournal:
     def _states(self) -> list[dict[str, Any]]:
         last: dict[str, dict[str, Any]] = {}
         for line in read_records(self.path):
-            if "request_id" in line:  # later lines win; the `running` line's response_id is kept
+            if "request_id" in line:  # later lines win; an earlier line's fields stay unless overwritten
                 last[line["request_id"]] = {**last.get(line["request_id"], {}), **line}
         return list(last.values())
 
