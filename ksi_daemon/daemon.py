@@ -161,8 +161,14 @@ class Daemon:
         # completion outcomes reach the subscribers of every daemon sharing this storage
         await self.storage.relay.start(self.monitor.deliver_remote)
         self._unregister.append(self.router.listen("completion:*", self._relay_outcome))
-        await self.server.start()
+        # the socket last: a client takes a daemon whose socket answers as started (`ksi daemon
+        # start` prints the HTTP address from the first health reply), so every door is open by then
         await self.http.start()
+        try:
+            await self.server.start()
+        except BaseException:
+            await self.http.stop()
+            raise
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         if self.settings.litellm_preload:
             # litellm's multi-second import happens after the socket answers, off the loop

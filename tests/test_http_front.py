@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -113,3 +114,30 @@ async def test_the_listener_sets_nodelay_so_replies_are_not_held_back(http_daemo
     assert server is not None
     listener = server.servers[0].sockets[0]
     assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+async def test_once_the_socket_answers_the_http_front_serves(short_tmp: Path) -> None:
+    """A client takes a daemon whose socket answers as started (`ksi daemon start` prints the
+    HTTP address from that first health reply): the address must already be served."""
+    import asyncio
+
+    from ksi_daemon.daemon import Daemon
+
+    daemon = Daemon(make_settings(short_tmp, http_addr="127.0.0.1:0", http_token=HTTP_TOKEN))
+    starting = asyncio.get_running_loop().create_task(daemon.start())
+    try:
+        while not daemon.settings.socket.exists():  # the first moment a client can connect
+            assert not starting.done() or starting.exception() is None
+            await asyncio.sleep(0)
+        reader, writer = await asyncio.open_unix_connection(str(daemon.settings.socket))
+        writer.write(b'{"event": "system:health", "correlation_id": "h"}\n')
+        reply = json.loads(await reader.readline())
+        writer.close()
+        url = reply["data"]["http"]
+        assert not url.endswith(":0")
+        async with httpx.AsyncClient(base_url=url) as http:
+            ok = await http.get("/v1/models", headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
+        assert ok.status_code == 200
+    finally:
+        await starting
+        await daemon.shutdown()
