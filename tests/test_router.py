@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.events import EventData, NoData, Text
 from ksi_daemon.router import Router, matches
+from tests.conftest import connected, running_daemon
 
 
 class EchoData(EventData):
@@ -380,3 +382,28 @@ async def test_health_reports_counts(daemon: Daemon, client: KsiClient) -> None:
         await second.request("monitor:subscribe", {"patterns": ["*"]})
         health = await client.request("system:health")
         assert (health["connections"], health["subscriptions"]) == (2, 1)
+
+
+def _statm_descriptors() -> int:
+    """Descriptors of this process open on its own /proc statm file."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == f"/proc/{os.getpid()}/statm"
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return count
+
+
+async def test_health_reports_the_memory_resident_now_and_keeps_no_descriptor_after_stop(short_tmp: Path) -> None:
+    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        first = (await client.request("system:health"))["memory_rss_mb"]
+        ballast = bytearray(os.urandom(1024)) * (64 * 1024)  # 64 MB, every page written
+        grown = (await client.request("system:health"))["memory_rss_mb"]
+        assert grown - first >= 60, (first, grown)  # read afresh at each reply, not remembered
+        del ballast
+        assert _statm_descriptors() == 1  # one kept open, not one per reply
+        system = daemon.system
+    assert _statm_descriptors() == 0
+    assert system.memory.megabytes() > 0  # a reply while draining still has a figure
+    assert _statm_descriptors() == 0

@@ -38,6 +38,8 @@ class SystemService:
         self.health_sections = health_sections
         self.settings_view = settings_view
         self.started = time.monotonic()
+        self.pid = os.getpid()
+        self.memory = ResidentMemory()
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -54,8 +56,8 @@ class SystemService:
             "status": "healthy",
             "version": __version__,
             "uptime": round(time.monotonic() - self.started, 3),
-            "pid": os.getpid(),
-            "memory_rss_mb": _rss_mb(),
+            "pid": self.pid,
+            "memory_rss_mb": self.memory.megabytes(),
         }
         for name, section in self.health_sections.items():
             report[name] = section()
@@ -75,12 +77,34 @@ class SystemService:
         self.request_shutdown()
         return {"status": "shutting_down"}
 
+    async def stop(self, timeout: float) -> None:
+        self.memory.close()
 
-def _rss_mb() -> float:
-    """Resident memory now (from /proc where there is one, else the peak the kernel reports)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-        return round(pages * os.sysconf("SC_PAGE_SIZE") / 1048576, 1)
-    except (OSError, ValueError, IndexError):
-        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+class ResidentMemory:
+    """The process's resident memory now, from /proc/self/statm read through one descriptor kept
+    open: each health reply then costs one pread instead of the nine system calls of opening the
+    file (on a VM they were half the daemon's CPU per round trip). Where there is no /proc, and
+    once closed (health is still answered while the daemon drains), the peak the kernel reports."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._closed = False
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def megabytes(self) -> float:
+        try:
+            if self._closed:
+                raise OSError("closed")
+            if self._fd is None:
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            pages = int(os.pread(self._fd, 128, 0).split()[1])  # offset 0: the kernel writes it afresh
+            return round(pages * self._page / 1048576, 1)
+        except (OSError, ValueError, IndexError):
+            return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
