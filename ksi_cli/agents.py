@@ -2,43 +2,47 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import asyncio
 from typing import Any
 
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import locate
+from ksi_cli.locate import Location, locate
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.layout import VarLayout
+from ksi_common.reading import StoredReader, open_reader
 
 COLUMNS = ["agent_id", "profile", "model", "status", "exchanges", "last_activity"]
 
 
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def agents_on_disk(layout: VarLayout, status: str | None) -> dict[str, Any]:
-    """What agent:list answers, read from the agents' records and their conversations' metadata."""
+async def stored_agents(reader: StoredReader, status: str | None) -> dict[str, Any]:
+    """What agent:list answers, from the stored agent records and their conversations' metadata."""
+    records = [r for r in await reader.agent_records() if not status or r.get("status") == status]
+    metas = await reader.metas([str(r.get("conversation_id")) for r in records])
     found = []
-    for path in sorted(layout.agents_dir.glob("*.json")) if layout.agents_dir.is_dir() else []:
-        record = _json_file(path)
-        if record is None or "agent_id" not in record or (status and record.get("status") != status):
-            continue
-        meta = _json_file(layout.meta_file(str(record.get("conversation_id")))) or {}
-        found.append({key: record.get(key) for key in ("agent_id", "profile", "model", "status", "conversation_id",
-                                                       "created", "last_activity")}
-                     | {"exchanges": meta.get("exchanges", 0)})
+    for record, meta in zip(records, metas, strict=True):
+        exchanges = int((meta or {}).get("exchanges") or 0)
+        last = str(record.get("last_activity") or "")
+        if exchanges and meta and str(meta.get("last_activity") or "") > last:
+            last = str(meta["last_activity"])
+        found.append({key: record.get(key) for key in ("agent_id", "conversation_id", "profile", "model", "status",
+                                                       "created", "spawned_by")}
+                     | {"last_activity": last or None, "exchanges": exchanges})
     found.sort(key=lambda agent: str(agent.get("created")))
     return {"agents": found, "count": len(found)}
+
+
+def _read_stored(location: Location, status: str | None) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        reader = open_reader(location.storage, location.layout, location.database_url)
+        try:
+            return await stored_agents(reader, status)
+        finally:
+            await reader.aclose()
+
+    return asyncio.run(read())
 
 
 @click.command()
@@ -55,9 +59,15 @@ def agents(status: str | None, as_json: bool, var_dir: str | None, socket_path: 
     except KsiError as error:
         if error.code != ErrorCode.DAEMON_UNREACHABLE:
             fail(error, as_json, location)
-        # inspection works with the daemon stopped: the agents' records are files under var/state
-        reply = agents_on_disk(location.layout, status)
-        click.echo(f"daemon not running; agents read from {location.describe()}", err=True)
+        # inspection works with the daemon stopped: the agents' records are read where the daemon
+        # keeps them (files under var/state, or the database with KSI_STORAGE=postgres)
+        try:
+            reply = _read_stored(location, status)
+        except KsiError as stored_error:
+            fail(stored_error, as_json, location)
+        except ValueError as bad_setting:  # KSI_STORAGE unknown, or postgres without a URL
+            fail(KsiError(ErrorCode.VALIDATION_ERROR, str(bad_setting)), as_json, location)
+        click.echo(f"daemon not running; agents read from {location.describe_storage()}", err=True)
     if wants_json(as_json):
         show(reply, True)
         return

@@ -45,6 +45,14 @@ class Location:
         """Where the var dir is and why it was chosen, for messages that say where we looked."""
         return f"{self.var_dir} ({self.found_by})"
 
+    def describe_storage(self) -> str:
+        """Where the stored conversations and agents are read: the var dir or the database."""
+        if self.storage == "postgres" and self.database_url:
+            from ksi_common.dburl import mask_url
+
+            return f"the database {mask_url(self.database_url)} (KSI_STORAGE=postgres)"
+        return self.describe()
+
 
 def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
     """Options first, then `KSI_*` variables and `.env`, then a marked project `var/`, then the per-user dir."""

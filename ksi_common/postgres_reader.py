@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
+from ksi_common.dburl import mask_urls_in
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.records import INPUT_TYPES, IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
@@ -67,10 +69,19 @@ class PostgresReader:
         self._run: Run[Any] = run or self._run_own
 
     async def _run_own(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        if self._own_pool is None:
-            self._own_pool = await asyncpg.create_pool(self._url, min_size=1, max_size=2, init=init_connection)
-        async with self._own_pool.acquire() as conn:
-            return await work(conn)
+        """`work` on the reader's own pool; a database that cannot be read is a KsiError (the
+        commands report it by its code), its URL's password masked."""
+        try:
+            if self._own_pool is None:
+                self._own_pool = await asyncpg.create_pool(self._url, min_size=1, max_size=2, init=init_connection)
+            async with self._own_pool.acquire() as conn:
+                return await work(conn)
+        except (OSError, asyncpg.InterfaceError) as error:  # refused, unresolvable, timed out, closed
+            raise KsiError(ErrorCode.STORAGE_UNAVAILABLE,
+                           f"cannot reach the database: {mask_urls_in(str(error))}") from None
+        except asyncpg.PostgresError as error:  # a wrong password, no such database, no schema yet
+            raise KsiError(ErrorCode.STORAGE_ERROR, f"cannot read the database: {mask_urls_in(str(error))}",
+                           sqlstate=error.sqlstate) from None
 
     async def aclose(self) -> None:
         if self._own_pool is not None:
@@ -129,3 +140,7 @@ class PostgresReader:
         rows = await self._run(lambda c: c.fetch(
             "SELECT conversation_id FROM ksi_conversations WHERE parent_id = $1 ORDER BY 1", conversation_id))
         return [r[0] for r in rows]
+
+    async def agent_records(self) -> list[dict[str, Any]]:
+        rows = await self._run(lambda c: c.fetch("SELECT record FROM ksi_agents ORDER BY agent_id"))
+        return [r["record"] for r in rows if isinstance(r["record"], dict)]

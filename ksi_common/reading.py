@@ -60,6 +60,10 @@ class StoredReader(Protocol):
         """The conversation's own summaries (compaction), oldest first."""
         ...
 
+    async def agent_records(self) -> list[dict[str, Any]]:
+        """Every stored agent record (what `agent:spawn` made, as plain dicts), sorted by agent id."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the reader holds (a connection pool); a no-op for files."""
         ...
@@ -174,6 +178,17 @@ class JsonlFiles:
                 forks.append(path.stem)
         return sorted(forks)
 
+    def agent_records(self) -> list[dict[str, Any]]:
+        records = []
+        for path in sorted(self.layout.agents_dir.glob("*.json")):
+            try:
+                raw = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue  # a record being replaced is written aside and renamed: never torn
+            if isinstance(raw, dict) and "agent_id" in raw:
+                records.append(raw)
+        return records
+
 
 class JsonlReader:
     """The read port over a var dir's files (the default backend)."""
@@ -201,6 +216,9 @@ class JsonlReader:
 
     async def summaries(self, conversation_id: str) -> list[Summary]:
         return await asyncio.to_thread(self.files.summaries, conversation_id)
+
+    async def agent_records(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.files.agent_records)
 
     async def aclose(self) -> None:
         return None

@@ -39,10 +39,10 @@ class Run:
         return json.loads(self.err.splitlines()[0])["error"]
 
 
-async def ksi(root: Path, *args: str, stdin: bytes | None = None) -> Run:
-    """`ksi ARGS` in `root` (so no stray .env is read), output piped."""
+async def ksi(root: Path, *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> Run:
+    """`ksi ARGS` in `root` (so no stray .env is read), output piped; `env` added to the clean one."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ksi_cli", *args, cwd=root, env=clean_env(),
+        sys.executable, "-m", "ksi_cli", *args, cwd=root, env={**clean_env(), **(env or {})},
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

@@ -6,6 +6,9 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ksi_common.client import KsiClient
 from tests.conftest import complete, running_daemon
@@ -114,3 +117,24 @@ async def test_logs_n_0_prints_nothing_and_no_color_is_honoured(short_tmp: Path)
     assert "something_failed" in plain.out and "\x1b[" not in plain.out
     table = await ksi_on_terminal(short_tmp, "--no-color", "conversations", "--var-dir", str(short_tmp / "var"))
     assert "\x1b[" not in table.out
+
+
+@pytest.mark.parametrize("command", [["agents"], ["conversations"], ["conversation", "show", "c-1"],
+                                     ["response", "show", "r-1"]])
+async def test_reading_a_database_that_cannot_be_read_is_a_clear_error(short_tmp: Path, pg_url: str,
+                                                                       command: list[str]) -> None:
+    """With the daemon stopped, the inspection commands read the database KSI_STORAGE names: a
+    missing URL, an unreachable server and a database no daemon has set up are errors by code
+    (exit 1), never a traceback, the password never shown."""
+    def run(**env: str) -> Any:
+        return ksi(short_tmp, *command, "--json", "--var-dir", str(short_tmp / "var"), env=env)
+
+    unset = await run(KSI_STORAGE="postgres")
+    assert unset.code == 1 and json.loads(unset.err)["error"]["code"] == "validation_error", unset.err
+    assert "KSI_DATABASE_URL" in unset.err
+    away = await run(KSI_STORAGE="postgres", KSI_DATABASE_URL="postgresql://ksi:hunter2@127.0.0.1:1/ksi")
+    assert away.code == 1 and json.loads(away.err)["error"]["code"] == "storage_unavailable", away.err
+    assert "hunter2" not in away.out + away.err
+    empty = await run(KSI_STORAGE="postgres", KSI_DATABASE_URL=pg_url)  # no schema: no daemon ever used it
+    assert empty.code == 1 and json.loads(empty.err)["error"]["code"] == "storage_error", empty.err
+    assert "Traceback" not in unset.err + away.err + empty.err

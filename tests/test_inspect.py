@@ -99,6 +99,28 @@ async def filled_files(short_tmp: Path, stub: Any) -> dict[str, Any]:
     return await fill(short_tmp, stub, {})
 
 
+async def test_agents_are_read_where_the_daemon_keeps_them_once_it_is_stopped(short_tmp: Path,
+                                                                               backend: dict[str, Any]) -> None:
+    env = {"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": backend["database_url"]} if backend else {}
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
+        await client.request("agent:spawn", {"agent_id": "scribe", "model": "echo/s"})
+        await client.request("agent:send_message", {"agent_id": "scribe", "message": "take a note", "wait": 30})
+        await client.request("agent:spawn", {"agent_id": "idle", "model": "echo/i"})
+        await client.request("agent:terminate", {"agent_id": "idle"})
+        online = await client.request("agent:list", {})
+    where = ["--var-dir", str(short_tmp / "var")]
+    offline = ksi("agents", "--json", *where, cwd=short_tmp, env=env)
+    assert "daemon not running" in offline.stderr
+    assert ("database" in offline.stderr) == bool(backend)
+    fields = ("agent_id", "conversation_id", "status", "exchanges", "created", "last_activity")
+    listed = [{k: a[k] for k in fields} for a in as_json(offline)["agents"]]
+    assert listed == [{k: a[k] for k in fields} for a in online["agents"]]
+    assert [(a["agent_id"], a["status"], a["exchanges"]) for a in listed] == [("scribe", "active", 1),
+                                                                              ("idle", "terminated", 0)]
+    active = as_json(ksi("agents", "--json", "--status", "active", *where, cwd=short_tmp, env=env))
+    assert [a["agent_id"] for a in active["agents"]] == ["scribe"]
+
+
 async def test_inspection_reads_var_with_the_daemon_stopped(filled: dict[str, Any]) -> None:
     where = ["--var-dir", str(filled["var"])]
     cwd = filled["root"]
