@@ -93,15 +93,15 @@ class ResidentMemory:
         self._page = os.sysconf("SC_PAGE_SIZE")
 
     def megabytes(self) -> float:
-        try:
-            if self._closed:
-                raise OSError("closed")
-            if self._fd is None:
-                self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-            pages = int(os.pread(self._fd, 128, 0).split()[1])  # offset 0: the kernel writes it afresh
-            return round(pages * self._page / 1048576, 1)
-        except (OSError, ValueError, IndexError):
-            return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        if not self._closed:
+            try:
+                if self._fd is None:
+                    self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+                pages = int(os.pread(self._fd, 128, 0).split()[1])  # offset 0: the kernel writes it afresh
+                return round(pages * self._page / 1048576, 1)
+            except (OSError, ValueError, IndexError):
+                pass
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     def close(self) -> None:
         self._closed = True
