@@ -129,8 +129,12 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
     return done
 
 
-def _print_report(report: checks.Report, repaired: list[dict[str, Any]]) -> None:
+def _print_report(report: checks.Report, repaired: list[dict[str, Any]], location: Location) -> None:
     click.secho(f"var dir: {report.var_dir}", bold=True)
+    if location.storage != "jsonl":
+        # the database keeps its own rows whole (keys, transactions); what is checked here is what
+        # the daemon still keeps in its var dir: socket, pid, logs, request journal, modes
+        click.echo(f"  conversations and agents are in {location.describe_storage()}: not checked here")
     counts = report.counts
     click.echo(f"  {counts.get('indexes', 0)} indexes, {counts.get('index_entries', 0)} exchanges, "
                f"{counts.get('responses', 0)} response files")
@@ -179,7 +183,8 @@ def doctor(var_dir: str | None, socket_path: str | None, as_json: bool, repair_f
                 lock.release()
         report = checks.check(location.var_dir, location.socket)
     if wants_json(as_json):
-        click.echo(json.dumps({**report.to_dict(), "repaired": repaired}, ensure_ascii=False))
+        click.echo(json.dumps({**report.to_dict(), "storage": location.storage, "repaired": repaired},
+                              ensure_ascii=False))
     else:
-        _print_report(report, repaired)
+        _print_report(report, repaired, location)
     sys.exit(EXIT_OK if report.ok else EXIT_ERROR)

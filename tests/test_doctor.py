@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from ksi_cli.doctor import truncate_torn_tail
 from ksi_cli.main import cli
 from ksi_common import doctor as checks
+from ksi_cli.locate import Location
 from ksi_common.layout import VarLayout
 from ksi_common.records import read_index
 from tests.conftest import connected, running_daemon
@@ -182,9 +183,27 @@ def test_pretty_report_names_problems_and_orphans(short_tmp: Path) -> None:
     layout = damaged_var(short_tmp)
     runner = CliRunner()
     with runner.isolation() as (out, _err, *_rest):
-        _print_report(checks.check(layout.root), [])
+        _print_report(checks.check(layout.root), [], Location(layout.root, layout.run_dir / "daemon.sock"))
     text = out.getvalue().decode()
     assert "torn_tail" in text and "(--repair fixes it)" in text and "orphan-6.jsonl" in text
+    assert "not checked here" not in text  # the conversations were checked: they are these files
+
+
+def test_with_conversations_in_a_database_the_report_says_what_it_did_not_check(short_tmp: Path) -> None:
+    layout = VarLayout(short_tmp / "var")
+    layout.run_dir.mkdir(parents=True, mode=0o700)
+    env = {"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": "postgresql://ksi:hunter2@db.example:5432/ksi"}
+    machine = CliRunner().invoke(cli, ["doctor", "--json", "--var-dir", str(layout.root)], env=env)
+    assert machine.exit_code == 0 and json.loads(machine.output)["storage"] == "postgres"
+    from ksi_cli.doctor import _print_report
+
+    runner = CliRunner()
+    with runner.isolation() as (out, _err, *_rest):  # what a person sees on a terminal
+        _print_report(checks.check(layout.root), [], Location(layout.root, layout.run_dir / "daemon.sock",
+                                                              storage="postgres", database_url=env["KSI_DATABASE_URL"]))
+    text = out.getvalue().decode()
+    assert "conversations and agents are in the database" in text and "not checked here" in text
+    assert "hunter2" not in text + machine.output
 
 
 def test_truncate_torn_tail_keeps_whole_lines(tmp_path: Path) -> None:
