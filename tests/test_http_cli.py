@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import httpx
 
@@ -34,3 +35,23 @@ def test_explicit_token_wins_and_a_public_bind_without_one_is_refused(place: Pla
     assert refused.returncode != 0
     assert "explicit token" in refused.stderr + refused.stdout
     assert not (place.var_dir / "state" / "http_token").exists()
+
+
+def test_a_taken_http_port_is_a_clear_error_and_leaves_no_socket(place: Place) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = place.ksi("daemon", "start", *place.where, "--http", f"127.0.0.1:{port}")
+    assert refused.returncode != 0
+    said = refused.stderr + refused.stdout
+    assert "exited with code 2" in said and f"cannot serve HTTP on http://127.0.0.1:{port}" in said
+    assert "Traceback" not in said
+    assert not place.socket.exists()  # the socket opens last: nobody was told the daemon had started
+    result = place.ksi("daemon", "start", *place.where, "--http", "127.0.0.1:0")  # a free port: it starts
+    pid = started_pid(result)
+    try:
+        assert re.search(r"http://127\.0\.0\.1:(\d+)", result.stdout), result.stdout
+    finally:
+        place.ksi("daemon", "stop", *place.where)
+        force_stop(pid)

@@ -10,6 +10,10 @@ class UnsafeHttpBind(RuntimeError):
     """A bind the daemon refuses: a bad address, or a non-loopback one without an explicit token."""
 
 
+class HttpBindFailed(RuntimeError):
+    """An address the daemon cannot serve: taken by another program, or not this machine's."""
+
+
 @dataclass(frozen=True, slots=True)
 class HttpBinding:
     host: str

@@ -23,7 +23,7 @@ from ksi_common import http_token
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.auth import TokenAuth
-from ksi_daemon.transports.http.binding import HttpBinding, UnsafeHttpBind
+from ksi_daemon.transports.http.binding import HttpBindFailed, HttpBinding, UnsafeHttpBind
 from ksi_daemon.transports.http.door import error_response
 
 log = structlog.get_logger("ksi.http")
@@ -107,7 +107,11 @@ class HttpFront:
             if group.lifespan is not None:
                 await self._lifespans.enter_async_context(group.lifespan())
         family = socket.AF_INET6 if ":" in self.binding.host else socket.AF_INET
-        sock = socket.create_server((self.binding.host, self.binding.port), family=family, backlog=1024)
+        try:
+            sock = socket.create_server((self.binding.host, self.binding.port), family=family, backlog=1024)
+        except OSError as exc:
+            await self._lifespans.aclose()
+            raise HttpBindFailed(f"cannot serve HTTP on {self.url}: {exc.strerror or exc}") from None
         # Accepted sockets inherit this. asyncio sets it only on sockets whose proto is IPPROTO_TCP,
         # and create_server's is 0: without it a keep-alive response's body waited ~40 ms for an ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
