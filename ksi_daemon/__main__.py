@@ -18,6 +18,7 @@ from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
 from ksi_daemon.transports.http.binding import HttpBindFailed, UnsafeHttpBind
+from ksi_daemon.transports.unix import SocketPathTooLong
 
 
 EXIT_STORAGE = 4  # the storage cannot be opened: a database unreachable, or its schema too new
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         # (0.27 ms less per completion on the stub, 0.2 ms of it in litellm's own calls)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(run_daemon(settings))
-    except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed) as exc:
+    except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed, SocketPathTooLong) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
     except KsiError as exc:

@@ -7,6 +7,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,3 +122,19 @@ def test_doctor_repair_removes_a_stale_socket_only(short_tmp: Path) -> None:
     report = json.loads(result.output)
     assert [r["kind"] for r in report["repaired"]] == ["stale_socket"]
     assert not sock.exists()
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_anything_is_made(short_tmp: Path) -> None:
+    from ksi_daemon.transports.unix import SOCKET_PATH_LIMIT, SocketPathTooLong
+
+    fits = short_tmp / ("s" * (SOCKET_PATH_LIMIT - len(os.fsencode(short_tmp)) - 1))
+    assert len(os.fsencode(fits)) == SOCKET_PATH_LIMIT
+    Daemon(make_settings(short_tmp, socket_path=fits))  # the longest path that fits is taken
+    long = short_tmp / ("s" * 150)
+    with pytest.raises(SocketPathTooLong, match=f"at most {SOCKET_PATH_LIMIT}"):
+        Daemon(make_settings(short_tmp, socket_path=long))
+    # as a process: one line and exit code 2, no traceback, no socket
+    run = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(short_tmp / "var2"),
+                          "--socket", str(long)], capture_output=True, text=True, timeout=60, cwd=short_tmp)
+    assert run.returncode == 2 and "choose a shorter --socket" in run.stderr and "Traceback" not in run.stderr
+    assert not long.exists()

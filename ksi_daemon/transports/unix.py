@@ -10,6 +10,7 @@ import os
 import resource
 import socket
 import struct
+import sys
 import uuid
 from asyncio.tasks import _enter_task, _leave_task  # the hooks eager tasks use (3.7+)
 from collections import deque
@@ -328,6 +329,12 @@ class Connection(asyncio.Protocol):
 
 # descriptors kept for everything but client connections: files, logs, provider connections
 _RESERVED_DESCRIPTORS = 256
+# the bytes a Unix socket's path may have (sun_path, its closing NUL left out)
+SOCKET_PATH_LIMIT = 107 if sys.platform.startswith("linux") else 103
+
+
+class SocketPathTooLong(ValueError):
+    """A socket path longer than a Unix socket address can hold: refused before anything is made."""
 
 
 def _descriptor_budget(wanted: int) -> tuple[int, int]:
@@ -361,6 +368,10 @@ class SocketServer:
         allow_uids: list[int],
         max_connections: int = 1000,
     ) -> None:
+        size = len(os.fsencode(path))
+        if size > SOCKET_PATH_LIMIT:
+            raise SocketPathTooLong(f"the socket path {path} is {size} bytes long; a Unix socket's path holds at "
+                                    f"most {SOCKET_PATH_LIMIT}: choose a shorter --socket (or KSI_SOCKET_PATH)")
         self.path = path
         self.handle_request = handle_request
         self.line_limit = line_limit
