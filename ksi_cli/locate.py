@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.layout import MARKER_NAME, VarLayout, find_var_dir, user_var_dir
 
 
@@ -65,6 +66,9 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
         root = find_var_dir()
         found_by = (f"project var dir, marked by {MARKER_NAME}" if root != user_var_dir()
                     else "per-user var dir")
+    if root.exists() and not root.is_dir():  # every command would trip over it somewhere else
+        raise KsiError(ErrorCode.VAR_DIR_INVALID, f"the var dir {root} ({found_by}) is not a directory",
+                       var_dir=str(root))
     sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
     return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
                     socket_given=socket is not None, storage=_setting("KSI_STORAGE") or "jsonl",

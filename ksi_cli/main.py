@@ -13,8 +13,9 @@ import sys
 
 import click
 
-from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 from ksi_common import __version__
+from ksi_common.errors import KsiError
 
 # command name -> (module, attribute)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -77,4 +78,6 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except click.Abort:
         sys.exit(EXIT_ERROR)
+    except KsiError as exc:  # raised before a command could report it its own way (a var dir that is a file)
+        fail(exc, False)
     sys.exit(EXIT_OK)

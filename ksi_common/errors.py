@@ -47,6 +47,7 @@ class ErrorCode(StrEnum):
     CONVERSATION_EXISTS = "conversation_exists"
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
+    VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)
 
 
 class KsiError(Exception):

@@ -43,14 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides["http_addr"] = args.http
     settings = Settings(**overrides)
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
-    configure_logging(
-        settings.layout.daemon_log,
-        settings.log_level,
-        settings.log_max_bytes,
-        settings.log_backups,
-        console=not args.quiet,
-        redactor=Redactor(known_secrets(settings)),
-    )
+    try:
+        configure_logging(
+            settings.layout.daemon_log,
+            settings.log_level,
+            settings.log_max_bytes,
+            settings.log_backups,
+            console=not args.quiet,
+            redactor=Redactor(known_secrets(settings)),
+        )
+    except OSError as exc:  # a var dir that is a file, or one this user cannot write
+        print(f"ksi-daemon: cannot use the var dir {settings.var_dir}: {exc.strerror or exc} "
+              f"({exc.filename})", file=sys.stderr)
+        return 2
     try:
         # libuv's event loop: the socket, HTTP and provider I/O of each request cost less CPU
         # (0.27 ms less per completion on the stub, 0.2 ms of it in litellm's own calls)

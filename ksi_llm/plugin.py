@@ -12,6 +12,7 @@ from typing import Any
 import llm
 
 from ksi_cli.locate import locate
+from ksi_common.errors import KsiError
 from ksi_llm.catalog import Catalog, discover, logged_names, requested_names
 from ksi_llm.model import PREFIX, AsyncKsiModel, KsiModel
 
@@ -36,7 +37,10 @@ def aliases_for(name: str, catalog: Catalog) -> list[str]:
 
 @llm.hookimpl
 def register_models(register: Callable[..., Any]) -> None:
-    socket_path = locate().socket
+    try:
+        socket_path = locate().socket
+    except KsiError:  # KSI_VAR_DIR names a file: llm goes on, without KSI's models
+        return
     catalog, names = offered(socket_path, llm.user_dir(), tuple(sys.argv))
     for name in names:
         register(KsiModel(name, socket_path), AsyncKsiModel(name, socket_path), aliases=aliases_for(name, catalog))

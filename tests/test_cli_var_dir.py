@@ -106,3 +106,20 @@ def test_a_var_dir_without_the_marker_is_not_adopted(tmp_path: Path) -> None:
     assert status.returncode == 3
     assert str(tmp_path / "state" / "ksi") in status.stderr
     assert os.listdir(tmp_path / "var") == ["logs"]
+
+
+def test_a_var_dir_that_is_a_file_is_one_clear_error(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for args, env in ((["conversations", "--var-dir", str(afile)], {}),
+                      (["daemon", "start", "--var-dir", str(afile)], {}),
+                      (["send", "system:health"], {"KSI_VAR_DIR": str(afile)})):
+        run = ksi(tmp_path, *args, **env)
+        assert run.returncode == 1, (args, run.stderr)
+        assert json.loads(run.stderr)["error"]["code"] == "var_dir_invalid", run.stderr
+        assert "Traceback" not in run.stderr
+    daemon = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(afile),
+                             "--socket", str(tmp_path / "d.sock")], cwd=tmp_path, env=clean_env(),
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert daemon.returncode == 2 and "cannot use the var dir" in daemon.stderr and "Traceback" not in daemon.stderr
+    assert afile.read_text() == "mine"  # nothing written over it

@@ -360,3 +360,13 @@ async def test_full_conversation_behind_llm_c(short_tmp: Path) -> None:
         assert code != 0 and "[conversation_full]" in err
         assert len(await where.logs()) == 1
         assert [entry.n for entry in where.index(ksi_id)] == [1]
+
+
+def test_a_var_dir_that_is_a_file_leaves_llm_working_without_ksi_models(short_tmp: Path) -> None:
+    (short_tmp / "not-a-dir").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PROVIDER_PREFIXES)}
+    env.update(LLM_USER_PATH=str(short_tmp / "llm"), KSI_VAR_DIR=str(short_tmp / "not-a-dir"))
+    listed = subprocess.run([str(BIN / "llm"), "models"], cwd=short_tmp, env=env, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert listed.returncode == 0, listed.stderr
+    assert "Traceback" not in listed.stderr and "ksi/" not in listed.stdout
