@@ -8,7 +8,7 @@ import click
 
 from ksi_cli.locate import locate
 from ksi_cli.options import json_option, location_options
-from ksi_cli.output import show
+from ksi_cli.output import fail, show
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 
@@ -23,10 +23,12 @@ def config(var_dir: str | None, socket_path: str | None, as_json: bool) -> None:
         view: dict[str, Any] = oneshot.request(location.socket, "system:config", timeout=2.0)
         source = "the running daemon"
     except KsiError:
-        from ksi_common.settings import Settings  # pydantic: only when no daemon answers
+        from ksi_common.settings import load_settings  # pydantic: only when no daemon answers
 
-        overrides: dict[str, Any] = {"var_dir": location.var_dir, "socket_path": location.socket}
-        view = Settings(**overrides).public_view()
+        try:
+            view = load_settings(var_dir=location.var_dir, socket_path=location.socket).public_view()
+        except KsiError as invalid:
+            fail(invalid, as_json, location)
         source = "environment, .env and defaults (no daemon answers)"
     view["settings_source"] = source
     view["var_dir_found_by"] = location.found_by

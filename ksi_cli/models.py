@@ -45,9 +45,9 @@ def _settings(location: Location) -> tuple[dict[str, Any], bool]:
     try:
         return oneshot.request(location.socket, "system:config", timeout=2.0), True
     except KsiError:
-        from ksi_common.settings import Settings  # pydantic: only when no daemon answers
+        from ksi_common.settings import load_settings  # pydantic: only when no daemon answers
 
-        return Settings(var_dir=location.var_dir).public_view(), False
+        return load_settings(var_dir=location.var_dir).public_view(), False
 
 
 def _consortia(location: Location, running: bool) -> list[dict[str, Any]]:

@@ -6,10 +6,11 @@ import fnmatch
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from ksi_common.dburl import mask_url
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
@@ -146,3 +147,25 @@ class Settings(BaseSettings):
         view["database_url"] = mask_url(self.database_url.get_secret_value()) if self.database_url else None
         view["socket_path"] = str(self.socket)
         return view
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, `.env` and `overrides`. A value that does not fit is a
+    KsiError naming each variable on one line (values left out: one may be a secret), which a
+    daemon start can show whole where it shows only its last line."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        fields = {_variable(error["loc"]): error["msg"] for error in exc.errors()}
+        problems = "; ".join(f"{name}: {message}" for name, message in fields.items())
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {problems}", fields=fields) from None
+    except SettingsError as exc:  # a value that is not even parsed (KSI_MODELS that is not JSON)
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {exc}") from None
+
+
+def _variable(loc: tuple[int | str, ...]) -> str:
+    """`("max_concurrency",)` -> `KSI_MAX_CONCURRENCY`; a nested place keeps its path after it."""
+    if not loc:
+        return "settings"
+    head, *rest = loc
+    return ".".join([f"KSI_{str(head).upper()}", *map(str, rest)])

@@ -13,7 +13,7 @@ from dotenv import load_dotenv
 
 from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.settings import Settings
+from ksi_common.settings import load_settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides["socket_path"] = args.socket
     if args.http:
         overrides["http_addr"] = args.http
-    settings = Settings(**overrides)
+    try:
+        settings = load_settings(**overrides)
+    except KsiError as exc:
+        print(f"ksi-daemon: {exc.message}", file=sys.stderr)
+        return 2
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
     try:
         configure_logging(

@@ -402,3 +402,19 @@ def test_parse_event_args(words: list[str], expected: dict) -> None:
 def test_parse_event_args_refuses_words_without_a_key(words: list[str]) -> None:
     with pytest.raises(EventArgsError):
         parse_event_args(words)
+
+
+def test_a_setting_that_does_not_fit_is_named_on_one_line(place: Place) -> None:
+    """`ksi daemon start` shows the daemon's last line of stderr: it must name the variable."""
+    bad = clean_env(KSI_MAX_CONCURRENCY="-3", KSI_MODELS='{"openai/*": {"max_concurrency": 0}}')
+    start = place.ksi("daemon", "start", *place.where, env=bad)
+    assert start.returncode == 1 and "Traceback" not in start.stderr
+    assert "exited with code 2" in start.stderr and "KSI_MAX_CONCURRENCY: Input should be greater than 0" in start.stderr
+    assert not place.socket.exists()
+    shown = place.ksi("config", "--json", *place.where, env=bad)
+    error = json.loads(shown.stderr)["error"]
+    assert shown.returncode == 1 and error["code"] == "validation_error"
+    assert set(error["details"]["fields"]) == {"KSI_MAX_CONCURRENCY", "KSI_MODELS.openai/*.max_concurrency"}
+    unparsed = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", *place.where],
+                              env=clean_env(KSI_MODELS="{not json"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert unparsed.returncode == 2 and unparsed.stderr.count("\n") == 1 and "models" in unparsed.stderr
