@@ -34,14 +34,18 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
                                f"{location.socket}; choose another --socket")
         return int(running["pid"]), (f"daemon already running (pid {running.get('pid')}) on {location.socket}, "
                                      f"var dir {location.describe()}")
-    mark_var_dir(location.var_dir)
     log_dir = location.layout.daemon_log.parent
-    private_dir(log_dir)
     command = [sys.executable, "-m", "ksi_daemon", "--quiet",
                "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
     if http_addr:
         command += ["--http", http_addr]
-    with os.fdopen(open_private(log_dir / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as stderr:
+    try:
+        mark_var_dir(location.var_dir)
+        private_dir(log_dir)
+        stderr_fd = open_private(log_dir / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except OSError as exc:  # a file on the way to it, or a directory this user cannot write
+        raise RuntimeError(f"cannot use the var dir {location.var_dir}: {exc.strerror or exc} ({exc.filename})") from None
+    with os.fdopen(stderr_fd, "ab") as stderr:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             start_new_session=True,

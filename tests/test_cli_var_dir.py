@@ -123,3 +123,5 @@ def test_a_var_dir_that_is_a_file_is_one_clear_error(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert daemon.returncode == 2 and "cannot use the var dir" in daemon.stderr and "Traceback" not in daemon.stderr
     assert afile.read_text() == "mine"  # nothing written over it
+    under = ksi(tmp_path, "daemon", "start", "--var-dir", str(afile / "var"))  # a file on the way to it
+    assert under.returncode == 1 and "cannot use the var dir" in under.stderr and "Traceback" not in under.stderr

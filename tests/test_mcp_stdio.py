@@ -239,10 +239,10 @@ async def test_bad_input_is_a_tool_error_with_ksis_code(short_tmp: Path, stub: S
 
 
 async def test_daemon_down_and_unstartable_is_a_tool_error(short_tmp: Path) -> None:
-    blocked = short_tmp / "var"
-    blocked.write_text("a file where the var directory should be")
+    blocked = short_tmp / "blocked"
+    blocked.write_text("a file where a directory on the var dir's path should be")
     errors = tempfile.TemporaryFile("w+")
-    async with mcp_session(short_tmp, "--var-dir", str(blocked), "--socket", str(short_tmp / "d.sock"),
+    async with mcp_session(short_tmp, "--var-dir", str(blocked / "var"), "--socket", str(short_tmp / "d.sock"),
                            errlog=errors) as client:
         error = await refused(client, "daemon_unreachable", "chat", prompt="hi")
         assert "could not be started" in error["message"] or "none could be started" in error["message"]
