@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import Location, locate
+from ksi_cli.locate import locate
 from ksi_cli.output import fail, show, table, wants_json
+from ksi_cli.stored import read_stored
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.reading import StoredReader, open_reader
+from ksi_common.reading import StoredReader
 
 COLUMNS = ["agent_id", "profile", "model", "status", "exchanges", "last_activity"]
 
@@ -34,17 +34,6 @@ async def stored_agents(reader: StoredReader, status: str | None) -> dict[str, A
     return {"agents": found, "count": len(found)}
 
 
-def _read_stored(location: Location, status: str | None) -> dict[str, Any]:
-    async def read() -> dict[str, Any]:
-        reader = open_reader(location.storage, location.layout, location.database_url)
-        try:
-            return await stored_agents(reader, status)
-        finally:
-            await reader.aclose()
-
-    return asyncio.run(read())
-
-
 @click.command()
 @click.option("--status", type=click.Choice(["active", "terminated"]), help="Only agents in this status.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")
@@ -62,11 +51,9 @@ def agents(status: str | None, as_json: bool, var_dir: str | None, socket_path: 
         # inspection works with the daemon stopped: the agents' records are read where the daemon
         # keeps them (files under var/state, or the database with KSI_STORAGE=postgres)
         try:
-            reply = _read_stored(location, status)
+            reply = read_stored(location, lambda reader: stored_agents(reader, status))
         except KsiError as stored_error:
             fail(stored_error, as_json, location)
-        except ValueError as bad_setting:  # KSI_STORAGE unknown, or postgres without a URL
-            fail(KsiError(ErrorCode.VALIDATION_ERROR, str(bad_setting)), as_json, location)
         click.echo(f"daemon not running; agents read from {location.describe_storage()}", err=True)
     if wants_json(as_json):
         show(reply, True)

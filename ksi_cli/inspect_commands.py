@@ -8,12 +8,10 @@ a database driver is imported only when that backend is chosen.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import click
@@ -22,9 +20,9 @@ from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
 from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
+from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.reading import open_reader
 from ksi_common.transcripts import STATES, Transcripts
 
 T = TypeVar("T")
@@ -40,25 +38,7 @@ def _json_option(command: Any) -> Any:
 
 def _read(var_dir: str | None, work: Callable[[Transcripts], Awaitable[T]]) -> T:
     """Run `work` over the transcripts of the configured backend, then release the reader."""
-    where = locate(var_dir)
-
-    async def run() -> T:
-        try:
-            reader = open_reader(where.storage, where.layout, where.database_url)
-        except ValueError as error:
-            raise KsiError(ErrorCode.VALIDATION_ERROR, str(error), fields={"KSI_STORAGE": str(error)}) from None
-        try:
-            return await work(Transcripts(reader))
-        finally:
-            await reader.aclose()
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(run())
-    # called from inside an event loop (a program embedding the CLI, a test): a loop of its own
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run()).result()
+    return read_stored(locate(var_dir), lambda reader: work(Transcripts(reader)))
 
 
 def _short_time(text: str | None) -> str:
