@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +47,7 @@ from ksi_daemon.services.conversations.history import (
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
+from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.limits import ConcurrencyLimits
@@ -701,7 +702,7 @@ class CompletionService:
             try:
                 # Too late to cancel once the write has begun: the index line would be stored but
                 # not in memory. A cancel arriving now is absorbed; the request is reported done.
-                await self._uncancellable(
+                await to_the_end(
                     self.cache.store.append_exchange(state.conversation_id, entry, response=lines, meta=meta))
             except ExchangeConflict:
                 await self.cache.reload(memory)
@@ -714,17 +715,6 @@ class CompletionService:
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
 
-    @staticmethod
-    async def _uncancellable(work: Awaitable[None]) -> None:
-        """Await `work` to its end: a cancel arriving meanwhile is absorbed (a failure is raised)."""
-        running = asyncio.ensure_future(work)
-        while not running.done():
-            try:
-                await asyncio.shield(running)
-            except asyncio.CancelledError:
-                continue
-        running.result()
-
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:
         """Failed requests are logged in responses/ but never indexed, and named in the daemon log."""
@@ -736,7 +726,7 @@ class CompletionService:
             return
         line = records.error_line(state, error, attempts)
         try:
-            await asyncio.shield(self.responses.write(state.response_id, [*inputs, line]))
+            await to_the_end(self.responses.write(state.response_id, [*inputs, line]))
         except Exception:
             log.exception("failure_log_failed", request_id=state.request_id)
 

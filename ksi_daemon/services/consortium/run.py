@@ -23,6 +23,7 @@ from ksi_daemon.services.consortium.arbiter import (
     read_verdict,
     refinement_turns,
 )
+from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.consortium.models import ConsortiumDefinition
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.storage.ports import ResponseStore, TraceStore
@@ -143,10 +144,12 @@ class ConsortiumRun:
                 refinement = refinement_turns(judged[-1]) if judged else []
                 messages = member_base + refinement
                 inputs = new_input + refinement[1:]  # a member's raw input: the new input (+ the refine request)
-                outcomes = await asyncio.gather(*(
-                    self._member(model, instance, iteration, messages, inputs)
-                    for model, instance in d.instances()
-                ))
+                # a task group, not gather: cancelled, gather returns as soon as one member has
+                # stopped, leaving the others to log their calls after the run has ended
+                async with asyncio.TaskGroup() as members:
+                    calls = [members.create_task(self._member(model, instance, iteration, messages, inputs))
+                             for model, instance in d.instances()]
+                outcomes = [call.result() for call in calls]
                 answers = [MemberAnswer(number, o.model, o.instance, o.content)
                            for number, o in enumerate((o for o in outcomes if o.ok), start=1)]
                 failures = [o for o in outcomes if not o.ok]
@@ -308,7 +311,7 @@ class ConsortiumRun:
         except asyncio.CancelledError:
             outcome.code, outcome.message = ErrorCode.CANCELLED, "the consortium run was cancelled"
             outcome.duration_ms = _ms(started)
-            await asyncio.shield(self._log_call(outcome, inputs))
+            await to_the_end(self._log_call(outcome, inputs))
             raise
         except KsiError as error:
             outcome.code, outcome.message, outcome.details = error.code, error.message, dict(error.details)
@@ -373,8 +376,8 @@ class ConsortiumRun:
 
     async def _conclude(self, record: dict[str, Any], durable: bool = False) -> None:
         usage = {"usage": dict(self.usage), "cost": self.cost, "calls": self.calls}
-        await asyncio.shield(self._trace({"event": "final", **record, **usage,
-                                          "duration_ms": _ms(self.started)}, durable))
+        await to_the_end(self._trace({"event": "final", **record, **usage,
+                                      "duration_ms": _ms(self.started)}, durable))
 
 
 def _ms(started: float) -> float:
