@@ -10,7 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ksi_common.client import KsiClient
+from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry
@@ -18,6 +21,7 @@ from ksi_daemon.storage.jsonl.conversations import TALLY_SAVE_DELAY
 from ksi_daemon.storage.jsonl.storage import JsonlStorage
 from ksi_daemon.storage.models import ConversationMeta
 from tests.conftest import complete, connected, make_settings, running_daemon, stub_settings
+from tests.stub_openai import Reply
 from tests.test_crash import DaemonProcess, daemon_env
 
 TALLIES = ("exchanges", "tokens_in", "tokens_out", "cost", "last_activity", "models")
@@ -130,3 +134,44 @@ async def test_a_save_that_fails_keeps_the_totals_waiting_and_loses_nothing(tmp_
     spare.rmdir()
     await store.close()  # the next save writes them
     assert on_disk(layout.root, "c")["exchanges"] == 2 and on_disk(layout.root, "c")["tokens_in"] == 20
+
+
+# -- metadata that could not be written, and a conversation whose first request failed ----------
+
+def exchange(n: int) -> tuple[IndexEntry, list[dict[str, Any]]]:
+    outcome = {"type": "assistant", "content": "ok", "usage": {"prompt_tokens": 10}, "cost": 0.0}
+    return IndexEntry(n=n, response_id=f"r{n}", model="m"), [{"type": "user", "content": "hi"}, outcome]
+
+
+async def test_a_metadata_write_that_fails_after_the_exchange_waits_and_is_written_later(
+        tmp_path: Path) -> None:
+    storage = JsonlStorage(make_settings(tmp_path, fsync="never"))
+    await storage.open()
+    layout, store = storage.layout, storage.conversations
+    await store.create(ConversationMeta(conversation_id="c"))
+    spare = layout.meta_file("c").with_name(".c.json.tmp")
+    spare.mkdir()  # the metadata's write fails (an I/O error); the exchange is still stored
+    after = ConversationMeta(conversation_id="c", system="changed by this exchange", exchanges=1, models=["m"])
+    entry, lines = exchange(1)
+    await store.append_exchange("c", entry, response=lines, meta=after)
+    assert layout.index_file("c").exists() and on_disk(layout.root, "c")["system"] is None
+    assert await store.load_meta("c") == after
+    spare.rmdir()
+    await asyncio.sleep(TALLY_SAVE_DELAY + 0.3)  # retried with the waiting totals: no exchange needed
+    assert on_disk(layout.root, "c")["system"] == "changed by this exchange"
+    assert on_disk(layout.root, "c")["models"] == ["m"]
+    await store.close()
+
+
+async def test_a_new_conversation_whose_request_failed_exists_after_a_restart(short_tmp: Path, stub: Any) -> None:
+    stub.enqueue(Reply(status=400, body='{"error": {"message": "refused"}}'))
+    settings = stub_settings(stub, retry_attempts=1)
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        with pytest.raises(KsiError):
+            await complete(client, prompt="refused", conversation_id="f", create=True)
+        assert (await listed(client, "f"))["exchanges"] == 0
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        shown = await client.request("conversation:show", {"conversation_id": "f"})
+        assert shown["conversation"]["conversation_id"] == "f" and shown["exchanges"] == []
+        result = await complete(client, prompt="now", conversation_id="f")
+        assert result["exchange"] == 1

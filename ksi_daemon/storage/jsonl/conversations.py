@@ -330,13 +330,16 @@ class JsonlConversations(JsonlReader):
             return False
         # The index line is the commit: from here the exchange is done, so a full disk now
         # must not report it failed (it would stay indexed while the caller gives its number
-        # again). The caller keeps the metadata in memory; the next exchange writes it.
+        # again). The metadata waits to be saved with the totals (retried within a second, and
+        # at close), else a change no later exchange makes again would be lost.
         try:
             return self._commit_meta(meta)
         except KsiError as error:
             log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code,
                         exchange=entry.n)
-            return False
+            with self._meta_lock:
+                self._unsaved[conversation_id] = meta
+            return True
 
     def _write_exchange(self, conversation_id: str, entry: IndexEntry, line: dict[str, Any],
                         response: list[dict[str, Any]] | None) -> None:
