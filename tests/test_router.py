@@ -91,6 +91,18 @@ async def test_unknown_event_suggests_close_names() -> None:
     assert "other:thing" not in caught.value.details["similar"]
 
 
+async def test_a_huge_unknown_name_is_cut_in_the_error_and_gets_no_suggestions() -> None:
+    router = Router()
+    router.register("demo:echo", empty, NoData, "demo:echo")
+    with pytest.raises(KsiError) as caught:
+        router.route("demo:echo" + "x" * 100_000)
+    assert caught.value.code == "unknown_event" and caught.value.details["similar"] == []
+    assert len(caught.value.message) < 200 and "100009 characters" in caught.value.message
+    with pytest.raises(KsiError) as caught:  # a name of the longest shown length still gets them
+        router.route("demo:ech" + "o" * 92)
+    assert "100 characters" not in caught.value.message and "..." not in caught.value.message
+
+
 def test_events_and_describe() -> None:
     router = Router()
     router.register("b:two", empty, NoData, "two")
