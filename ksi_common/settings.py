@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from ksi_common.dburl import mask_url
@@ -15,7 +16,7 @@ from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
 
-RESOLVED_KEPT = 1024  # model names whose overrides are remembered (see Settings.model_settings)
+RESOLVED_KEPT = 1024  # model names whose overrides are remembered (see ModelOverrides)
 
 
 class ModelSettings(BaseModel):
@@ -30,6 +31,36 @@ class ModelSettings(BaseModel):
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
+
+
+class ModelOverrides:
+    """Each model name's overrides, remembered: a completion asks about its model about ten
+    times, and matching every pattern each time was a visible share of the daemon's own CPU."""
+
+    __slots__ = ("models", "_found")
+
+    def __init__(self, models: dict[str, ModelSettings]) -> None:
+        self.models = models
+        self._found: dict[str, ModelSettings] = {}
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def get(self, model: str) -> ModelSettings:
+        found = self._found.get(model)
+        if found is None:
+            if len(self._found) >= RESOLVED_KEPT:  # names come from requests: kept bounded
+                self._found.clear()
+            found = self._found[model] = self._most_specific(model)
+        return found
+
+    def _most_specific(self, model: str) -> ModelSettings:
+        if model in self.models:
+            return self.models[model]
+        matches = [p for p in self.models if fnmatch.fnmatchcase(model, p)]
+        if not matches:
+            return ModelSettings()
+        return self.models[max(matches, key=len)]
 
 
 class Settings(BaseSettings):
@@ -62,8 +93,6 @@ class Settings(BaseSettings):
     default_context_window: int = Field(default=8192, gt=0)
     default_output_reserve: int = Field(default=1024, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
-    _resolved: dict[str, ModelSettings] = PrivateAttr(default_factory=dict)  # model name -> its overrides
-    _resolved_from: dict[str, ModelSettings] | None = PrivateAttr(default=None)  # the `models` they came from
     active_conversations: int = Field(default=1000, gt=0)
     finished_requests_kept: int = Field(default=10_000, gt=0)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
@@ -118,26 +147,18 @@ class Settings(BaseSettings):
         return self.socket_path or self.layout.default_socket
 
     def model_settings(self, model: str) -> ModelSettings:
-        """The most specific override for `model` (exact name first, then the longest glob).
+        """The most specific override for `model` (exact name first, then the longest glob)."""
+        overrides = self.resolved_models
+        if overrides.models is not self.models:  # a copy (or an assignment) with other models
+            del self.resolved_models
+            overrides = self.resolved_models
+        return overrides.get(model)
 
-        Remembered per name: a completion asks about its model about ten times, and matching
-        every pattern each time was a visible share of the daemon's own CPU per request."""
-        found = self._resolved.get(model)
-        if found is None or self._resolved_from is not self.models:
-            if len(self._resolved) >= RESOLVED_KEPT or self._resolved_from is not self.models:
-                # names come from requests: kept bounded; a copy with other models starts afresh
-                self._resolved = {}
-                self._resolved_from = self.models
-            found = self._resolved[model] = self._most_specific(model)
-        return found
-
-    def _most_specific(self, model: str) -> ModelSettings:
-        if model in self.models:
-            return self.models[model]
-        matches = [p for p in self.models if fnmatch.fnmatchcase(model, p)]
-        if not matches:
-            return ModelSettings()
-        return self.models[max(matches, key=len)]
+    @cached_property
+    def resolved_models(self) -> ModelOverrides:
+        # a plain attribute once computed: pydantic's private attributes are found through its
+        # __getattr__, four Python calls per read, and a completion reads this about ten times
+        return ModelOverrides(self.models)
 
     def public_view(self) -> dict:
         """The effective settings with secrets masked, for `ksi config` and health."""

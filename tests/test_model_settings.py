@@ -36,5 +36,14 @@ def test_many_names_keep_the_memory_bounded_and_the_answers_right(tmp_path: Path
     settings = _settings(tmp_path)
     for i in range(RESOLVED_KEPT * 2 + 5):
         assert settings.model_settings(f"openai/m{i}").context_window == 1000
-    assert len(settings._resolved) <= RESOLVED_KEPT
+    assert len(settings.resolved_models) <= RESOLVED_KEPT
     assert settings.model_settings("openai/gpt-4o").context_window == 3000
+
+
+def test_models_assigned_anew_are_answered_from_and_never_shown_as_a_setting(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert settings.model_settings("openai/o3").context_window == 1000
+    settings.models = {"openai/o3": ModelSettings(context_window=7)}
+    assert settings.model_settings("openai/o3").context_window == 7
+    assert "resolved_models" not in settings.model_dump()
+    assert "resolved_models" not in settings.public_view()
