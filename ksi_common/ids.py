@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
+from functools import lru_cache
 
 from ksi_common.errors import ErrorCode, KsiError
 
@@ -27,15 +28,21 @@ def check_id(value: str, field: str) -> str:
     return value
 
 
+@lru_cache(maxsize=1024)  # every request's response id is slugged from its model: a few names
 def model_slug(model: str) -> str:
     """`ollama/qwen3:4b` -> `ollama-qwen3-4b`: every unsafe run becomes one `-`."""
     slug = _UNSAFE_RUN.sub("-", model).strip("-")[:SLUG_MAX].rstrip("-")
     return slug or "model"
 
 
+def random_hex(length: int) -> str:
+    """`length` random hex digits (a uuid4 costs a Python object to make and fixes one digit)."""
+    return os.urandom((length + 1) // 2).hex()[:length]
+
+
 def new_response_id(model: str) -> str:
-    return f"{model_slug(model)}-{uuid.uuid4().hex[:12]}"
+    return f"{model_slug(model)}-{random_hex(12)}"
 
 
 def new_id(prefix: str, length: int = 12) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:length]}"
+    return f"{prefix}{random_hex(length)}"

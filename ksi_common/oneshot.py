@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import socket
-import uuid
 from pathlib import Path
 from typing import Any
 
 from ksi_common import wire
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
 
 
 def request_frame(
     socket_path: str | Path, event: str, data: dict[str, Any], timeout: float | None = None
 ) -> dict[str, Any]:
     """Send one request and return its whole reply frame; pushes on the way are skipped."""
-    correlation_id = f"cli-{uuid.uuid4().hex[:8]}"
+    correlation_id = new_id("cli-", 8)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -85,7 +85,7 @@ class Connection:
 
     def send(self, event: str, data: dict[str, Any]) -> str:
         """Send a request without waiting; returns its correlation id."""
-        correlation_id = f"cli-{uuid.uuid4().hex[:8]}"
+        correlation_id = new_id("cli-", 8)
         try:
             self._sock.sendall(wire.encode({"event": event, "data": data, "correlation_id": correlation_id}))
         except OSError as exc:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from typing import Any
 
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
@@ -338,7 +338,7 @@ class AgentService:
 
     def _new_agent_id(self) -> str:
         while True:
-            agent_id = f"agent_{uuid.uuid4().hex[:8]}"
+            agent_id = new_id("agent_", 8)
             if agent_id not in self.records and agent_id not in self._reserved:
                 return agent_id
 

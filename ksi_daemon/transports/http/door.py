@@ -4,7 +4,6 @@ request's stream, reading a JSON body within the limit, and errors in OpenAI's s
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
 from ksi_daemon.context import INTERNAL, EventContext, Origin
 from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
 
@@ -60,7 +60,7 @@ class HttpOrigin:
 
 def new_context(origin: Origin = INTERNAL) -> EventContext:
     """A root context for one HTTP request (correlation ids `h-...` tell HTTP requests apart in logs)."""
-    return EventContext.root(correlation_id=f"h-{uuid.uuid4().hex[:12]}", origin=origin)
+    return EventContext.root(correlation_id=new_id("h-"), origin=origin)
 
 
 async def call(handle_request: RequestHandler, event: str, data: dict[str, Any],
