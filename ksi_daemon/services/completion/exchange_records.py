@@ -87,23 +87,25 @@ def error_line(state: RequestState, error: KsiError, attempts: list[dict[str, An
 def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderReply, entry: IndexEntry,
                  new_system: str | None, system_changed: bool, now: str) -> ConversationMeta:
     """The conversation's metadata after this exchange (a copy; the caller saves it)."""
-    # a shallow copy (a deep one costs more than the rest of the bookkeeping); the lists it
-    # changes are copied
-    meta = meta.model_copy(update={"models": list(meta.models), "system_changes": list(meta.system_changes)})
-    meta.exchanges += 1
-    meta.tokens_in += reply.usage.get("prompt_tokens", 0)
-    meta.tokens_out += reply.usage.get("completion_tokens", 0)
-    meta.cost += reply.cost or 0.0
-    meta.last_activity = now
-    if state.model in meta.models:
-        meta.models.remove(state.model)
-    meta.models.append(state.model)  # the last one used is last
+    # one shallow copy with every change in it (each attribute set on a model afterwards is two
+    # Python calls); a list that changes is a new list, so the old metadata keeps its own
+    models = [m for m in meta.models if m != state.model]
+    models.append(state.model)  # the last one used is last
+    update: dict[str, Any] = {
+        "exchanges": meta.exchanges + 1,
+        "tokens_in": meta.tokens_in + reply.usage.get("prompt_tokens", 0),
+        "tokens_out": meta.tokens_out + reply.usage.get("completion_tokens", 0),
+        "cost": meta.cost + (reply.cost or 0.0),
+        "last_activity": now,
+        "models": models,
+        "cli_session": (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
+                        if reply.session_id else None),
+    }
     if system_changed:
-        meta.system_changes.append(SystemChange(from_n=entry.n, system=new_system, ts=entry.ts or now))
-        meta.system = new_system
-    meta.cli_session = (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
-                        if reply.session_id else None)
-    return meta
+        update["system_changes"] = [*meta.system_changes,
+                                    SystemChange(from_n=entry.n, system=new_system, ts=entry.ts or now)]
+        update["system"] = new_system
+    return meta.model_copy(update=update)
 
 
 def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, history: dict[str, Any],

@@ -1,12 +1,16 @@
-"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file."""
+"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file.
+
+Paths may be `str` or `Path`: the files of every exchange are named as strings (joining a Path
+costs ten times as much, and an exchange names five of them).
+"""
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -14,18 +18,26 @@ import orjson
 from ksi_common.errors import ErrorCode, KsiError
 
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+StrPath = str | Path
 
 
-@contextmanager
-def storage_failures() -> Iterator[None]:
+class storage_failures:  # noqa: N801 - used as a function: `with storage_failures():`
     """OSErrors of a write as the request's error: storage_full when space or quota ran out,
     storage_error for the rest (EIO, EROFS, ...). A file that exists or is missing is left to
-    the caller (exclusive creates and first writes rely on those)."""
-    try:
-        yield
-    except (FileExistsError, FileNotFoundError):
-        raise
-    except OSError as exc:
+    the caller (exclusive creates and first writes rely on those).
+
+    A class, not a generator: an exchange's writes enter it five times, and a generator-based
+    context manager costs five Python calls each time."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 _tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, OSError) or isinstance(exc, (FileExistsError, FileNotFoundError)):
+            return
         code = ErrorCode.STORAGE_FULL if exc.errno in _FULL else ErrorCode.STORAGE_ERROR
         raise KsiError(code, f"the var dir could not be written: {exc.strerror or exc}",
                        errno=errno.errorcode.get(exc.errno or 0, str(exc.errno))) from None
@@ -44,7 +56,7 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def sync_path(path: Path) -> None:
+def sync_path(path: StrPath) -> None:
     """Flush a file, or a directory's entries, to disk."""
     with storage_failures():
         fd = os.open(path, os.O_RDONLY)
@@ -54,12 +66,12 @@ def sync_path(path: Path) -> None:
             os.close(fd)
 
 
-def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
+def append_lines(path: StrPath, payload: bytes, fsync: bool) -> None:
     """Append whole lines; a torn last line left by a crash is cut off first.
 
     One appender per file at a time: a concurrent one could be taken for a torn line.
     """
-    created = fsync and not path.exists()  # a new file's directory entry is synced too
+    created = fsync and not os.path.exists(path)  # a new file's directory entry is synced too
     with storage_failures():
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -78,7 +90,7 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
         finally:
             os.close(fd)
         if created:
-            sync_path(path.parent)
+            sync_path(os.path.dirname(path))
 
 
 def append_whole(fd: int, payload: bytes) -> None:
@@ -107,7 +119,7 @@ def _truncate_torn_tail(fd: int, size: int) -> None:
     os.ftruncate(fd, 0)
 
 
-def write_new(path: Path, payload: bytes, fsync: bool) -> None:
+def write_new(path: StrPath, payload: bytes, fsync: bool) -> None:
     """Write a whole new file; it never overwrites an existing one."""
     with storage_failures():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -117,31 +129,33 @@ def write_new(path: Path, payload: bytes, fsync: bool) -> None:
                 os.fsync(fd)
         except OSError:
             os.close(fd)
-            _undo(path.unlink)  # a half-written file would read as a torn record
+            _undo(lambda: os.unlink(path))  # a half-written file would read as a torn record
             raise
         os.close(fd)
         if fsync:
-            sync_path(path.parent)
+            sync_path(os.path.dirname(path))
 
 
-def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
+def publish_new(path: StrPath, payload: bytes, fsync: bool) -> None:
     """Write a whole new file that readers see complete or not at all, and only if `path` does
     not exist yet (FileExistsError otherwise): written aside, then hard-linked into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(payload):x}.new")
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{id(payload):x}.new")
     write_new(tmp, payload, fsync)
     try:
         with storage_failures():
             os.link(tmp, path)  # fails when `path` exists: the exclusive part
             if fsync:
-                sync_path(path.parent)
+                sync_path(directory)
     finally:
-        _undo(tmp.unlink)
+        _undo(lambda: os.unlink(tmp))
 
 
-def replace_file(path: Path, payload: bytes, fsync: bool = False) -> None:
+def replace_file(path: StrPath, payload: bytes, fsync: bool = False) -> None:
     """Replace a file atomically (write aside, then rename); with `fsync`, the new content is on
     disk when this returns."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp")
     with storage_failures():
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -150,15 +164,15 @@ def replace_file(path: Path, payload: bytes, fsync: bool = False) -> None:
                 os.fsync(fd)
         except OSError:
             os.close(fd)
-            _undo(tmp.unlink)
+            _undo(lambda: os.unlink(tmp))
             raise
         os.close(fd)
         os.replace(tmp, path)
         if fsync:
-            sync_path(path.parent)  # the rename itself: without it a crash may bring back the old file
+            sync_path(directory)  # the rename itself: without it a crash may bring back the old file
 
 
-def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
+def replace_json(path: StrPath, value: Any, fsync: bool = False) -> None:
     """Replace a small JSON state file atomically (see replace_file)."""
     replace_file(path, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str), fsync)
 
