@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import collections.abc
-import contextvars
 import errno
 import os
 import resource
 import socket
 import struct
 import sys
-import uuid
-from asyncio.tasks import _enter_task, _leave_task  # the hooks eager tasks use (3.7+)
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -23,6 +19,8 @@ import structlog
 
 from ksi_common import wire
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
+from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 
 log = structlog.get_logger("ksi.transport")
@@ -51,64 +49,6 @@ def _deeper_than(value: Any, limit: int) -> bool:
         elif isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
     return False
-
-
-class _FirstStepDone(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """A coroutine whose first step is run at once, inside the task that carries the rest.
-
-    A request that needs no waiting (health, help, every error reply, ...) is then answered in
-    the loop iteration that read it instead of one iteration later (Python 3.12's eager tasks
-    do the same; this works on 3.11 too). The task exists before that first step and is the
-    current task during it, so `asyncio.current_task()`, `asyncio.timeout()` and TaskGroup
-    behave as in any task; when the task starts it carries on where the first step stopped.
-    """
-
-    __slots__ = ("_coro", "_state", "_yielded", "_result")
-    _NEW, _SUSPENDED, _FINISHED, _RUNNING = range(4)
-
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self._coro = coro
-        self._state = self._NEW
-        self._yielded: Any = None
-        self._result: Any = None
-
-    @property
-    def finished(self) -> bool:
-        return self._state == self._FINISHED
-
-    def first_step(self) -> None:
-        try:
-            self._yielded = self._coro.send(None)
-        except StopIteration as stop:
-            self._result = stop.value
-            self._state = self._FINISHED
-        except BaseException:
-            self._state = self._FINISHED
-            raise
-        else:
-            self._state = self._SUSPENDED
-
-    def send(self, value: Any) -> Any:
-        state, self._state = self._state, self._RUNNING
-        if state == self._SUSPENDED:
-            return self._yielded  # the task now waits for what the first step waited for
-        if state == self._FINISHED:
-            raise StopIteration(self._result)
-        return self._coro.send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        state, self._state = self._state, self._RUNNING
-        if state == self._FINISHED:
-            raise StopIteration(self._result)
-        if val is None and tb is None:
-            return self._coro.throw(typ)
-        return self._coro.throw(typ, val, tb)
-
-    def close(self) -> None:
-        self._coro.close()
-
-    def __await__(self) -> Any:
-        return self._coro.__await__()
 
 
 class Connection(asyncio.Protocol):
@@ -221,7 +161,7 @@ class Connection(asyncio.Protocol):
             return
         correlation_id = frame.get("correlation_id")
         if correlation_id is None:
-            correlation_id = f"d-{uuid.uuid4().hex[:12]}"
+            correlation_id = new_id("d-")
         elif not isinstance(correlation_id, str):
             correlation_id = str(correlation_id)
         event = frame.get("event")
@@ -254,19 +194,11 @@ class Connection(asyncio.Protocol):
 
     @staticmethod
     def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-        """Run `coro` in a new task whose first step runs now; None when that step finished it."""
-        loop = asyncio.get_running_loop()
-        if asyncio.current_task(loop) is not None:  # not called from a loop callback: no shortcut
-            return loop.create_task(coro)
-        started = _FirstStepDone(coro)
-        context = contextvars.copy_context()
-        task = loop.create_task(started, context=context)  # type: ignore[arg-type]
-        _enter_task(loop, task)
-        try:
-            context.run(started.first_step)
-        finally:
-            _leave_task(loop, task)
-        return None if started.finished else task
+        """Run `coro` in a new task whose first step runs now; None when that step finished it.
+        A request that needs no waiting (health, help, every error reply, ...) is then answered
+        in the loop iteration that read it."""
+        started = eager.start(coro)
+        return None if started.finished else started.task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)

@@ -19,6 +19,7 @@ import structlog
 from ksi_common.settings import Settings
 from ksi_common.summaries import Summary
 from ksi_common.timefmt import utc_now
+from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
@@ -155,8 +156,11 @@ class Compactor:
             return
         if conversation_id in self._retries:
             return  # a failed summariser is waiting out its back-off
-        task = asyncio.get_running_loop().create_task(self._run(conversation_id, model))
-        self._jobs[conversation_id] = _Job(task)
+        # most looks find nothing to do without waiting for anything: started eagerly, those end
+        # here, and only a look that waits (for a summariser) stays a job
+        started = eager.start(self._run(conversation_id, model))
+        if not started.finished:
+            self._jobs[conversation_id] = _Job(started.task)
 
     async def _run(self, conversation_id: str, model: str) -> None:
         try:
