@@ -1,6 +1,7 @@
 """JSONL metadata that an exchange changed only in its running totals (exchanges, tokens, cost,
-last activity, models) is saved within a second instead of with every exchange; the daemon, the
-inspection readers and a daemon restarted after kill -9 all see exact totals."""
+last activity, models) is not rewritten for it, until the totals lag by TALLY_LAG_SAVED exchanges
+or the daemon stops; the daemon, the inspection readers and a daemon restarted after kill -9 all
+see exact totals."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry
-from ksi_daemon.storage.jsonl.conversations import TALLY_SAVE_DELAY
+from ksi_daemon.storage.jsonl.conversations import RETRY_DELAY, TALLY_LAG_SAVED
 from ksi_daemon.storage.jsonl.storage import JsonlStorage
 from ksi_daemon.storage.models import ConversationMeta
 from tests.conftest import complete, connected, make_settings, running_daemon, stub_settings
@@ -51,12 +52,12 @@ async def test_totals_wait_but_every_reader_sees_them_exactly(short_tmp: Path, s
     async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
         var = daemon.settings.layout.root
         await complete(client, prompt="one", conversation_id="c", create=True)
-        written = os.stat(VarLayout(var).meta_file("c"))
+        created = os.stat(VarLayout(var).meta_file("c"))
         for k in range(2, 5):
             await complete(client, prompt=f"turn {k}", conversation_id="c")
-        # the file was not replaced by those exchanges...
-        assert os.stat(VarLayout(var).meta_file("c")).st_ino == written.st_ino
-        assert on_disk(var, "c")["exchanges"] < 4
+        # the file written when the conversation was created was not replaced by its exchanges...
+        assert os.stat(VarLayout(var).meta_file("c")).st_ino == created.st_ino
+        assert on_disk(var, "c")["exchanges"] == 0
         # ...yet the daemon and a reader of the files count all four, alike
         daemon_view = (await client.request("conversation:stats", {"conversation_id": "c"}))["conversation"]
         files_view = await read_with_files(var, "c")
@@ -64,20 +65,24 @@ async def test_totals_wait_but_every_reader_sees_them_exactly(short_tmp: Path, s
         assert tallies(files_view) == tallies(daemon_view)
         assert files_view["tokens_in"] > 0 and files_view["tokens_out"] > 0
 
-        # within the delay the file catches up on its own
-        await asyncio.sleep(TALLY_SAVE_DELAY + 0.5)
-        assert tallies(on_disk(var, "c")) == tallies(files_view)
+        # when the totals lag by TALLY_LAG_SAVED exchanges the file is rewritten, and only then
+        for k in range(5, TALLY_LAG_SAVED):
+            await complete(client, prompt=f"turn {k}", conversation_id="c")
+        assert os.stat(VarLayout(var).meta_file("c")).st_ino == created.st_ino
+        await complete(client, prompt="the one that makes the lag", conversation_id="c")
+        assert on_disk(var, "c")["exchanges"] == TALLY_LAG_SAVED
+        assert tallies(on_disk(var, "c")) == tallies(await read_with_files(var, "c"))
 
         # a change beyond the totals is written at once, totals included
-        await complete(client, prompt="five", conversation_id="c")
+        await complete(client, prompt="one more", conversation_id="c")
         await client.request("conversation:update", {"conversation_id": "c", "title": "named"})
         saved = on_disk(var, "c")
-        assert saved["title"] == "named" and saved["exchanges"] == 5
+        assert saved["title"] == "named" and saved["exchanges"] == TALLY_LAG_SAVED + 1
 
-        await complete(client, prompt="six", conversation_id="c")
+        await complete(client, prompt="and the last", conversation_id="c")
         expected = tallies(await read_with_files(var, "c"))
     # a clean stop writes what waits
-    assert tallies(on_disk(var, "c")) == expected and expected["exchanges"] == 6
+    assert tallies(on_disk(var, "c")) == expected and expected["exchanges"] == TALLY_LAG_SAVED + 2
 
 
 async def test_totals_survive_kill_9_before_they_were_saved(short_tmp: Path, stub: Any) -> None:
@@ -87,12 +92,11 @@ async def test_totals_survive_kill_9_before_they_were_saved(short_tmp: Path, stu
     await daemon.start()
     async with KsiClient(daemon.socket) as client:
         await complete(client, prompt="start", conversation_id="k", create=True)
-        await asyncio.sleep(TALLY_SAVE_DELAY + 0.5)  # saved once with one exchange
         for k, model in enumerate(["openai/stub-model", PRICED, PRICED, "openai/stub-model", PRICED]):
             await complete(client, prompt=f"turn {k}", conversation_id="k", model=model)
         before = await listed(client, "k")
-    daemon.kill()  # before the totals of the last five exchanges were saved
-    assert on_disk(daemon.var, "k")["exchanges"] == 1
+    daemon.kill()  # the file still holds the totals it was created with
+    assert on_disk(daemon.var, "k")["exchanges"] == 0
     assert before["exchanges"] == 6 and before["cost"] > 0 and before["models"][-1] == PRICED
 
     # the inspection readers, daemon stopped, count the lagging exchanges from the records
@@ -157,7 +161,7 @@ async def test_a_metadata_write_that_fails_after_the_exchange_waits_and_is_writt
     assert layout.index_file("c").exists() and on_disk(layout.root, "c")["system"] is None
     assert await store.load_meta("c") == after
     spare.rmdir()
-    await asyncio.sleep(TALLY_SAVE_DELAY + 0.3)  # retried with the waiting totals: no exchange needed
+    await asyncio.sleep(RETRY_DELAY + 0.3)  # retried: no exchange needed
     assert on_disk(layout.root, "c")["system"] == "changed by this exchange"
     assert on_disk(layout.root, "c")["models"] == ["m"]
     await store.close()
@@ -175,3 +179,58 @@ async def test_a_new_conversation_whose_request_failed_exists_after_a_restart(sh
         assert shown["conversation"]["conversation_id"] == "f" and shown["exchanges"] == []
         result = await complete(client, prompt="now", conversation_id="f")
         assert result["exchange"] == 1
+
+
+async def _store(tmp_path: Path) -> tuple[Any, Path]:
+    storage = JsonlStorage(make_settings(tmp_path, fsync="never"))
+    await storage.open()
+    return storage.conversations, storage.layout.root
+
+
+async def _append(store: Any, meta: ConversationMeta, n: int) -> ConversationMeta:
+    meta = meta.model_copy(update={"exchanges": meta.exchanges + 1, "tokens_in": meta.tokens_in + 10,
+                                   "models": ["m"]})
+    entry, lines = exchange(n)
+    await store.append_exchange(meta.conversation_id, entry, response=lines, meta=meta)
+    return meta
+
+
+async def test_a_file_found_lagging_is_rewritten_when_its_own_lag_reaches_the_limit(tmp_path: Path) -> None:
+    killed, var = await _store(tmp_path)
+    meta = ConversationMeta(conversation_id="c")
+    await killed.create(meta)
+    for n in range(1, 6):
+        meta = await _append(killed, meta, n)
+    # the first store is never closed, as after kill -9: its file holds none of the five
+    assert on_disk(var, "c")["exchanges"] == 0
+    store, _ = await _store(tmp_path)
+    meta = await store.load_meta("c")
+    assert meta is not None and meta.exchanges == 5 and meta.tokens_in == 50  # counted from the records
+    for n in range(6, TALLY_LAG_SAVED):
+        meta = await _append(store, meta, n)
+    assert on_disk(var, "c")["exchanges"] == 0  # lags by TALLY_LAG_SAVED - 1
+    meta = await _append(store, meta, TALLY_LAG_SAVED)
+    assert on_disk(var, "c")["exchanges"] == TALLY_LAG_SAVED
+    assert on_disk(var, "c")["tokens_in"] == 10 * TALLY_LAG_SAVED
+    await store.close()
+
+
+async def test_lagging_totals_kept_in_memory_are_bounded_and_a_forgotten_one_is_still_exact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ksi_daemon.storage.jsonl import conversations
+
+    monkeypatch.setattr(conversations, "REMEMBERED", 4)
+    store, var = await _store(tmp_path)
+    for i in range(10):
+        meta = ConversationMeta(conversation_id=f"c{i}")
+        await store.create(meta)
+        for n in (1, 2):
+            meta = await _append(store, meta, n)
+    assert len(store._lagging) <= 4 and len(store._saved) <= 4
+    # c0 was forgotten long ago: its file lags, and the store counts the rest from the records
+    assert on_disk(var, "c0")["exchanges"] == 0
+    forgotten = await store.load_meta("c0")
+    assert forgotten is not None and (forgotten.exchanges, forgotten.tokens_in) == (2, 20)
+    await store.close()
+    assert [on_disk(var, f"c{i}")["exchanges"] for i in range(10)].count(2) >= 4  # written at close
+    assert [(await read_with_files(var, f"c{i}"))["exchanges"] for i in range(10)] == [2] * 10

@@ -132,7 +132,7 @@ ABLATIONS = {
     "instant_provider": "the provider answers at once, no litellm call: the daemon alone",
     "waiting_provider": "the provider answers after a 2 ms wait that takes no CPU, as a remote call does",
     "no_cost_lookup": "skip the daemon's litellm.completion_cost fallback for unpriced models",
-    "no_meta_save": "the exchange's metadata is neither saved nor queued to be saved within a second",
+    "no_meta_save": "the exchange's metadata is neither written nor kept as lagging its file",
     "no_response_file": "the exchange's response record is not written (no response file created)",
     "no_index_append": "the exchange's index line is not appended",
     "no_journal": "the request journal's record does nothing (2 appends per request)",

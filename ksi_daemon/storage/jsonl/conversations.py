@@ -4,10 +4,14 @@
 One daemon owns a var dir (its lock file), so the head of each index this daemon touched is kept
 in memory: the conditional append compares against it instead of re-reading the file.
 
-Metadata that an exchange changed only in its running totals is saved within a second, not with
-the exchange: the index and response records hold those totals too, and every reader counts in
-the exchanges a saved file lags by (`ksi_common.tallies`). Rewriting the file on every exchange
-cost more CPU than any other part of storing it.
+Metadata that an exchange changed only in its running totals is not rewritten for it: the index
+and response records hold those totals too, and every reader counts in the exchanges a saved file
+lags by (`ksi_common.tallies`). The file is rewritten when its totals lag by TALLY_LAG_SAVED
+exchanges (so a reader never counts more) and at close. Rewriting it cost more CPU than any other
+part of storing an exchange, and each rewrite frees an inode: on ext4 without a journal every
+file created in the next minutes skips past the inodes freed recently, so rewrites made every
+later exchange's files dearer (a new conversation's first exchange cost up to 0.9 ms of kernel
+time more, in a daemon rewriting its metadata within a second).
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
 T = TypeVar("T")
 log = structlog.get_logger("ksi.storage.conversations")
 IMPORTING = ".importing"  # an imported index waits under this suffix until its metadata exists
-TALLY_SAVE_DELAY = 1.0  # seconds metadata changed only in its totals may wait to be saved
+TALLY_LAG_SAVED = 32  # exchanges a metadata file's totals may lag by before it is rewritten
+RETRY_DELAY = 1.0  # seconds before metadata that could not be written (a full disk) is tried again
 CHECKPOINT_DELAY = 2.0  # seconds exchanges wait in the exchange log before their files are synced
-REMEMBERED = 4096  # conversations whose last saved metadata is kept to compare the next one with
+REMEMBERED = 4096  # conversations whose saved metadata (and lagging totals) are kept in memory
 
 
 class JsonlConversations(JsonlReader):
@@ -56,8 +61,11 @@ class JsonlConversations(JsonlReader):
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known
-        self._saved: dict[str, ConversationMeta] = {}  # the metadata last saved (or waiting), newest last
-        self._unsaved: dict[str, ConversationMeta] = {}  # changed only in its totals since the file
+        self._saved: dict[str, ConversationMeta] = {}  # the metadata as its file holds it, newest last
+        # newer than its file only in its totals: kept to answer from, written at close; one
+        # forgotten (over REMEMBERED) is counted from the records again, as any reader does
+        self._lagging: dict[str, ConversationMeta] = {}
+        self._unwritten: dict[str, ConversationMeta] = {}  # its write failed: retried until it succeeds
         self._meta_lock = threading.Lock()  # one metadata write at a time: a late save never wins
         self._save_timer: asyncio.TimerHandle | None = None
         self._saving: asyncio.Task[None] | None = None
@@ -81,10 +89,14 @@ class JsonlConversations(JsonlReader):
     async def exists(self, conversation_id: str) -> bool:
         return await asyncio.to_thread(self._exists, conversation_id)
 
+    def _pending(self, conversation_id: str) -> ConversationMeta | None:
+        """The metadata newer than its file, if any."""
+        return self._unwritten.get(conversation_id) or self._lagging.get(conversation_id)
+
     def _load_meta(self, conversation_id: str) -> ConversationMeta | None:
-        waiting = self._unsaved.get(conversation_id)
-        if waiting is not None:
-            return waiting
+        pending = self._pending(conversation_id)
+        if pending is not None:
+            return pending
         path = self.layout.meta_file(conversation_id)
         try:
             saved_at = os.stat(path).st_mtime_ns
@@ -95,73 +107,96 @@ class JsonlConversations(JsonlReader):
             if self.layout.index_file(conversation_id).exists():
                 return ConversationMeta(conversation_id=conversation_id)  # an index without metadata
             return None
-        if isinstance(raw, dict):
-            raw = caught_up(self.layout, raw, saved_at)  # totals of exchanges indexed after the last save
-        meta = ConversationMeta.model_validate(raw)
-        self._remember(meta)
+        if not isinstance(raw, dict):
+            return ConversationMeta.model_validate(raw)  # refused with the reason
+        current = caught_up(self.layout, raw, saved_at)  # totals of exchanges indexed after the last save
+        meta = ConversationMeta.model_validate(current)
+        with self._meta_lock:
+            if current is raw:
+                self._remember(meta)
+            else:  # the file lags: what it holds is what the next exchange's lag counts from
+                self._remember(ConversationMeta.model_validate(raw))
+                self._lag(meta)
         return meta
 
     async def load_meta(self, conversation_id: str) -> ConversationMeta | None:
-        if conversation_id in self._unsaved:
-            return self._unsaved[conversation_id]
+        pending = self._pending(conversation_id)
+        if pending is not None:
+            return pending
         return await asyncio.to_thread(self._load_meta, conversation_id)
 
     def _remember(self, meta: ConversationMeta) -> None:
+        """`meta` as its file now holds it (under the metadata lock)."""
         self._saved.pop(meta.conversation_id, None)
         self._saved[meta.conversation_id] = meta
+        self._lagging.pop(meta.conversation_id, None)
         if len(self._saved) > REMEMBERED:  # a forgotten one is saved whole on its next exchange
-            del self._saved[next(iter(self._saved))]
+            forgotten = next(iter(self._saved))
+            del self._saved[forgotten]
+            self._lagging.pop(forgotten, None)
+
+    def _lag(self, meta: ConversationMeta) -> None:
+        """`meta` newer than its file in its totals only (under the metadata lock)."""
+        self._lagging.pop(meta.conversation_id, None)
+        self._lagging[meta.conversation_id] = meta
+        if len(self._lagging) > REMEMBERED:
+            del self._lagging[next(iter(self._lagging))]
 
     def _forget(self, conversation_id: str) -> None:
         self._unlogged.pop(conversation_id, None)
         with self._meta_lock:
             self._saved.pop(conversation_id, None)
-            self._unsaved.pop(conversation_id, None)
+            self._lagging.pop(conversation_id, None)
+            self._unwritten.pop(conversation_id, None)
 
     def _write_meta(self, meta: ConversationMeta) -> None:
-        path = self.layout.meta_file(meta.conversation_id)
+        path = self.layout.meta_path(meta.conversation_id)
         value = meta.model_dump(mode="json")
         try:
             replace_json(path, value)
         except FileNotFoundError:  # the first conversation of a fresh var dir
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             replace_json(path, value)
 
     def _save_meta(self, meta: ConversationMeta) -> None:
-        self._commit_meta(meta, wait=False)
+        self._commit_meta(meta, lag=False)
 
-    def _commit_meta(self, meta: ConversationMeta, wait: bool = True) -> bool:
-        """Save `meta` now, or (with `wait`) later when only its totals changed; True when it waits."""
+    def _commit_meta(self, meta: ConversationMeta, lag: bool = True) -> None:
+        """Write `meta`; with `lag`, leave the file as it is while it differs only in totals
+        that lag by fewer than TALLY_LAG_SAVED exchanges."""
         with self._meta_lock:
             saved = self._saved.get(meta.conversation_id)
-            waits = wait and saved is not None and saved.same_but_tallies(meta)
-            if waits:
-                self._unsaved[meta.conversation_id] = meta
-            else:
-                self._unsaved.pop(meta.conversation_id, None)
-                self._write_meta(meta)
+            if (lag and saved is not None and meta.exchanges - saved.exchanges < TALLY_LAG_SAVED
+                    and saved.same_but_tallies(meta)):
+                self._lag(meta)
+                return
+            self._write_meta(meta)
+            self._unwritten.pop(meta.conversation_id, None)
             self._remember(meta)
-            return waits
 
-    def save_waiting(self) -> None:
-        """Write every metadata whose totals wait (blocking); one that fails waits for the next."""
+    def save_waiting(self, lagging: bool = True) -> None:
+        """Write every metadata that could not be written and (with `lagging`) every one whose
+        totals lag (blocking); one that fails waits for the next try."""
         with self._meta_lock:
-            waiting, self._unsaved = self._unsaved, {}
+            waiting = {**self._lagging, **self._unwritten} if lagging else dict(self._unwritten)
             for conversation_id, meta in waiting.items():
                 try:
                     self._write_meta(meta)
                 except KsiError as error:
-                    self._unsaved.setdefault(conversation_id, meta)
+                    self._unwritten[conversation_id] = meta
                     log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code)
+                else:
+                    self._unwritten.pop(conversation_id, None)
+                    self._remember(meta)
 
     def _save_later(self) -> None:
         if self._save_timer is None:
-            self._save_timer = asyncio.get_running_loop().call_later(TALLY_SAVE_DELAY, self._save_now)
+            self._save_timer = asyncio.get_running_loop().call_later(RETRY_DELAY, self._save_now)
 
     def _save_now(self) -> None:
         self._save_timer = None
         if self._saving is None or self._saving.done():  # a slow save still running takes the rest after it
-            self._saving = asyncio.ensure_future(asyncio.to_thread(self.save_waiting))
+            self._saving = asyncio.ensure_future(asyncio.to_thread(self.save_waiting, False))
         else:
             self._save_later()
 
@@ -248,17 +283,17 @@ class JsonlConversations(JsonlReader):
         return [self._waiting_record(str(meta.get("conversation_id"))) or meta for meta in found]
 
     def _waiting_record(self, conversation_id: str) -> dict[str, Any] | None:
-        waiting = self._unsaved.get(conversation_id)
-        return waiting.model_dump(mode="json") if waiting is not None else None
+        pending = self._pending(conversation_id)
+        return pending.model_dump(mode="json") if pending is not None else None
 
     async def save_meta(self, meta: ConversationMeta) -> None:
         await self._write(lambda: self._save_meta(meta))
 
     def _create(self, meta: ConversationMeta, sync: bool) -> dict[str, Any]:
         """Write the metadata of a new conversation; returns it as written."""
-        if self.layout.index_file(meta.conversation_id).exists():
+        if os.path.exists(self.layout.index_path(meta.conversation_id)):
             raise ConversationExists(meta.conversation_id)
-        path = self.layout.meta_file(meta.conversation_id)
+        path = self.layout.meta_path(meta.conversation_id)
         record = meta.model_dump(mode="json")
         payload = orjson.dumps(record, option=orjson.OPT_INDENT_2)
         try:
@@ -266,7 +301,7 @@ class JsonlConversations(JsonlReader):
                 # complete when visible: a reader racing this create never finds an empty file
                 publish_new(path, payload, sync)
             except FileNotFoundError:  # the first conversation of a fresh var dir
-                path.parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
                 publish_new(path, payload, sync)
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
@@ -308,7 +343,8 @@ class JsonlConversations(JsonlReader):
 
     def _append(self, conversation_id: str, entry: IndexEntry, response: list[dict[str, Any]] | None,
                 meta: ConversationMeta | None) -> bool:
-        """Response record, index line, metadata; True when the metadata waits to be saved."""
+        """Response record, index line, metadata; True when the metadata could not be written (it is
+        tried again within a second)."""
         head = self._head(conversation_id)
         if entry.n <= head:
             raise ExchangeConflict(conversation_id, entry.n, head)
@@ -330,25 +366,26 @@ class JsonlConversations(JsonlReader):
             return False
         # The index line is the commit: from here the exchange is done, so a full disk now
         # must not report it failed (it would stay indexed while the caller gives its number
-        # again). The metadata waits to be saved with the totals (retried within a second, and
-        # at close), else a change no later exchange makes again would be lost.
+        # again). The metadata is tried again within a second (and at close), else a change no
+        # later exchange makes again would be lost.
         try:
-            return self._commit_meta(meta)
+            self._commit_meta(meta)
         except KsiError as error:
             log.warning("metadata_write_failed", conversation_id=conversation_id, code=error.code,
                         exchange=entry.n)
             with self._meta_lock:
-                self._unsaved[conversation_id] = meta
+                self._unwritten[conversation_id] = meta
             return True
+        return False
 
     def _write_exchange(self, conversation_id: str, entry: IndexEntry, line: dict[str, Any],
                         response: list[dict[str, Any]] | None) -> None:
         if response is not None:
             try:  # the response record first: a reader never finds an index line without it
-                write_new(self.layout.response_file(entry.response_id), jsonl(response), fsync=False)
+                write_new(self.layout.response_path(entry.response_id), jsonl(response), fsync=False)
             except FileExistsError:
                 pass  # an earlier attempt of this same append wrote it
-        append_lines(self.layout.index_file(conversation_id), jsonl([line]), fsync=False)
+        append_lines(self.layout.index_path(conversation_id), jsonl([line]), fsync=False)
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,
@@ -393,7 +430,7 @@ class JsonlConversations(JsonlReader):
                 continue
             if not isinstance(raw, dict) or raw.get("parent_id") != parent_id:
                 continue
-            waiting = self._unsaved.get(path.stem)  # its totals may be newer than its file
+            waiting = self._pending(path.stem)  # its totals may be newer than its file
             meta = (waiting or ConversationMeta.model_validate(raw)).model_copy(update={"parent_id": new_parent_id})
             self._save_meta(meta)
             changed.append(meta.conversation_id)
