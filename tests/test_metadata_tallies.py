@@ -135,9 +135,14 @@ async def test_a_save_that_fails_keeps_the_totals_waiting_and_loses_nothing(tmp_
     assert on_disk(layout.root, "c")["exchanges"] == 0  # the file kept its last good version
     assert (await store.load_meta("c")) == meta  # the totals still wait in memory
     assert (await read_with_files(layout.root, "c"))["exchanges"] == 2  # and readers count them
+    # a later exchange's totals take the place of those waiting: the newest is answered and written
+    meta = meta.model_copy(update={"exchanges": 3, "tokens_in": 30})
+    entry, lines = exchange(3)
+    await store.append_exchange("c", entry, response=lines, meta=meta)
+    assert (await store.load_meta("c")) == meta
     spare.rmdir()
     await store.close()  # the next save writes them
-    assert on_disk(layout.root, "c")["exchanges"] == 2 and on_disk(layout.root, "c")["tokens_in"] == 20
+    assert on_disk(layout.root, "c")["exchanges"] == 3 and on_disk(layout.root, "c")["tokens_in"] == 30
 
 
 # -- metadata that could not be written, and a conversation whose first request failed ----------

@@ -137,6 +137,9 @@ class JsonlConversations(JsonlReader):
 
     def _lag(self, meta: ConversationMeta) -> None:
         """`meta` newer than its file in its totals only (under the metadata lock)."""
+        if meta.conversation_id in self._unwritten:  # an older version waits to be written: this one does
+            self._unwritten[meta.conversation_id] = meta
+            return
         self._lagging.pop(meta.conversation_id, None)
         self._lagging[meta.conversation_id] = meta
         if len(self._lagging) > REMEMBERED:
