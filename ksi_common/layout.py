@@ -15,18 +15,11 @@ class VarLayout:
     _responses: Path = field(init=False, repr=False, compare=False)
     _conversations: Path = field(init=False, repr=False, compare=False)
     _conversation_meta: Path = field(init=False, repr=False, compare=False)
-    # ... and as strings, for the `*_path` names the writers use on every exchange: joining a
-    # string costs a tenth of joining a Path
-    _responses_str: str = field(init=False, repr=False, compare=False)
-    _conversations_str: str = field(init=False, repr=False, compare=False)
-    _conversation_meta_str: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name, path in (("_responses", self.root / "logs" / "responses"),
-                           ("_conversations", self.root / "logs" / "conversations"),
-                           ("_conversation_meta", self.root / "state" / "conversations")):
-            object.__setattr__(self, name, path)
-            object.__setattr__(self, f"{name}_str", str(path))
+        object.__setattr__(self, "_responses", self.root / "logs" / "responses")
+        object.__setattr__(self, "_conversations", self.root / "logs" / "conversations")
+        object.__setattr__(self, "_conversation_meta", self.root / "state" / "conversations")
 
     @property
     def run_dir(self) -> Path:
@@ -97,25 +90,16 @@ class VarLayout:
         return self.state_dir / "exchange-log"
 
     def response_file(self, response_id: str) -> Path:
-        return Path(self.response_path(response_id))
-
-    def response_path(self, response_id: str) -> str:
-        return f"{self._responses_str}/{response_id}.jsonl"
+        return self._responses / f"{response_id}.jsonl"
 
     def index_file(self, conversation_id: str) -> Path:
-        return Path(self.index_path(conversation_id))
-
-    def index_path(self, conversation_id: str) -> str:
-        return f"{self._conversations_str}/{conversation_id}.jsonl"
+        return self._conversations / f"{conversation_id}.jsonl"
 
     def summaries_file(self, conversation_id: str) -> Path:
         return self.summaries_dir / f"{conversation_id}.jsonl"
 
     def meta_file(self, conversation_id: str) -> Path:
-        return Path(self.meta_path(conversation_id))
-
-    def meta_path(self, conversation_id: str) -> str:
-        return f"{self._conversation_meta_str}/{conversation_id}.json"
+        return self._conversation_meta / f"{conversation_id}.json"
 
     @property
     def http_token_file(self) -> Path:

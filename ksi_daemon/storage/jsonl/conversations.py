@@ -153,12 +153,12 @@ class JsonlConversations(JsonlReader):
             self._unwritten.pop(conversation_id, None)
 
     def _write_meta(self, meta: ConversationMeta) -> None:
-        path = self.layout.meta_path(meta.conversation_id)
+        path = self.layout.meta_file(meta.conversation_id)
         value = meta.model_dump(mode="json")
         try:
             replace_json(path, value)
         except FileNotFoundError:  # the first conversation of a fresh var dir
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             replace_json(path, value)
 
     def _save_meta(self, meta: ConversationMeta) -> None:
@@ -294,9 +294,9 @@ class JsonlConversations(JsonlReader):
 
     def _create(self, meta: ConversationMeta, sync: bool) -> dict[str, Any]:
         """Write the metadata of a new conversation; returns it as written."""
-        if os.path.exists(self.layout.index_path(meta.conversation_id)):
+        if self.layout.index_file(meta.conversation_id).exists():
             raise ConversationExists(meta.conversation_id)
-        path = self.layout.meta_path(meta.conversation_id)
+        path = self.layout.meta_file(meta.conversation_id)
         record = meta.model_dump(mode="json")
         payload = orjson.dumps(record, option=orjson.OPT_INDENT_2)
         try:
@@ -304,7 +304,7 @@ class JsonlConversations(JsonlReader):
                 # complete when visible: a reader racing this create never finds an empty file
                 publish_new(path, payload, sync)
             except FileNotFoundError:  # the first conversation of a fresh var dir
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                path.parent.mkdir(parents=True, exist_ok=True)
                 publish_new(path, payload, sync)
         except FileExistsError:
             raise ConversationExists(meta.conversation_id) from None
@@ -385,10 +385,10 @@ class JsonlConversations(JsonlReader):
                         response: list[dict[str, Any]] | None) -> None:
         if response is not None:
             try:  # the response record first: a reader never finds an index line without it
-                write_new(self.layout.response_path(entry.response_id), jsonl(response), fsync=False)
+                write_new(self.layout.response_file(entry.response_id), jsonl(response), fsync=False)
             except FileExistsError:
                 pass  # an earlier attempt of this same append wrote it
-        append_lines(self.layout.index_path(conversation_id), jsonl([line]), fsync=False)
+        append_lines(self.layout.index_file(conversation_id), jsonl([line]), fsync=False)
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,

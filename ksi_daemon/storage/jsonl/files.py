@@ -1,8 +1,4 @@
-"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file.
-
-Paths may be `str` or `Path`: the files of every exchange are named as strings (joining a Path
-costs ten times as much, and an exchange names five of them).
-"""
+"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ import orjson
 from ksi_common.errors import ErrorCode, KsiError
 
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-StrPath = str | Path
 
 
 class storage_failures:  # noqa: N801 - used as a function: `with storage_failures():`
@@ -56,7 +51,7 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def sync_path(path: StrPath) -> None:
+def sync_path(path: Path) -> None:
     """Flush a file, or a directory's entries, to disk."""
     with storage_failures():
         fd = os.open(path, os.O_RDONLY)
@@ -66,12 +61,12 @@ def sync_path(path: StrPath) -> None:
             os.close(fd)
 
 
-def append_lines(path: StrPath, payload: bytes, fsync: bool) -> None:
+def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
     """Append whole lines; a torn last line left by a crash is cut off first.
 
     One appender per file at a time: a concurrent one could be taken for a torn line.
     """
-    created = fsync and not os.path.exists(path)  # a new file's directory entry is synced too
+    created = fsync and not path.exists()  # a new file's directory entry is synced too
     with storage_failures():
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -90,7 +85,7 @@ def append_lines(path: StrPath, payload: bytes, fsync: bool) -> None:
         finally:
             os.close(fd)
         if created:
-            sync_path(os.path.dirname(path))
+            sync_path(path.parent)
 
 
 def append_whole(fd: int, payload: bytes) -> None:
@@ -119,7 +114,7 @@ def _truncate_torn_tail(fd: int, size: int) -> None:
     os.ftruncate(fd, 0)
 
 
-def write_new(path: StrPath, payload: bytes, fsync: bool) -> None:
+def write_new(path: Path, payload: bytes, fsync: bool) -> None:
     """Write a whole new file; it never overwrites an existing one."""
     with storage_failures():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -129,33 +124,31 @@ def write_new(path: StrPath, payload: bytes, fsync: bool) -> None:
                 os.fsync(fd)
         except OSError:
             os.close(fd)
-            _undo(lambda: os.unlink(path))  # a half-written file would read as a torn record
+            _undo(path.unlink)  # a half-written file would read as a torn record
             raise
         os.close(fd)
         if fsync:
-            sync_path(os.path.dirname(path))
+            sync_path(path.parent)
 
 
-def publish_new(path: StrPath, payload: bytes, fsync: bool) -> None:
+def publish_new(path: Path, payload: bytes, fsync: bool) -> None:
     """Write a whole new file that readers see complete or not at all, and only if `path` does
     not exist yet (FileExistsError otherwise): written aside, then hard-linked into place."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{id(payload):x}.new")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(payload):x}.new")
     write_new(tmp, payload, fsync)
     try:
         with storage_failures():
             os.link(tmp, path)  # fails when `path` exists: the exclusive part
             if fsync:
-                sync_path(directory)
+                sync_path(path.parent)
     finally:
-        _undo(lambda: os.unlink(tmp))
+        _undo(tmp.unlink)
 
 
-def replace_file(path: StrPath, payload: bytes, fsync: bool = False) -> None:
+def replace_file(path: Path, payload: bytes, fsync: bool = False) -> None:
     """Replace a file atomically (write aside, then rename); with `fsync`, the new content is on
     disk when this returns."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp")
     with storage_failures():
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -164,15 +157,15 @@ def replace_file(path: StrPath, payload: bytes, fsync: bool = False) -> None:
                 os.fsync(fd)
         except OSError:
             os.close(fd)
-            _undo(lambda: os.unlink(tmp))
+            _undo(tmp.unlink)
             raise
         os.close(fd)
         os.replace(tmp, path)
         if fsync:
-            sync_path(directory)  # the rename itself: without it a crash may bring back the old file
+            sync_path(path.parent)  # the rename itself: without it a crash may bring back the old file
 
 
-def replace_json(path: StrPath, value: Any, fsync: bool = False) -> None:
+def replace_json(path: Path, value: Any, fsync: bool = False) -> None:
     """Replace a small JSON state file atomically (see replace_file)."""
     replace_file(path, orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str), fsync)
 
