@@ -3,6 +3,7 @@ the CLI, and a round trip that gives the same exchanges under a new id."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,37 @@ async def test_import_refuses_bad_payloads_and_taken_ids(stub_daemon: Daemon, st
         assert caught.value.code == "conversation_not_found"
         after = await stored_snapshot(stub_daemon.settings)
     assert after == before
+
+
+def document(answers: int) -> dict[str, Any]:
+    exchanges = [{"inputs": [{"type": "user", "content": f"q{k}"}],
+                  "reply": {"content": f"a{k}", "model": "echo/x"}, "model": "echo/x"} for k in range(answers)]
+    return {"v": 1, "format": "ksi.conversation", "conversation": {"title": f"{answers} answers"},
+            "exchanges": exchanges}
+
+
+async def test_two_imports_of_one_new_id_at_once_store_the_winners_exchanges_and_nothing_else(
+        stub_daemon: Daemon) -> None:
+    """One import wins the id; the other gets conversation_exists and leaves nothing behind: never
+    the winner's metadata over the loser's exchanges, no stray file or row of either."""
+    async with connected(stub_daemon) as client:
+        for round_number in range(10):
+            target = f"twin-{round_number}"
+            before = await stored_snapshot(stub_daemon.settings)
+            outcomes = await asyncio.gather(
+                *(client.request("conversation:import", {"data": document(size), "new_id": target})
+                  for size in (2, 3)), return_exceptions=True)
+            won = [o for o in outcomes if not isinstance(o, BaseException)]
+            lost = [o for o in outcomes if isinstance(o, BaseException)]
+            assert len(won) == 1 and [e.code for e in lost] == ["conversation_exists"], outcomes  # type: ignore[attr-defined]
+            size = won[0]["exchanges"]
+            shown = await client.request("conversation:show", {"conversation_id": target})
+            assert [x["reply"]["content"] for x in shown["exchanges"]] == [f"a{k}" for k in range(size)]
+            assert shown["conversation"]["title"] == f"{size} answers"
+            after = await stored_snapshot(stub_daemon.settings)
+            added = set(after) - set(before)
+            assert len(names(after, "logs/responses/") - names(before, "logs/responses/")) == size, added
+            assert len(added) == size + 2, added  # its responses, its index and its metadata
 
 
 async def test_export_matches_the_shared_renderer(stub_daemon: Daemon, stub: Any) -> None:

@@ -67,6 +67,7 @@ class JsonlConversations(JsonlReader):
         self._lagging: dict[str, ConversationMeta] = {}
         self._unwritten: dict[str, ConversationMeta] = {}  # its write failed: retried until it succeeds
         self._meta_lock = threading.Lock()  # one metadata write at a time: a late save never wins
+        self._importing = threading.Lock()
         self._save_timer: asyncio.TimerHandle | None = None
         self._saving: asyncio.Task[None] | None = None
         # created for a request, unsynced: the metadata goes into its first exchange's log record
@@ -509,24 +510,31 @@ class JsonlConversations(JsonlReader):
     def _import(self, meta: ConversationMeta, exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
         """All of an import or none of it: response files, then the index under a hidden name,
         then the metadata by exclusive create (the commit point), then the index into place. A
-        kill before the metadata leaves orphans only; after it, `finish_imports` completes it."""
+        kill before the metadata leaves orphans only; after it, `finish_imports` completes it.
+
+        One import at a time: two imports of one new id would share the hidden index, and the
+        one that won the metadata could rename the other's exchanges into place."""
         conversation_id = meta.conversation_id
-        if self._exists(conversation_id):
-            raise ConversationExists(conversation_id)
-        for entry, lines in exchanges:
-            write_new(self.layout.response_file(entry.response_id), jsonl(lines), self.fsync)
-        pending = self._pending_index(conversation_id)
-        pending.unlink(missing_ok=True)
-        if exchanges:
-            write_new(pending, jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
-        try:
-            self._create(meta, self.fsync)
-        except BaseException:
-            pending.unlink(missing_ok=True)
-            raise
-        if exchanges:
-            os.rename(pending, self.layout.index_file(conversation_id))
-        self._heads[conversation_id] = exchanges[-1][0].n if exchanges else 0
+        with self._importing:
+            if self._exists(conversation_id):
+                raise ConversationExists(conversation_id)
+            written: list[Path] = []
+            pending = self._pending_index(conversation_id)
+            try:
+                for entry, lines in exchanges:
+                    write_new(self.layout.response_file(entry.response_id), jsonl(lines), self.fsync)
+                    written.append(self.layout.response_file(entry.response_id))
+                pending.unlink(missing_ok=True)
+                if exchanges:
+                    write_new(pending, jsonl([entry.to_record() for entry, _lines in exchanges]), self.fsync)
+                self._create(meta, self.fsync)
+            except BaseException:  # another creator took the id meanwhile, or the disk is full
+                for path in [pending, *written]:
+                    path.unlink(missing_ok=True)
+                raise
+            if exchanges:
+                os.rename(pending, self.layout.index_file(conversation_id))
+            self._heads[conversation_id] = exchanges[-1][0].n if exchanges else 0
 
     def finish_imports(self) -> list[str]:
         """Imports a kill interrupted: with their metadata written they are completed, without
