@@ -34,6 +34,7 @@ from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
 from ksi_common.tallies import caught_up
 from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
+from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.jsonl.files import (
     append_lines, jsonl, publish_new, read_json, replace_file, replace_json, write_new,
 )
@@ -47,6 +48,7 @@ TALLY_LAG_SAVED = 32  # exchanges a metadata file's totals may lag by before it 
 RETRY_DELAY = 1.0  # seconds before metadata that could not be written (a full disk) is tried again
 CHECKPOINT_DELAY = 2.0  # seconds exchanges wait in the exchange log before their files are synced
 REMEMBERED = 4096  # conversations whose saved metadata (and lagging totals) are kept in memory
+WRITER_THREADS = 4  # synced writes at once: concurrent exchanges' fsyncs overlap
 
 
 class JsonlConversations(JsonlReader):
@@ -58,6 +60,7 @@ class JsonlConversations(JsonlReader):
         self.fsync = fsync
         # with fsync on, an exchange is durable by its exchange log record; read at open either way
         self.log = ExchangeLog(layout.exchange_log_dir)
+        self._writers = WriterThreads(WRITER_THREADS, "ksi-synced-writes")
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._heads: dict[str, int] = {}  # conversation id -> last indexed n, once known
@@ -81,7 +84,7 @@ class JsonlConversations(JsonlReader):
         """Unsynced writes of a few small lines are cheaper on the loop than a hop to a thread."""
         if not self.fsync:
             return work()
-        return await asyncio.to_thread(work)
+        return await self._writers.run(work)
 
     # -- existence and metadata ---------------------------------------------
     def _exists(self, conversation_id: str) -> bool:
@@ -205,6 +208,7 @@ class JsonlConversations(JsonlReader):
             self._save_later()
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._writers.close)  # writes a cancelled caller left running finish first
         if self._save_timer is not None:
             self._save_timer.cancel()
             self._save_timer = None
