@@ -8,10 +8,9 @@ Metadata that an exchange changed only in its running totals is not rewritten fo
 and response records hold those totals too, and every reader counts in the exchanges a saved file
 lags by (`ksi_common.tallies`). The file is rewritten when its totals lag by TALLY_LAG_SAVED
 exchanges (so a reader never counts more) and at close. Rewriting it cost more CPU than any other
-part of storing an exchange, and each rewrite frees an inode: on ext4 without a journal every
-file created in the next minutes skips past the inodes freed recently, so rewrites made every
-later exchange's files dearer (a new conversation's first exchange cost up to 0.9 ms of kernel
-time more, in a daemon rewriting its metadata within a second).
+part of storing an exchange: the rename over the old file frees that file's blocks (on a file
+system mounted with `discard`, a discard request sent and waited for) and starts the new file's
+writeback at once.
 """
 
 from __future__ import annotations
