@@ -14,9 +14,10 @@ import pytest
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry
 from ksi_common.summaries import Summary
+from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
+from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.database import Database
 from ksi_daemon.storage.postgres.records import (
@@ -92,6 +93,65 @@ async def test_two_writers_of_one_exchange_number_one_wins_the_other_learns_the_
         assert len(await a.entries("c")) == 30
         with pytest.raises(ExchangeConflict):
             await b.append_exchange("c", entry(30))
+    finally:
+        await other_db.close()
+
+
+async def test_moved_since_answers_as_the_files_do(database: Database, short_tmp: Path) -> None:
+    layout = VarLayout(short_tmp)
+    for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
+        directory.mkdir(parents=True)
+    files = JsonlConversations(layout, fsync=False)
+    rows = PostgresConversations(database)
+    for store in (files, rows):
+        await store.create(ConversationMeta(conversation_id="c", title="t"))
+        assert await store.moved_since("c", 0, 100) is None
+    for n in range(1, 13):
+        e = entry(n, tokens=20, feedback=n == 11)
+        for store in (files, rows):
+            await store.append_exchange("c", e, response=lines(e, "c"))
+    for head in (0, 5, 11):
+        for budget in (0, 45, 10_000):
+            answers = [await store.moved_since("c", head, budget) for store in (files, rows)]
+            for store, moved in zip((files, rows), answers, strict=True):
+                assert moved == StoredTail(await store.load_meta("c"), *await store.read_tail("c", budget))
+            assert answers[0].entries == answers[1].entries and answers[1].head == 12
+    for store in (files, rows):
+        assert await store.moved_since("c", 12, 45) is None
+        await store.delete("c")
+        gone = await store.moved_since("c", 12, 45)
+        assert gone is not None and gone.meta is None
+
+
+async def test_a_cache_finds_another_daemons_exchange_in_one_round_trip(pg_url: str, database: Database) -> None:
+    """Daemon A holds a conversation in memory; B appends to it; A's next lookup costs one
+    database call, whether the head moved or not, and never serves the stale history."""
+    other_db = Database(pg_url)
+    await other_db.open()
+    try:
+        a, b = PostgresConversations(database), PostgresConversations(other_db)
+        cache = ConversationCache(a, PostgresResponses(database), capacity=10)
+        await a.create(ConversationMeta(conversation_id="c"))
+        first = entry(1)
+        await a.append_exchange("c", first, response=lines(first, "c"))
+        held = await cache.require("c", budget=1000)
+        assert [e.n for e in held.entries] == [1]
+        calls = database.calls
+        assert await cache.require("c", budget=1000) is held  # nothing moved: the same memory
+        assert database.calls == calls + 1
+        second = entry(2)
+        await b.append_exchange("c", second, response=lines(second, "c"))
+        calls = database.calls
+        now = await cache.require("c", budget=1000)
+        assert database.calls == calls + 1
+        assert now is not held and [e.response_id for e in now.entries] == [first.response_id, second.response_id]
+        assert now.total == 2 and now.next_n == 3
+        third = entry(3)  # A appends after B without a conflict: its metadata version is current
+        await a.append_exchange("c", third, response=lines(third, "c"), meta=ConversationMeta(conversation_id="c"))
+        await b.delete("c")
+        calls = database.calls
+        assert await cache.get("c") is None
+        assert database.calls == calls + 1 and cache.cached("c") is None
     finally:
         await other_db.close()
 

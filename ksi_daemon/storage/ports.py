@@ -7,8 +7,8 @@ a backend does its blocking work off the event loop (JSONL) or over an async dri
 Several daemons may share one backend (PostgreSQL), so the writes that could collide are
 conditional: appending exchange n fails when n is taken (`ExchangeConflict`, the caller reloads
 the head and retries), and creating a conversation or an agent is an exclusive create
-(`ConversationExists`, `AgentExists`). A cache asks `head()` whether the history moved under it
-when `shared` says another daemon may write.
+(`ConversationExists`, `AgentExists`). A cache asks `moved_since()` whether the history moved under
+it when `shared` says another daemon may write.
 
 Read-only access, shared with the `ksi` inspection commands, is `ksi_common.reading.StoredReader`;
 a conversation store is also such a reader, so the daemon and the CLI read through the same code.
@@ -17,6 +17,7 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ksi_common.reading import StoredReader
@@ -33,6 +34,16 @@ class ExchangeConflict(Exception):
         self.conversation_id = conversation_id
         self.n = n
         self.head = head
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTail:
+    """A conversation as stored now: its metadata (None when it is gone), the newest entries
+    within a token budget (oldest first) and its head."""
+
+    meta: ConversationMeta | None
+    entries: list[IndexEntry]
+    head: int
 
 
 class ConversationExists(Exception):
@@ -82,6 +93,12 @@ class ConversationStore(StoredReader, Protocol):
 
     async def head(self, conversation_id: str) -> int:
         """The number of the last indexed exchange (0 when none); cheap: no history is read."""
+        ...
+
+    async def moved_since(self, conversation_id: str, head: int, token_budget: int) -> StoredTail | None:
+        """None while the stored head is still `head`; else the conversation as stored now, its
+        tail within `token_budget` (as `read_tail`). A shared backend answers both in one round
+        trip: a cache holding a conversation another daemon moved reloads it in that one."""
         ...
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,

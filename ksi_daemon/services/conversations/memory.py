@@ -17,7 +17,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationStore, ResponseStore
+from ksi_daemon.storage.ports import ConversationStore, ResponseStore, StoredTail
 
 
 @dataclass(slots=True)
@@ -85,6 +85,12 @@ class ConversationMemory:
     @property
     def next_n(self) -> int:
         return max(self.total, self.base) + 1
+
+    @property
+    def stored_head(self) -> int:
+        """The head its store holds while this memory is current: a fork with no exchange of its
+        own has none stored (0), those it shares are its parent's."""
+        return self.total if self.total > self.base else 0
 
     @property
     def complete(self) -> bool:
@@ -155,9 +161,9 @@ def estimate_tokens(text: str) -> int:
 class ConversationCache:
     """A bounded LRU of conversations in memory, loaded through the conversation store.
 
-    When the store is shared with other daemons, every `get` asks the store for the head (a
-    cheap query) and reloads a conversation whose history moved elsewhere, so a turn never
-    sees stale history.
+    When the store is shared with other daemons, every `get` asks the store whether the head
+    moved (a cheap query) and, in the same answer, gets a conversation whose history moved
+    elsewhere as stored now, so a turn never sees stale history.
     """
 
     def __init__(self, store: ConversationStore, responses: ResponseStore, capacity: int,
@@ -201,10 +207,24 @@ class ConversationCache:
                 memory.tail_budget = budget
         else:
             self._items.move_to_end(conversation_id)
-            if self.store.shared and not await self.fresh(memory):
-                return await self.get(conversation_id, budget)
+            if self.store.shared:
+                stored = await self.store.moved_since(conversation_id, memory.stored_head, budget)
+                if stored is not None:
+                    if self._items.get(conversation_id) is memory:
+                        del self._items[conversation_id]
+                    if stored.meta is None:
+                        return None
+                    # a new memory: requests holding the stale one (and its lock) finish on it
+                    memory = self._items.get(conversation_id) or await self._loaded(stored, budget)
         await self.widen(memory, budget)
         return self._keep(memory)
+
+    async def _loaded(self, stored: StoredTail, budget: int) -> ConversationMemory:
+        assert stored.meta is not None
+        memory = ConversationMemory(stored.meta)
+        memory.set_entries(await self._counted(stored.entries), stored.head)
+        memory.tail_budget = budget
+        return memory
 
     async def widen(self, memory: ConversationMemory, budget: int) -> ConversationMemory:
         """`memory` with at least `budget` tokens of history loaded when it has them, without asking
@@ -215,8 +235,7 @@ class ConversationCache:
 
     async def fresh(self, memory: ConversationMemory) -> bool:
         """Whether the store's head is still the one in memory; a stale memory is dropped."""
-        head = await self.store.head(memory.conversation_id)
-        if head == memory.total or (head == 0 and memory.total == memory.base):
+        if await self.store.head(memory.conversation_id) == memory.stored_head:
             return True
         if self._items.get(memory.conversation_id) is memory:
             del self._items[memory.conversation_id]

@@ -38,7 +38,7 @@ from ksi_daemon.storage.jsonl.files import (
     append_lines, jsonl, publish_new, read_json, replace_file, replace_json, write_new,
 )
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
+from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
 
 T = TypeVar("T")
 log = structlog.get_logger("ksi.storage.conversations")
@@ -347,6 +347,15 @@ class JsonlConversations(JsonlReader):
         if conversation_id in self._heads:
             return self._heads[conversation_id]
         return await asyncio.to_thread(self._head, conversation_id)
+
+    async def moved_since(self, conversation_id: str, head: int, token_budget: int) -> StoredTail | None:
+        if await self.head(conversation_id) == head:
+            return None
+        meta = await self.load_meta(conversation_id)
+        if meta is None:
+            return StoredTail(None, [], 0)
+        entries, total = await self.read_tail(conversation_id, token_budget)
+        return StoredTail(meta, entries, total)
 
     def _append(self, conversation_id: str, entry: IndexEntry, response: list[dict[str, Any]] | None,
                 meta: ConversationMeta | None) -> bool:

@@ -16,7 +16,7 @@ import asyncpg
 from ksi_common.postgres_reader import ENTRY_COLUMNS, PostgresReader, entry_of
 from ksi_common.records import IndexEntry
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict
+from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
 from ksi_daemon.storage.postgres.database import Database
 
 APPEND = """
@@ -48,6 +48,18 @@ SELECT c.head, {', '.join('e.' + c.strip() for c in ENTRY_COLUMNS.split(','))}
 FROM ksi_conversations c
 LEFT JOIN ksi_exchanges e
   ON e.conversation_id = c.conversation_id AND e.tokens_before >= c.tokens - $2 AND NOT e.is_feedback
+WHERE c.conversation_id = $1
+ORDER BY e.n
+"""
+
+# the head, and only when it is not the one the caller holds, the metadata and the tail as TAIL reads it
+MOVED_TAIL = f"""
+SELECT c.head, c.version, CASE WHEN c.head <> $2 THEN c.meta END AS meta,
+       {', '.join('e.' + c.strip() for c in ENTRY_COLUMNS.split(','))}
+FROM ksi_conversations c
+LEFT JOIN ksi_exchanges e
+  ON c.head <> $2 AND e.conversation_id = c.conversation_id AND e.tokens_before >= c.tokens - $3
+     AND NOT e.is_feedback
 WHERE c.conversation_id = $1
 ORDER BY e.n
 """
@@ -137,6 +149,20 @@ class PostgresConversations(PostgresReader):
         head = await self.database.run(lambda c: c.fetchval(
             "SELECT head FROM ksi_conversations WHERE conversation_id = $1", conversation_id))
         return int(head or 0)
+
+    async def moved_since(self, conversation_id: str, head: int, token_budget: int) -> StoredTail | None:
+        rows = await self.database.run(lambda c: c.fetch(MOVED_TAIL, conversation_id, head, token_budget))
+        if not rows:
+            self._versions.pop(conversation_id, None)
+            return StoredTail(None, [], 0)
+        first = rows[0]
+        if first["head"] == head:
+            return None
+        self._versions[conversation_id] = first["version"]
+        raw = first["meta"]
+        meta = (ConversationMeta.model_validate(raw) if raw is not None
+                else ConversationMeta(conversation_id=conversation_id))  # an index without metadata
+        return StoredTail(meta, [entry_of(r) for r in rows if r["n"] is not None], int(first["head"]))
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,
