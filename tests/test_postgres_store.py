@@ -49,13 +49,17 @@ def lines(e: IndexEntry, conversation_id: str) -> list[dict[str, Any]]:
             {"v": 1, "type": "assistant", "content": f"a{e.n}", "conversation_id": conversation_id}]
 
 
-async def test_the_tail_within_a_budget_is_the_one_the_files_give(database: Database, short_tmp: Path) -> None:
-    rng = random.Random(7)
-    layout = VarLayout(short_tmp)
+def both_stores(database: Database, root: Path) -> tuple[JsonlConversations, PostgresConversations]:
+    """The conversation store over files in `root` and over the database, to write alike."""
+    layout = VarLayout(root)
     for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
         directory.mkdir(parents=True)
-    files = JsonlConversations(layout, fsync=False)
-    rows = PostgresConversations(database)
+    return JsonlConversations(layout, fsync=False), PostgresConversations(database)
+
+
+async def test_the_tail_within_a_budget_is_the_one_the_files_give(database: Database, short_tmp: Path) -> None:
+    rng = random.Random(7)
+    files, rows = both_stores(database, short_tmp)
     for store in (files, rows):
         await store.create(ConversationMeta(conversation_id="c1"))
     for n in range(1, 121):
@@ -98,11 +102,7 @@ async def test_two_writers_of_one_exchange_number_one_wins_the_other_learns_the_
 
 
 async def test_moved_since_answers_as_the_files_do(database: Database, short_tmp: Path) -> None:
-    layout = VarLayout(short_tmp)
-    for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir):
-        directory.mkdir(parents=True)
-    files = JsonlConversations(layout, fsync=False)
-    rows = PostgresConversations(database)
+    files, rows = both_stores(database, short_tmp)
     for store in (files, rows):
         await store.create(ConversationMeta(conversation_id="c", title="t"))
         assert await store.moved_since("c", 0, 100) is None
