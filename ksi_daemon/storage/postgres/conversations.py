@@ -41,10 +41,12 @@ inserted AS (
 SELECT moved.version FROM moved, inserted
 """
 
+EXCHANGE_COLUMNS = ", ".join("e." + c.strip() for c in ENTRY_COLUMNS.split(","))  # an index entry's, from ksi_exchanges e
+
 # the newest non-feedback exchanges whose tokens fit the budget: `tokens_before` is the running
 # sum of eligible tokens before each exchange, so they are those with tokens_before >= total - budget
 TAIL = f"""
-SELECT c.head, {', '.join('e.' + c.strip() for c in ENTRY_COLUMNS.split(','))}
+SELECT c.head, {EXCHANGE_COLUMNS}
 FROM ksi_conversations c
 LEFT JOIN ksi_exchanges e
   ON e.conversation_id = c.conversation_id AND e.tokens_before >= c.tokens - $2 AND NOT e.is_feedback
@@ -55,7 +57,7 @@ ORDER BY e.n
 # the head, and only when it is not the one the caller holds, the metadata and the tail as TAIL reads it
 MOVED_TAIL = f"""
 SELECT c.head, c.version, CASE WHEN c.head <> $2 THEN c.meta END AS meta,
-       {', '.join('e.' + c.strip() for c in ENTRY_COLUMNS.split(','))}
+       {EXCHANGE_COLUMNS}
 FROM ksi_conversations c
 LEFT JOIN ksi_exchanges e
   ON c.head <> $2 AND e.conversation_id = c.conversation_id AND e.tokens_before >= c.tokens - $3
