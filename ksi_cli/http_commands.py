@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ksi_cli.locate import _setting, locate
-from ksi_common import http_token
+from ksi_cli.http_access import front_access
+from ksi_cli.locate import locate
+from ksi_cli.output import fail
+from ksi_common.errors import KsiError
 
 
 @click.group()
@@ -15,7 +17,12 @@ def http() -> None:
 
 @http.command()
 @click.option("--var-dir", help="The daemon's var directory (default ./var).")
-def token(var_dir: str | None) -> None:
-    """Print the bearer token for HTTP requests (KSI_HTTP_TOKEN, else the one generated in the var dir)."""
-    explicit = _setting("KSI_HTTP_TOKEN")
-    click.echo(explicit or http_token.load_or_create(locate(var_dir).layout))
+@click.option("--socket", "socket_path", help="Unix socket of the daemon.")
+def token(var_dir: str | None, socket_path: str | None) -> None:
+    """Print the bearer token for HTTP requests (KSI_HTTP_TOKEN, else the one generated in the var
+    dir); when the daemon serves HTTP, only a token it takes."""
+    location = locate(var_dir, socket_path)
+    try:
+        click.echo(front_access(location).token)
+    except KsiError as error:
+        fail(error, False, location)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ksi_common import http_token
 from ksi_common.exchange_log import logged_exchanges
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
@@ -101,6 +102,17 @@ def check_permissions(layout: VarLayout) -> list[Finding]:
     ]
 
 
+def check_http_token(layout: VarLayout) -> list[Finding]:
+    """A token file left empty or cut (a full disk): the HTTP front would need a new token."""
+    path = layout.http_token_file
+    if not path.is_file() or http_token.read(layout) is not None:
+        return []
+    empty = path.stat().st_size == 0
+    return [Finding("http_token_unusable", str(path),
+                    ("empty" if empty else "not a usable token") + "; the daemon writes a new one at its next "
+                    "start (HTTP clients then need the new one)", extra={"empty": empty})]
+
+
 def _fork_parents(layout: VarLayout) -> set[str]:
     """Ids of conversations some fork points into (their exchange numbers are referenced)."""
     parents: set[str] = set()
@@ -153,6 +165,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     report = Report(var_dir=str(layout.root))
     report.problems.extend(check_run_dir(layout, socket_path))
     report.problems.extend(check_permissions(layout))
+    report.problems.extend(check_http_token(layout))
 
     journal_files = [layout.requests_file] if layout.requests_file.exists() else []
     for path in [*_jsonl_files(layout.conversations_dir), *_jsonl_files(layout.responses_dir),

@@ -7,11 +7,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from ksi_common.dburl import mask_url
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.http_token import weakness
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
@@ -133,6 +134,14 @@ class Settings(BaseSettings):
     # the HTTP front (OpenAI-compatible API, MCP, console): off unless an address is given
     http_addr: str | None = None  # [HOST:]PORT; HOST defaults to 127.0.0.1
     http_token: SecretStr | None = None  # else generated into the var dir on first start
+
+    @field_validator("http_token")
+    @classmethod
+    def _strong_token(cls, token: SecretStr | None) -> SecretStr | None:
+        # an empty or short token would guard nothing (and the message never shows the value)
+        if token is not None and (reason := weakness(token.get_secret_value())) is not None:
+            raise ValueError(reason)
+        return token
 
     @property
     def fsync_enabled(self) -> bool:

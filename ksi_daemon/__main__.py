@@ -13,6 +13,7 @@ from dotenv import load_dotenv
 
 from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.http_token import TokenFileError
 from ksi_common.settings import load_settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         # (0.27 ms less per completion on the stub, 0.2 ms of it in litellm's own calls)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(run_daemon(settings))
-    except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed, SocketPathTooLong) as exc:
+    except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed, SocketPathTooLong,
+            TokenFileError) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
     except KsiError as exc:
