@@ -45,6 +45,8 @@ class ErrorCode(StrEnum):
     STORAGE_ERROR = "storage_error"
     STORAGE_FULL = "storage_full"  # no space (or quota) left where the backend writes
     CONVERSATION_EXISTS = "conversation_exists"
+    CROSS_SITE_REQUEST = "cross_site_request"  # HTTP: a browser session's change sent from another page
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # HTTP: a body in a type the route does not read
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

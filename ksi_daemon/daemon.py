@@ -229,16 +229,18 @@ class Daemon:
             return NoHttpFront()
         # imported here: starlette and uvicorn load only when HTTP is served
         from ksi_daemon.transports.console import console_routes
+        from ksi_daemon.transports.http.auth import BrowserSessions
         from ksi_daemon.transports.http.front import HttpFront
         from ksi_daemon.transports.http.mcp import mcp_routes
         from ksi_daemon.transports.http.openai import openai_routes
 
+        sessions = BrowserSessions()  # the console's links live under their cookie's path
         groups = [
             openai_routes(self._handle_request, self.settings),
             mcp_routes(self._handle_request, self.settings),
-            console_routes(self._handle_request, self.settings),  # last: it serves "/"
+            console_routes(self._handle_request, self.settings, sessions.root),  # last: it serves "/"
         ]
-        return HttpFront(self.settings, groups)
+        return HttpFront(self.settings, groups, sessions)
 
     def _relay_outcome(self, name: str, data: dict[str, Any], context: EventContext) -> None:
         if name in RELAYED:

@@ -24,6 +24,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
 from ksi_common.client import KsiClient
+from ksi_common.console_login import make_code
 from ksi_daemon.daemon import Daemon
 from tests.conftest import PROVIDER_PREFIXES, complete, connected, running_http_daemon
 from tests.stub_openai import StubOpenAI
@@ -45,7 +46,8 @@ class Console:
     stub: StubOpenAI
     browser: Browser
     context: BrowserContext
-    url: str
+    base: str  # the daemon's HTTP address
+    url: str  # the console's root: below the browser session's prefix, where its cookie is sent
     token: str
 
     async def page(self, path: str = "/") -> Page:
@@ -57,7 +59,8 @@ class Console:
         """A fresh browser context (its own cookies) logged in through the login link."""
         context = await self.browser.new_context(**options)
         page = await context.new_page()
-        await page.goto(f"{self.url}/login?token={self.token}")
+        await page.goto(f"{self.base}/login?code={make_code(self.token)}")
+        assert page.url == self.url + "/"
         await page.close()
         return context
 
@@ -110,10 +113,11 @@ async def console() -> AsyncIterator[Console]:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM)
         context = await browser.new_context(viewport={"width": 1280, "height": 800})
         login = await context.new_page()
-        await login.goto(f"{served.base_url}/login?token={served.token}")  # the cookie every test uses
+        await login.goto(f"{served.base_url}/login?code={make_code(served.token)}")  # the cookie every test uses
         await login.close()
+        url = served.base_url + served.daemon.http.sessions.root
         try:
-            yield Console(served.daemon, client, stub, browser, context, served.base_url, served.token)
+            yield Console(served.daemon, client, stub, browser, context, served.base_url, url, served.token)
         finally:
             await context.close()
             await browser.close()
@@ -123,17 +127,21 @@ async def console() -> AsyncIterator[Console]:
 async def test_the_ksi_console_url_logs_the_browser_in(console: Console) -> None:
     settings = console.daemon.settings
     url = (await ksi("console", "--no-browser", "--socket", str(settings.socket), "--var-dir", str(settings.var_dir))).strip()
-    assert url == f"{console.url}/login?token={console.token}"
+    assert url.startswith(f"{console.base}/login?code=") and console.token not in url
     context = await console.browser.new_context(viewport={"width": 1280, "height": 800})
     page = await context.new_page()
     refused = await page.goto(console.url + "/")
-    assert refused is not None and refused.status == 401  # no cookie yet
+    assert refused is not None and refused.status == 401  # no cookie yet: a page that says how to log in
+    await expect(page.locator("body")).to_contain_text("ksi console")
     await page.goto(url)
-    assert page.url == console.url + "/"
+    assert page.url == console.url + "/"  # the code is left behind in the redirect
     await expect(page.locator("h1")).to_have_text("Overview")
     cookies = {c["name"]: c for c in await context.cookies()}
-    assert cookies["ksi_token"]["httpOnly"] is True
+    assert cookies["ksi_session"]["httpOnly"] is True and cookies["ksi_session"]["sameSite"] == "Strict"
+    assert all(console.token not in c["value"] for c in cookies.values())
     await console.shot(page, "overview")
+    again = await (await context.new_page()).goto(url)
+    assert again is not None and again.status == 401  # the link worked once
     await context.close()
 
 
@@ -270,7 +278,8 @@ async def test_every_page_and_endpoint_refuses_a_missing_or_wrong_token(console:
     await complete(console.client, prompt="keep me", conversation_id="guarded", create=True)
     before = await console.client.request("conversation:list", {"limit": 1000})
     requests_before = len(console.stub.requests)
-    ways = [({}, {}), ({"Authorization": "Bearer wrong-token"}, {}), ({}, {"ksi_token": "wrong-token"}),
+    ways = [({}, {}), ({"Authorization": "Bearer wrong-token"}, {}), ({}, {"ksi_session": "wrong-session"}),
+            ({}, {"ksi_token": console.token}),
             ({"Authorization": f"Basic {console.token}"}, {})]
     async with httpx.AsyncClient(base_url=console.url, timeout=10.0) as http:
         for headers, cookies in ways:
@@ -296,10 +305,10 @@ async def test_a_form_posted_from_another_site_is_refused(console: Console) -> N
     import httpx
 
     await complete(console.client, prompt="stay active", conversation_id="forged", create=True)
-    headers = {"Authorization": f"Bearer {console.token}", "Origin": "http://evil.example"}
-    async with httpx.AsyncClient(base_url=console.url, timeout=10.0) as http:
-        response = await http.post("/conversations/forged/archive", headers=headers)
-    assert response.status_code == 403
+    async with httpx.AsyncClient(base_url=console.base, timeout=10.0) as http:
+        assert (await http.get("/login", params={"code": make_code(console.token)})).status_code == 303
+        response = await http.post(console.url + "/conversations/forged/archive", headers={"Origin": "http://evil.example"})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "cross_site_request"
     shown = await console.client.request("conversation:show", {"conversation_id": "forged", "limit": 1})
     assert shown["conversation"]["status"] == "active"
 

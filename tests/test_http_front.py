@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from ksi_common.console_login import CODE_LIFETIME, make_code
 from ksi_common.errors import ErrorCode
 from ksi_daemon.transports.http.binding import HttpBinding, UnsafeHttpBind
 from tests.conftest import HTTP_TOKEN, HttpDaemon, make_settings, running_daemon, running_http_daemon
@@ -31,17 +33,38 @@ async def test_requests_without_the_token_get_401_in_openai_shape(http_daemon: H
         assert ok.json()["object"] == "list"
 
 
-async def test_login_sets_a_cookie_that_authenticates_a_browser(http_daemon: HttpDaemon) -> None:
+async def test_a_login_code_opens_a_session_whose_cookie_holds_no_token(http_daemon: HttpDaemon) -> None:
+    root = http_daemon.daemon.http.sessions.root
     async with httpx.AsyncClient(base_url=http_daemon.base_url) as http:
-        wrong = await http.get("/login", params={"token": "nope"})
-        assert wrong.status_code == 401
-        assert "set-cookie" not in wrong.headers
-        login = await http.get("/login", params={"token": HTTP_TOKEN})
+        for wrong in ({"token": HTTP_TOKEN}, {"code": "nope"}, {"code": make_code("another-token-0123456789")}):
+            refused = await http.get("/login", params=wrong)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == ErrorCode.UNAUTHORIZED
+            assert "set-cookie" not in refused.headers
+        code = make_code(HTTP_TOKEN)
+        login = await http.get("/login", params={"code": code})
         assert login.status_code == 303
-        assert login.headers["location"] == "/"
+        assert login.headers["location"] == f"{root}/"
         cookie = login.headers["set-cookie"]
-        assert cookie.startswith("ksi_token=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-        assert (await http.get("/v1/models")).status_code == 200  # the client keeps the cookie
+        assert cookie.startswith("ksi_session=") and HTTP_TOKEN not in cookie
+        assert f"Path={root};" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert (await http.get(f"{root}/v1/models")).status_code == 200  # the client keeps the cookie
+        assert (await http.get("/v1/models")).status_code == 401  # only below the cookie's path
+        spent = await http.get("/login", params={"code": code})
+        assert spent.status_code == 401  # a code works once
+        session = http.cookies["ksi_session"]
+    async with httpx.AsyncClient(base_url=http_daemon.base_url) as other:
+        other.cookies.set("ksi_session", session)
+        assert (await other.get("/v1/models")).status_code == 401
+        other.cookies.set("ksi_session", "made-up")
+        assert (await other.get(f"{root}/v1/models")).status_code == 401
+
+
+async def test_a_login_code_expires_after_a_minute(http_daemon: HttpDaemon) -> None:
+    async with httpx.AsyncClient(base_url=http_daemon.base_url) as http:
+        old = make_code(HTTP_TOKEN, now=time.time() - CODE_LIFETIME - 1)
+        assert (await http.get("/login", params={"code": old})).status_code == 401
+        early = make_code(HTTP_TOKEN, now=time.time() + 3600)
+        assert (await http.get("/login", params={"code": early})).status_code == 401
 
 
 async def test_unknown_route_is_404_in_openai_shape(http_daemon: HttpDaemon) -> None:

@@ -36,6 +36,7 @@ import orjson
 from harness import clean_env, free_port, machine, write_results
 
 from ksi_common.client import KsiClient
+from ksi_common.console_login import make_code
 from ksi_common.layout import VarLayout
 
 CHROMIUM = "/usr/bin/chromium"
@@ -146,7 +147,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM)
             context = await browser.new_context(viewport={"width": 1280, "height": 800})
             page = await context.new_page()
-            await page.goto(f"{url}/login?token={TOKEN}")
+            await page.goto(f"{url}/login?code={make_code(TOKEN)}")
+            url = page.url.rstrip("/")  # the console's pages live below the session's prefix
             first = await load(page, url + "/conversations")
             rows = await page.locator("table.conversations tbody tr").count()
             total = await page.locator("[data-total]").get_attribute("data-total")

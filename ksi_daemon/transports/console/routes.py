@@ -2,7 +2,8 @@
 
 Pages render on the server (Jinja2, every value escaped); the only script on them adds live
 parts: the event stream, a streamed answer, lazy "what was sent" panels and table refreshes.
-Authentication is the HTTP front's: these routes are mounted behind its token check.
+Authentication is the HTTP front's: these routes are mounted behind its token check, which also
+refuses a browser session's change sent from another site's page.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import jinja2
 from starlette.requests import Request
@@ -25,7 +26,7 @@ from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.transports.console import views
 from ksi_daemon.transports.console.stream import READ_PREFIX, event_frames, sse, subscribe, take
-from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, error_response
+from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, error_response, read_form
 from ksi_daemon.transports.http.errors import status_for
 from ksi_daemon.transports.http.front import RouteGroup
 
@@ -40,13 +41,15 @@ SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 class Console:
     """The console's handlers, bound to the daemon's request function and settings."""
 
-    def __init__(self, handle_request: RequestHandler, settings: Settings) -> None:
+    def __init__(self, handle_request: RequestHandler, settings: Settings, root: str) -> None:
         self.handle_request = handle_request
         self.settings = settings
+        self.root = root
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # conversation content is untrusted: `<script>` must render as text
         )
+        self.templates.globals["root"] = root  # every link: the browser's cookie is sent only below it
         views.install_filters(self.templates)
 
     def routes(self) -> list[BaseRoute]:
@@ -136,10 +139,7 @@ class Console:
         return self.render("agent.html", page="agents", agent=info, **shown)
 
     async def agent_send(self, request: Request) -> Response:
-        refused = _cross_site(request)
-        if refused is not None:
-            return refused
-        form = await request.form()
+        form = await read_form(request, self.settings.line_limit)
         data = {"agent_id": request.path_params["agent_id"], "message": str(form.get("prompt") or ""),
                 "stream": True}
         return await self._answer("agent:send_message", data)
@@ -156,7 +156,7 @@ class Console:
             return self.failure(error)
         pages = views.pages(listing["total"], offset, PAGE_SIZE)
         return self.render("conversations.html", page="conversations", listing=listing, filters=filters,
-                           pager=pages, link=lambda o: "/conversations?" + urlencode({**filters, "offset": o}))
+                           pager=pages, link=lambda o: f"{self.root}/conversations?" + urlencode({**filters, "offset": o}))
 
     async def _turns(self, conversation_id: str, request: Request, missing_ok: bool = False) -> dict[str, Any]:
         """A page of a conversation's exchanges (the newest by default) and its summary."""
@@ -192,10 +192,7 @@ class Console:
         return self.render("sent.html", sent=sent)
 
     async def conversation_send(self, request: Request) -> Response:
-        refused = _cross_site(request)
-        if refused is not None:
-            return refused
-        form = await request.form()
+        form = await read_form(request, self.settings.line_limit)
         data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"],
                                 "prompt": str(form.get("prompt") or ""), "stream": True}
         if str(form.get("model") or "").strip():
@@ -203,10 +200,7 @@ class Console:
         return await self._answer("completion:async", data)
 
     async def fork(self, request: Request) -> Response:
-        refused = _cross_site(request)
-        if refused is not None:
-            return refused
-        form = await request.form()
+        form = await read_form(request, self.settings.line_limit)
         data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"]}
         if str(form.get("at") or "").strip():
             data["at"] = str(form["at"]).strip()  # the event validates it and names the field
@@ -214,18 +208,15 @@ class Console:
             forked = await self.act("conversation:fork", data)
         except KsiError as error:
             return self.failure(error)
-        return RedirectResponse(f"/conversations/{forked['conversation_id']}", status_code=303)
+        return RedirectResponse(f"{self.root}/conversations/{forked['conversation_id']}", status_code=303)
 
     async def archive(self, request: Request) -> Response:
-        refused = _cross_site(request)
-        if refused is not None:
-            return refused
         conversation_id = request.path_params["conversation_id"]
         try:
             await self.act("conversation:archive", {"conversation_id": conversation_id})
         except KsiError as error:
             return self.failure(error)
-        return RedirectResponse(f"/conversations/{conversation_id}", status_code=303)
+        return RedirectResponse(f"{self.root}/conversations/{conversation_id}", status_code=303)
 
     async def export(self, request: Request) -> Response:
         conversation_id = request.path_params["conversation_id"]
@@ -284,15 +275,6 @@ async def _answer_frames(origin: HttpOrigin, ack: dict[str, Any]) -> AsyncIterat
         origin.close()
 
 
-def _cross_site(request: Request) -> Response | None:
-    """Refuse a form posted from another site: the cookie would ride along (a forged request)."""
-    origin = request.headers.get("origin")
-    if request.headers.get("sec-fetch-site") == "cross-site" or (
-            origin and urlsplit(origin).netloc != request.headers.get("host")):
-        return Response("cross-site request refused", status_code=403)
-    return None
-
-
 def _int(value: Any, default: int) -> int:
     try:
         return max(0, int(value))
@@ -300,6 +282,7 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def console_routes(handle_request: RequestHandler, settings: Settings) -> RouteGroup:
-    """The console's routes, to mount at `/` (last) behind the HTTP front's token check."""
-    return RouteGroup(Console(handle_request, settings).routes())
+def console_routes(handle_request: RequestHandler, settings: Settings, root: str) -> RouteGroup:
+    """The console's routes, to mount at `/` (last) behind the HTTP front's token check; its pages
+    link below `root`, where a browser session's cookie is sent."""
+    return RouteGroup(Console(handle_request, settings, root).routes())

@@ -1,73 +1,226 @@
-"""Every HTTP request must carry the token: `Authorization: Bearer ...` or the `ksi_token` cookie
-that `GET /login?token=...` sets for a browser. Tokens are compared in constant time."""
+"""Who may use the HTTP front: an API client with `Authorization: Bearer <token>`, or a browser
+with a session of this daemon.
+
+A browser never holds the token. `ksi console` opens `/login?code=...` with a one-time code signed
+by the token (ksi_common.console_login); the daemon spends it and answers with a session cookie:
+a random value kept here (hashed) and good only at this daemon until it stops. Browsers send a
+cookie to every port of a host, so the cookie's Path is a random prefix of this daemon
+(`/s/<random>`), under which every route is served again: a web server on another port of the
+same host never learns the prefix, so it never receives the cookie. A request under the prefix
+that changes something must come from a page of this daemon (Origin / Sec-Fetch-Site), so a
+page elsewhere that learnt the prefix cannot post through the browser's cookie either.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from starlette.requests import cookie_parser
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ksi_common.console_login import code_nonce
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.errors import error_body
 
-COOKIE_NAME = "ksi_token"
+COOKIE_NAME = "ksi_session"
 LOGIN_PATH = "/login"
+SESSION_PREFIX = "/s/"
+MAX_SESSIONS = 64  # the least recently used session goes first
+SESSION_IDLE = 24 * 3600.0  # seconds a session lasts unused
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+# clients that meet a 401 look here for an OAuth server: KSI has none, and says so before auth
+OAUTH_DISCOVERY = "/.well-known/"
+HINT = ("missing or wrong token: send Authorization: Bearer <token> (ksi http token prints it); "
+        "a browser logs in with ksi console")
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>KSI: log in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<body style="font-family: system-ui, sans-serif; max-width: 40em; margin: 3em auto; line-height: 1.5">
+<h1>{title}</h1>
+<p>On the machine where the daemon runs, run <code>ksi console</code>: it opens the console here,
+logged in. <code>ksi console --no-browser</code> prints a login link instead; a link works once,
+within a minute.</p>
+<p>API clients send <code>Authorization: Bearer &lt;token&gt;</code>; <code>ksi http token</code>
+prints the token.</p>
+</body></html>
+"""
 
 
-def _json_reply(status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    payload = orjson.dumps(body)
-    start = {"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json"),
-                         (b"content-length", str(len(payload)).encode()), *headers]}
-    return start, {"type": "http.response.body", "body": payload}
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
+class BrowserSessions:
+    """The browser sessions of one daemon run, in memory: a restart logs every browser out."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.root = SESSION_PREFIX + secrets.token_urlsafe(18)  # the cookie's Path
+        self._clock = clock
+        self._sessions: OrderedDict[bytes, float] = OrderedDict()  # digest -> last use
+        self._spent: dict[str, float] = {}  # login code nonces -> when they expire
+
+    def spend(self, token: str, code: str) -> bool:
+        """Take a login code once: signed by the token, within its lifetime, never taken before."""
+        now = time.time()
+        self._spent = {nonce: until for nonce, until in self._spent.items() if until >= now}
+        checked = code_nonce(token, code, now)
+        if checked is None or checked[0] in self._spent:
+            return False
+        self._spent[checked[0]] = checked[1]
+        return True
+
+    def open(self) -> str:
+        """A new session; the value goes into the cookie, only its digest stays here."""
+        value = secrets.token_urlsafe(32)
+        self._sessions[_digest(value)] = self._clock()
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return value
+
+    def valid(self, value: str | None) -> bool:
+        if not value:
+            return False
+        key = _digest(value)
+        used = self._sessions.get(key)
+        now = self._clock()
+        if used is None:
+            return False
+        if now - used > SESSION_IDLE:
+            del self._sessions[key]
+            return False
+        self._sessions[key] = now
+        self._sessions.move_to_end(key)
+        return True
+
+    def under_root(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root + "/")
 
 
 class TokenAuth:
     """ASGI middleware in front of every route (a plain ASGI one, so streams pass untouched)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, sessions: BrowserSessions, port: int, loopback: bool) -> None:
         self.app = app
-        self._token = token.encode()
+        self._token = token
+        self._token_bytes = token.encode()
+        self.sessions = sessions
+        self.port = port
+        self.loopback = loopback
 
     def accepts(self, presented: str | None) -> bool:
-        return presented is not None and hmac.compare_digest(presented.encode(), self._token)
+        return presented is not None and hmac.compare_digest(presented.encode(), self._token_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["path"] == LOGIN_PATH:
+        path: str = scope["path"]
+        if path.startswith(OAUTH_DISCOVERY):
+            await _reply(send, 404, error_body(KsiError(ErrorCode.NOT_FOUND, "KSI has no OAuth: send the bearer "
+                                                                              "token (ksi http token prints it)")))
+            return
+        if scope["type"] == "http" and path == LOGIN_PATH:
             await self._login(scope, send)
             return
-        if self.accepts(_bearer(scope)) or self.accepts(_cookie(scope)):
-            await self.app(scope, receive, send)
+        under_root = self.sessions.under_root(path)
+        if under_root:
+            # every route again under the session's prefix: the routers match below root_path
+            scope = {**scope, "root_path": self.sessions.root}
+            send = _with_referrer_policy(send)
+        if self.accepts(_bearer(scope)):
+            await self.app({**scope, "ksi.auth": "bearer"}, receive, send)
+            return
+        if under_root and self.sessions.valid(_cookie(scope)):
+            if scope.get("method", "GET") not in SAFE_METHODS and not self._same_origin(scope):
+                await _reply(send, 403, error_body(KsiError(
+                    ErrorCode.CROSS_SITE_REQUEST, "refused: a browser session changes things only from this "
+                                                  "daemon's own pages")))
+                return
+            await self.app({**scope, "ksi.auth": "session"}, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        error = KsiError(ErrorCode.UNAUTHORIZED, "missing or wrong token: send `Authorization: Bearer <token>` "
-                         "(the token is printed by `ksi http token`)")
-        for message in _json_reply(401, error_body(error), [(b"www-authenticate", b'Bearer realm="ksi"')]):
-            await send(message)
+        await self._unauthorized(scope, send, "This KSI daemon needs a login")
+
+    def _same_origin(self, scope: Scope) -> bool:
+        """The request comes from a page of this daemon: its Origin is this host and port, and the
+        browser does not call it cross-origin. A browser sends at least one of the two."""
+        host = _header(scope, b"host")
+        origin = _header(scope, b"origin")
+        fetch_site = _header(scope, b"sec-fetch-site")
+        if host is None or not self._own_host(host) or (origin is None and fetch_site is None):
+            return False
+        if fetch_site is not None and fetch_site != "same-origin":
+            return False
+        return origin is None or origin == f"http://{host}"
+
+    def _own_host(self, host: str) -> bool:
+        parts = urlsplit(f"http://{host}")
+        try:
+            port = parts.port
+        except ValueError:
+            return False
+        if port != self.port:
+            return False
+        return not self.loopback or (parts.hostname or "") in LOOPBACK_NAMES
 
     async def _login(self, scope: Scope, send: Send) -> None:
-        """A browser logs in once by URL; the cookie then carries the token (never readable by scripts)."""
+        """A one-time code for a session cookie, then on to the console (the URL with the code
+        is left behind; the code is spent)."""
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        token = (query.get("token") or [None])[0]
-        if not self.accepts(token):
-            error = KsiError(ErrorCode.UNAUTHORIZED, "wrong or missing `token` query parameter")
-            for message in _json_reply(401, error_body(error), []):
-                await send(message)
+        code = (query.get("code") or [""])[0]
+        if not self.sessions.spend(self._token, code):
+            await self._unauthorized(scope, send, "This login link is spent, expired or wrong",
+                                     "the login code is spent, expired or wrong: run ksi console again")
             return
-        cookie = f"{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict".encode()
+        root = self.sessions.root
+        cookie = f"{COOKIE_NAME}={self.sessions.open()}; Path={root}; HttpOnly; SameSite=Strict"
         await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", b"/"), (b"set-cookie", cookie), (b"content-length", b"0"),
-                                (b"cache-control", b"no-store")]})
+                    "headers": [(b"location", f"{root}/".encode()), (b"set-cookie", cookie.encode()),
+                                (b"content-length", b"0"), (b"cache-control", b"no-store"),
+                                (b"referrer-policy", b"no-referrer")]})
         await send({"type": "http.response.body", "body": b""})
+
+    async def _unauthorized(self, scope: Scope, send: Send, title: str, message: str = HINT) -> None:
+        challenge = f'Bearer realm="ksi", error="invalid_token", error_description="{message}"'.encode()
+        headers = [(b"www-authenticate", challenge), (b"cache-control", b"no-store")]
+        if "text/html" in (_header(scope, b"accept") or ""):
+            page = LOGIN_PAGE.format(title=title).encode()
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(page)).encode()),
+                *headers]})
+            await send({"type": "http.response.body", "body": page})
+            return
+        await _reply(send, 401, error_body(KsiError(ErrorCode.UNAUTHORIZED, message)), headers)
+
+
+async def _reply(send: Send, status: int, body: dict[str, Any],
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = orjson.dumps(body)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _with_referrer_policy(send: Send) -> Callable[[Message], Awaitable[None]]:
+    """Pages under the session prefix never name it to another site in a Referer header."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"referrer-policy", b"same-origin")]}
+        await send(message)
+
+    return sending
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

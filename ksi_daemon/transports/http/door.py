@@ -1,11 +1,12 @@
 """What every HTTP door shares: calling an event as the router's request, pushed events for a
-request's stream, reading a JSON body within the limit, and errors in OpenAI's shape."""
+request's stream, reading a JSON or form body within the limit, and errors in OpenAI's shape."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -15,6 +16,8 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon.context import INTERNAL, EventContext, Origin
 from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
+
+MAX_FORM_FIELDS = 32  # the console's forms have three
 
 # the daemon's request function (Daemon._handle_request): event, data, context -> reply data
 RequestHandler = Callable[[str, Any, EventContext], Awaitable[dict[str, Any]]]
@@ -69,8 +72,9 @@ async def call(handle_request: RequestHandler, event: str, data: dict[str, Any],
     return await handle_request(event, data, new_context(origin))
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON; `payload_too_large` past `limit` bytes, `invalid_json` when unparsable."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read no further than `limit` bytes: `payload_too_large` past it (before
+    reading at all when the declared length is already past it)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise KsiError(ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds the limit of {limit} bytes", limit=limit)
@@ -83,10 +87,42 @@ async def read_json(request: Request, limit: int) -> Any:
                                limit=limit)
     except ClientDisconnect:
         raise KsiError(ErrorCode.INVALID_REQUEST, "the client went away while sending the body") from None
+    return bytes(body)
+
+
+def _require_type(request: Request, wanted: str) -> None:
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != wanted:
+        raise KsiError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"send the body as {wanted}",
+                       content_type=media or None, expected=wanted)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body parsed as JSON; `payload_too_large` past `limit` bytes, `invalid_json` when unparsable.
+    A browser session must say `application/json`: any other type is one a page of another site
+    could post without asking the browser first (415 `unsupported_media_type`)."""
+    if request.scope.get("ksi.auth") == "session":
+        _require_type(request, "application/json")
+    body = await read_body(request, limit)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise KsiError(ErrorCode.INVALID_JSON, "the body is not valid JSON", reason=str(exc)) from None
+
+
+async def read_form(request: Request, limit: int) -> dict[str, str]:
+    """A URL-encoded form within `limit` bytes, read into memory (no multipart, so no file is
+    ever spooled to disk); the first value of each field."""
+    _require_type(request, "application/x-www-form-urlencoded")
+    body = await read_body(request, limit)
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    except (UnicodeDecodeError, ValueError):
+        raise KsiError(ErrorCode.INVALID_REQUEST, "the form is not URL-encoded UTF-8 text") from None
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
+    return fields
 
 
 def error_response(error: KsiError) -> Response:

@@ -15,6 +15,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.PATH_NOT_ALLOWED: 400,
     ErrorCode.FORK_CYCLE: 400,
     ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.CROSS_SITE_REQUEST: 403,
     ErrorCode.CONVERSATION_EXPIRED: 404,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
@@ -25,6 +26,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.CANCELLED: 409,
     ErrorCode.RESPONSE_NOT_DELETABLE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.INTERNAL_ERROR: 500,
@@ -41,8 +43,9 @@ _STATUS: dict[str, int] = {
     "storage_unavailable": 503,
 }
 
-_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+         415: "invalid_request_error", 429: "rate_limit_error"}
 
 
 def status_for(code: str) -> int:

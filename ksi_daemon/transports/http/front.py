@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute
 from ksi_common import http_token
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.transports.http.auth import TokenAuth
+from ksi_daemon.transports.http.auth import BrowserSessions, TokenAuth
 from ksi_daemon.transports.http.binding import HttpBindFailed, HttpBinding, UnsafeHttpBind
 from ksi_daemon.transports.http.door import error_response
 
@@ -75,8 +75,9 @@ async def _internal_error(request: Request, _exc: Exception) -> Response:
 class HttpFront:
     """Start, serve, stop: the daemon's HTTP listener for every HTTP door."""
 
-    def __init__(self, settings: Settings, groups: Sequence[RouteGroup]) -> None:
+    def __init__(self, settings: Settings, groups: Sequence[RouteGroup], sessions: BrowserSessions) -> None:
         self.settings = settings
+        self.sessions = sessions
         self.binding = HttpBinding.parse(settings.http_addr or "")
         if not self.binding.loopback and settings.http_token is None:
             raise UnsafeHttpBind(
@@ -117,7 +118,7 @@ class HttpFront:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            TokenAuth(self.app, self.token), lifespan="off", http="h11", ws="none", log_config=None,
+            TokenAuth(self.app, self.token, self.sessions, self.port, self.binding.loopback), lifespan="off", http="h11", ws="none", log_config=None,
             log_level="warning", access_log=False, server_header=False, date_header=False,
             timeout_graceful_shutdown=max(self.settings.shutdown_timeout, 0.1),
         )
