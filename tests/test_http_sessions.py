@@ -22,11 +22,13 @@ ITEMS = {"items": [{"type": "message", "role": "user", "content": "planted quest
 
 
 def on_disk(served: HttpDaemon) -> dict[str, bytes]:
-    """Every stored file of the var dir (the daemon's own log and run files aside)."""
+    """Every stored file of the var dir (the daemon's own log, run files and exchange journal aside:
+    the journal empties itself once an exchange's files are written)."""
     root = served.daemon.settings.var_dir
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*"))
             if path.is_file() and path.relative_to(root).parts[:2] != ("logs", "daemon")
-            and path.relative_to(root).parts[0] != "run"}
+            and path.relative_to(root).parts[0] != "run"
+            and path.relative_to(root).parts[:2] != ("state", "exchange-log")}
 
 
 @pytest_asyncio.fixture
