@@ -372,3 +372,14 @@ async def test_the_live_view_filters_and_pauses(console: Console) -> None:
     await expect(rows.filter(has_text="while-paused")).to_have_count(3)
     await console.shot(page, "events-filtered")
     await page.close()
+
+
+def test_every_link_of_the_templates_stays_below_the_session_prefix() -> None:
+    """A browser sends its session cookie only below `root`: a page linking to `/...` would log it out."""
+    import re
+
+    templates = Path(__file__).resolve().parent.parent / "ksi_daemon" / "transports" / "console" / "templates"
+    rooted = re.compile(r'(?:href|action|src|data-[a-z-]+)\s*=\s*"/')  # a Jinja `with action="/..."` too
+    found = [(path.name, line) for path in sorted(templates.glob("*.html"))
+             for line in path.read_text().splitlines() if rooted.search(line)]
+    assert found == []

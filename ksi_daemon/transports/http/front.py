@@ -101,7 +101,8 @@ class HttpFront:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Resolve the token, enter the groups' lifespans, bind, and return once requests are served."""
+        """Resolve the token (TokenFileError when it cannot be written), enter the groups' lifespans,
+        bind, and return once requests are served."""
         explicit = self.settings.http_token
         self.token = explicit.get_secret_value() if explicit else http_token.load_or_create(self.settings.layout)
         for group in self.groups:
@@ -117,8 +118,9 @@ class HttpFront:
         # and create_server's is 0: without it a keep-alive response's body waited ~40 ms for an ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = sock.getsockname()[1]
+        guarded = TokenAuth(self.app, self.token, self.sessions, self.port, self.binding.loopback)
         config = uvicorn.Config(
-            TokenAuth(self.app, self.token, self.sessions, self.port, self.binding.loopback), lifespan="off", http="h11", ws="none", log_config=None,
+            guarded, lifespan="off", http="h11", ws="none", log_config=None,
             log_level="warning", access_log=False, server_header=False, date_header=False,
             timeout_graceful_shutdown=max(self.settings.shutdown_timeout, 0.1),
         )
