@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from ksi_common.console_login import make_code
+from ksi_daemon.transports.http.auth import MAX_SESSIONS, SESSION_IDLE, BrowserSessions
 from tests.conftest import HTTP_TOKEN, HttpDaemon, complete, connected, running_http_daemon
 
 ITEMS = {"items": [{"type": "message", "role": "user", "content": "planted question"},
@@ -180,3 +181,28 @@ async def test_a_401_says_how_to_log_in(served: HttpDaemon) -> None:
         assert "ksi console" in page.text and page.headers["www-authenticate"] == challenge
         mcp = await http.post("/mcp", json={}, headers={"Accept": "application/json, text/event-stream"})
         assert mcp.status_code == 401 and mcp.json()["error"]["code"] == "unauthorized"
+
+
+def test_sessions_end_unused_and_the_oldest_goes_past_the_cap() -> None:
+    now = [1000.0]
+    sessions = BrowserSessions(clock=lambda: now[0])
+    first = sessions.open()
+    assert sessions.valid(first) and not sessions.valid("made-up") and not sessions.valid(None)
+    now[0] += SESSION_IDLE - 1
+    assert sessions.valid(first)  # a use keeps it open
+    now[0] += SESSION_IDLE + 1
+    assert not sessions.valid(first)
+    kept = [sessions.open() for _ in range(MAX_SESSIONS + 1)]
+    assert not sessions.valid(kept[0]) and all(sessions.valid(value) for value in kept[1:])
+
+
+def test_a_login_code_is_taken_once_and_only_as_signed() -> None:
+    sessions = BrowserSessions()
+    code = make_code(HTTP_TOKEN)
+    issued, nonce, signature = code.split(".")
+    forged = [f"{int(issued) + 1}.{nonce}.{signature}", f"{issued}.other.{signature}", f"{issued}.{nonce}.{'0' * 64}",
+              "", "...", f"{issued}.{nonce}", "x" * 200]
+    assert not any(sessions.spend(HTTP_TOKEN, wrong) for wrong in forged)
+    assert not sessions.spend("another-token-0123456789", code)
+    assert sessions.spend(HTTP_TOKEN, code)
+    assert not sessions.spend(HTTP_TOKEN, code)
