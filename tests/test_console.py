@@ -383,3 +383,19 @@ def test_every_link_of_the_templates_stays_below_the_session_prefix() -> None:
     found = [(path.name, line) for path in sorted(templates.glob("*.html"))
              for line in path.read_text().splitlines() if rooted.search(line)]
     assert found == []
+
+
+async def test_a_prompt_past_the_body_limit_is_refused_and_said_on_the_page(console: Console) -> None:
+    await complete(console.client, prompt="before the big one", conversation_id="too-big", create=True)
+    before = await console.client.request("conversation:show", {"conversation_id": "too-big"})
+    requests_before = len(console.stub.requests)
+    page = await console.page("/conversations/too-big")
+    await page.fill("textarea[name=prompt]", "x" * (console.daemon.settings.line_limit + 1))
+    await page.click("form[data-answer] button[type=submit]")
+    await expect(page.locator("form[data-answer]")).to_have_attribute("data-done", "error", timeout=WAIT_MS)
+    await expect(page.locator("[data-answer-state]")).to_contain_text("payload_too_large")
+    await page.close()
+    assert len(console.stub.requests) == requests_before
+    after = await console.client.request("conversation:show", {"conversation_id": "too-big"})
+    assert after["total_exchanges"] == before["total_exchanges"] == 1
+    assert (await console.client.request("system:health", {}))["status"] == "healthy"

@@ -155,8 +155,8 @@ class Console:
         except KsiError as error:
             return self.failure(error)
         pages = views.pages(listing["total"], offset, PAGE_SIZE)
-        return self.render("conversations.html", page="conversations", listing=listing, filters=filters,
-                           pager=pages, link=lambda o: f"{self.root}/conversations?" + urlencode({**filters, "offset": o}))
+        return self.render("conversations.html", page="conversations", listing=listing, filters=filters, pager=pages,
+                           link=lambda o: f"{self.root}/conversations?" + urlencode({**filters, "offset": o}))
 
     async def _turns(self, conversation_id: str, request: Request, missing_ok: bool = False) -> dict[str, Any]:
         """A page of a conversation's exchanges (the newest by default) and its summary."""

@@ -156,6 +156,13 @@
         const response = await fetch(form.action, {
           method: "POST", body: new URLSearchParams(new FormData(form)), credentials: "same-origin",
         });
+        if (!(response.headers.get("content-type") || "").startsWith("text/event-stream")) {
+          // refused before any stream began (too large, not from this page): the error object says why
+          const error = (await response.json().catch(() => ({}))).error || {};
+          status.textContent = (error.code || response.status) + ": " + (error.message || response.statusText);
+          form.dataset.done = "error";
+          return;
+        }
         const reader = response.body.getReader();
         const decoder = new TextDecoder();
         let pending = "";
