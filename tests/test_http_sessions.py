@@ -192,6 +192,9 @@ def test_sessions_end_unused_and_the_oldest_goes_past_the_cap() -> None:
     assert sessions.valid(first)  # a use keeps it open
     now[0] += SESSION_IDLE + 1
     assert not sessions.valid(first)
+    root = sessions.root
+    assert sessions.under_root(root) and sessions.under_root(root + "/conversations")
+    assert not any(sessions.under_root(path) for path in ("/s/", root + "x/", root[:-1] + "/", "/", "/v1/models"))
     kept = [sessions.open() for _ in range(MAX_SESSIONS + 1)]
     assert not sessions.valid(kept[0]) and all(sessions.valid(value) for value in kept[1:])
 

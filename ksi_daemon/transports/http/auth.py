@@ -63,7 +63,8 @@ class BrowserSessions:
     """The browser sessions of one daemon run, in memory: a restart logs every browser out."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.root = SESSION_PREFIX + secrets.token_urlsafe(18)  # the cookie's Path
+        self._secret = secrets.token_urlsafe(18)
+        self.root = SESSION_PREFIX + self._secret  # the cookie's Path
         self._clock = clock
         self._sessions: OrderedDict[bytes, float] = OrderedDict()  # digest -> last use
         self._spent: dict[str, float] = {}  # login code nonces -> when they expire
@@ -102,7 +103,11 @@ class BrowserSessions:
         return True
 
     def under_root(self, path: str) -> bool:
-        return path == self.root or path.startswith(self.root + "/")
+        if not path.startswith(SESSION_PREFIX):
+            return False
+        segment = path[len(SESSION_PREFIX):].partition("/")[0]
+        # compared in constant time: the prefix is what keeps the cookie from other servers
+        return hmac.compare_digest(segment.encode(), self._secret.encode())
 
 
 class TokenAuth:
