@@ -129,7 +129,7 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        if path.startswith(OAUTH_DISCOVERY):
+        if scope["type"] == "http" and path.startswith(OAUTH_DISCOVERY):
             await _reply(send, 404, error_body(KsiError(ErrorCode.NOT_FOUND, "KSI has no OAuth: send the bearer "
                                                                               "token (ksi http token prints it)")))
             return
