@@ -6,8 +6,6 @@ file replaced since)."""
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from ksi_cli.locate import Location, _dotenv
@@ -65,6 +63,9 @@ def _stored_or_new(location: Location) -> str:
 
 def _accepted(url: str, token: str) -> bool:
     """Whether the daemon takes the token: a cheap authenticated request (the OpenAPI document)."""
+    import urllib.error  # only when a daemon serves HTTP: 30 ms of imports otherwise saved
+    import urllib.request
+
     request = urllib.request.Request(f"{url}/openapi.json", headers={"Authorization": f"Bearer {token}"})
     try:
         # no proxy: the daemon is asked directly, whatever HTTP_PROXY says
