@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from ksi_common.console_login import CODE_LIFETIME, make_code
 from ksi_common.errors import ErrorCode
@@ -49,8 +50,12 @@ async def test_a_login_code_opens_a_session_whose_cookie_holds_no_token(http_dae
         assert f"Path={root};" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
         assert (await http.get(f"{root}/v1/models")).status_code == 200  # the client keeps the cookie
         assert (await http.get("/v1/models")).status_code == 401  # only below the cookie's path
-        spent = await http.get("/login", params={"code": code})
+        with capture_logs() as logged:
+            spent = await http.get("/login", params={"code": code})
         assert spent.status_code == 401  # a code works once
+        # someone may have used it first: the log says a spent code came back, and from where
+        assert [e["event"] for e in logged if e["log_level"] == "warning"] == ["console_login_refused"]
+        assert code not in str(logged)
         session = http.cookies["ksi_session"]
     async with httpx.AsyncClient(base_url=http_daemon.base_url) as other:
         other.cookies.set("ksi_session", session)

@@ -23,12 +23,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
+import structlog
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ksi_common.console_login import code_nonce
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.errors import error_body
+
+log = structlog.get_logger("ksi.http")
 
 COOKIE_NAME = "ksi_session"
 LOGIN_PATH = "/login"
@@ -184,10 +187,14 @@ class TokenAuth:
         is left behind; the code is spent)."""
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         code = (query.get("code") or [""])[0]
+        client = "{}:{}".format(*scope["client"]) if scope.get("client") else None
         if not self.sessions.spend(self._token, code):
+            # a spent code used again may mean someone else used it first: worth a line in the log
+            log.warning("console_login_refused", client=client)
             await self._unauthorized(scope, send, "This login link is spent, expired or wrong",
                                      "the login code is spent, expired or wrong: run ksi console again")
             return
+        log.info("console_login", client=client)
         root = self.sessions.root
         cookie = f"{COOKIE_NAME}={self.sessions.open()}; Path={root}; HttpOnly; SameSite=Strict"
         await send({"type": "http.response.start", "status": 303,
