@@ -341,25 +341,36 @@ async def test_a_cancelled_tool_call_cancels_the_request(short_tmp: Path, stub: 
 
 
 async def test_a_malformed_line_is_answered_and_the_server_goes_on(short_tmp: Path) -> None:
+    from ksi_mcp.stdio import LINE_LIMIT
+
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ksi_cli", "mcp", "--no-start", *where(short_tmp), cwd=short_tmp, env=clean_env(),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert process.stdin is not None and process.stdout is not None
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-    lines = [hello, "this is not json", {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    huge = b'{"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"pad": "' + b"x" * LINE_LIMIT + b'"}}'
+    lines = [hello, "this is not json", huge, {"jsonrpc": "2.0", "id": 7, "no": "method"},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
              {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "chat", "arguments": []}},
              {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]
     for line in lines:
-        process.stdin.write((line if isinstance(line, str) else json.dumps(line)).encode() + b"\n")
-    await process.stdin.drain()
-    replies: dict[Any, dict[str, Any]] = {}
-    async with asyncio.timeout(30):
-        while 3 not in replies:
-            reply = json.loads(await process.stdout.readline())
-            replies[reply.get("id")] = reply
+        process.stdin.write(line if isinstance(line, bytes) else
+                            (line if isinstance(line, str) else json.dumps(line)).encode())
+        process.stdin.write(b"\n")
+        await process.stdin.drain()
+    replies: list[dict[str, Any]] = []
+    async with asyncio.timeout(60):
+        while not any(reply.get("id") == 3 for reply in replies):
+            replies.append(json.loads(await process.stdout.readline()))
     process.stdin.close()
     assert await asyncio.wait_for(process.wait(), 30) == 0
-    assert replies[1]["result"]["serverInfo"]["name"] == "ksi"
-    assert "error" in replies[2] or replies[2]["result"]["isError"]  # arguments must be an object
-    assert len(replies[3]["result"]["tools"]) == 6
+    by_id = {reply["id"]: reply for reply in replies if reply["id"] is not None}
+    unmatched = [reply["error"] for reply in replies if reply["id"] is None]
+    assert by_id[1]["result"]["serverInfo"]["name"] == "ksi"
+    # JSON-RPC's parse error for the line that is not JSON, the limit for the one too long
+    assert [error["code"] for error in unmatched] == [types.PARSE_ERROR, types.INVALID_REQUEST]
+    assert unmatched[1]["data"] == {"code": "payload_too_large", "limit": LINE_LIMIT}
+    assert by_id[7]["error"]["code"] == types.INVALID_REQUEST and 8 not in by_id
+    assert "error" in by_id[2] or by_id[2]["result"]["isError"]  # arguments must be an object
+    assert len(by_id[3]["result"]["tools"]) == 6
