@@ -1,5 +1,9 @@
 """The `Caller` of `ksi mcp`: one pipelined connection to the daemon's socket, opened on first
-use, reopened after the daemon went away, and starting the daemon when none answers."""
+use, reopened after the daemon went away, and starting the daemon when none answers.
+
+Every call in flight shares the connection, so a request the daemon would refuse for its size
+(and answer by closing the connection) is refused here before it is sent: the daemon's frame
+limit is asked for when the connection opens."""
 
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class SocketCaller:
             client = await self._connect_or_start()
             self._client, self._subscribed = client, False
             self._pump = asyncio.create_task(self._dispatch(client))
+            client.frame_limit = (await client.request("system:config")).get("line_limit")
             if self._watchers:
                 await self._subscribe(client)
             return client

@@ -21,7 +21,7 @@ from mcp.client.stdio import stdio_client
 from ksi_common.jsonl import read_records
 from ksi_daemon.daemon import Daemon
 from tests.conftest import connected, running_daemon, stub_settings
-from tests.stub_openai import StubOpenAI, default_answer
+from tests.stub_openai import Reply, StubOpenAI, default_answer
 from tests.test_cli_ask import clean_env, ksi, where
 
 
@@ -374,3 +374,25 @@ async def test_a_malformed_line_is_answered_and_the_server_goes_on(short_tmp: Pa
     assert by_id[7]["error"]["code"] == types.INVALID_REQUEST and 8 not in by_id
     assert "error" in by_id[2] or by_id[2]["result"]["isError"]  # arguments must be an object
     assert len(by_id[3]["result"]["tools"]) == 6
+
+
+async def test_an_oversized_call_fails_alone(short_tmp: Path, stub: StubOpenAI) -> None:
+    limit = 64 * 1024
+    async with served(short_tmp, stub, line_limit=limit) as (daemon, client):
+        await call(client, "chat", prompt="warm up")
+        stub.enqueue(Reply(text="slow but fine", delay=2.0))
+        slow = asyncio.create_task(client.call_tool("chat", {"prompt": "take your time"}))
+        async with asyncio.timeout(30):
+            while stub.in_flight == 0:
+                await asyncio.sleep(0.01)
+        error = await refused(client, "payload_too_large", "chat", prompt="x" * (limit + 1))
+        assert error["details"]["limit"] == limit
+        neighbour = await slow
+        assert not neighbour.is_error, neighbour.content  # the shared connection lived on
+        assert neighbour.structured_content["answer"] == "slow but fine"
+        cid = neighbour.structured_content["continuation_id"]
+        assert len(read_records(daemon.layout.index_file(cid))) == 1
+        # nothing of the refused call reached the model or the disk
+        assert [r["messages"][-1]["content"] for r in stub.requests] == ["warm up", "take your time"]
+        assert len(list(daemon.layout.conversations_dir.glob("*.jsonl"))) == 2
+        assert (await call(client, "conversations"))["total"] == 2
