@@ -16,7 +16,7 @@ from ksi_common import __version__
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_mcp.caller import Caller
 from ksi_mcp.resources import LIST_URI, RECENT, TEMPLATE, ResourceWatch, read
-from ksi_mcp.schemas import TOOLS
+from ksi_mcp.schemas import BY_NAME, TOOLS
 from ksi_mcp.tools import OUTPUT_LIMIT, Tools, conversation_uri, error_text
 
 log = logging.getLogger("ksi.mcp")
@@ -60,6 +60,8 @@ class KsiMcp:
 
     async def _call_tool(self, _ctx: ServerRequestContext[Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in BY_NAME:  # a protocol error, not a tool's: the spec's -32602
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}; tools: {', '.join(BY_NAME)}")
         try:
             reply = await self.tools.call(params.name, params.arguments)
         except KsiError as error:

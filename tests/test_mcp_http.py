@@ -103,3 +103,12 @@ async def test_mcp_needs_the_token(http_daemon: HttpDaemon) -> None:
                                        headers={**headers, "Accept": "application/json, text/event-stream"})
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "unauthorized"
+
+
+async def test_unknown_tool_is_invalid_params_over_http(http_daemon: HttpDaemon) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    async with mcp_over_http(http_daemon) as client:
+        with pytest.raises(MCPError) as unknown:
+            await client.call_tool("no_such_tool", {})
+    assert unknown.value.error.code == types.INVALID_PARAMS

@@ -17,6 +17,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 from ksi_common.jsonl import read_records
 from ksi_daemon.daemon import Daemon
@@ -54,11 +55,20 @@ async def served(root: Path, stub: StubOpenAI, **overrides: Any) -> AsyncIterato
             yield daemon, client
 
 
+async def conforms(client: Client, tool: str, result: types.CallToolResult) -> None:
+    """The structured result validates against the output schema the tool list gives."""
+    import jsonschema
+
+    listed = {t.name: t for t in (await client.list_tools()).tools}
+    jsonschema.validate(result.structured_content, listed[tool].output_schema)
+
+
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """A successful tool call's structured result (its text is checked to say the same)."""
+    """A successful tool call's structured result, valid against the tool's output schema."""
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, result.content
     assert isinstance(result.content[0], types.TextContent)
+    await conforms(client, tool, result)
     return result.structured_content
 
 
@@ -69,6 +79,7 @@ async def refused(client: Client, code: str, tool: str, **arguments: Any) -> dic
     text = result.content[0].text
     assert text.startswith(f"{code}: "), text
     assert result.structured_content["error"]["code"] == code
+    await conforms(client, tool, result)
     return result.structured_content["error"]
 
 
@@ -97,6 +108,20 @@ async def test_tool_list_is_valid_and_under_the_token_goal(short_tmp: Path, stub
         assert tool.description and tool.input_schema["type"] == "object"
     wire = json.dumps([tool.model_dump(by_alias=True, exclude_none=True, mode="json") for tool in listed.tools])
     assert tokens(wire) < TOKEN_GOAL
+
+
+async def test_tools_carry_titles_annotations_and_output_schemas(short_tmp: Path, stub: StubOpenAI) -> None:
+    import jsonschema
+
+    async with served(short_tmp, stub) as (_daemon, client):
+        listed = (await client.list_tools()).tools
+    for tool in listed:
+        assert tool.title and tool.annotations is not None and tool.annotations.destructive_hint is False
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object"
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+    assert {t.name for t in listed if t.annotations.read_only_hint} == {"conversations", "conversation"}
+    assert {t.name for t in listed if t.annotations.open_world_hint} == {"chat", "consensus", "agent_message"}
+    # what each tool returns is checked against these schemas by `call` and `refused` in every test here
 
 
 async def test_chat_consensus_search_transcript_fork_and_resources(short_tmp: Path) -> None:
@@ -221,8 +246,9 @@ async def test_bad_input_is_a_tool_error_with_ksis_code(short_tmp: Path, stub: S
         await refused(client, "path_not_allowed", "chat", prompt="read it", files=[str(outside)])
         await refused(client, "agent_not_found", "agent_message", agent_id="ghost", message="hi")
         await refused(client, "consortium_not_found", "consensus", prompt="hi", consortium="consortium/nope")
-        unknown = await client.call_tool("no_such_tool", {})
-        assert unknown.is_error and unknown.content[0].text.startswith("validation_error: ")
+        with pytest.raises(MCPError) as unknown:  # a protocol error, as the spec says, not a tool's
+            await client.call_tool("no_such_tool", {})
+        assert unknown.value.error.code == types.INVALID_PARAMS and "no_such_tool" in unknown.value.error.message
 
         kept = await call(client, "chat", prompt="read it", files=["allowed/notes.txt"])  # relative to cwd
         cid = kept["continuation_id"]
