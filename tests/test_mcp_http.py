@@ -19,7 +19,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
 from tests.stub_openai import StubOpenAI
-from tests.test_mcp_stdio import call, judge_or_answer, refused
+from tests.test_mcp_stdio import (
+    SLOW, assert_reported_the_slow_answer, call, call_waiting_on_progress, judge_or_answer, refused,
+)
 
 
 @asynccontextmanager
@@ -103,6 +105,15 @@ async def test_mcp_needs_the_token(http_daemon: HttpDaemon) -> None:
                                        headers={**headers, "Accept": "application/json, text/event-stream"})
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # a single exchange (2026) and a session (2025)
+async def test_a_long_call_reports_progress_over_http(http_daemon: HttpDaemon, stub: StubOpenAI, mode: str) -> None:
+    async with mcp_over_http(http_daemon, mode=mode) as client:
+        await call(client, "chat", prompt="warm up")  # the daemon's first call loads litellm
+        stub.enqueue(SLOW)
+        result, reports = await call_waiting_on_progress(client, "chat", prompt="climb")
+    assert_reported_the_slow_answer(result, reports)
 
 
 async def test_unknown_tool_is_invalid_params_over_http(http_daemon: HttpDaemon) -> None:

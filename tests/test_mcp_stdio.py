@@ -402,6 +402,51 @@ async def test_a_malformed_line_is_answered_and_the_server_goes_on(short_tmp: Pa
     assert len(by_id[3]["result"]["tools"]) == 6
 
 
+# Silent for 5 s (a reasoning model), then a word every half second: about 9 s in all, more than
+# twice the 4 s a client waits without hearing anything.
+SLOW_ANSWER = "the keeper climbed all ninety steps of the lighthouse"
+SLOW = Reply(text=SLOW_ANSWER, delay=5.0, drip=0.5)
+PATIENCE = 4.0
+
+
+async def call_waiting_on_progress(client: Client, tool: str, **arguments: Any
+                                   ) -> tuple[types.CallToolResult, list[tuple[float, str | None]]]:
+    """A call that gives up after PATIENCE seconds without progress, as clients that reset their
+    timeout on progress do (the SDK's `read_timeout_seconds` runs from the request, progress or not)."""
+    reports: list[tuple[float, str | None]] = []
+    async with asyncio.timeout(PATIENCE) as deadline:
+        async def on_progress(progress: float, _total: float | None, message: str | None) -> None:
+            reports.append((progress, message))
+            deadline.reschedule(asyncio.get_running_loop().time() + PATIENCE)
+
+        result = await client.call_tool(tool, arguments, progress_callback=on_progress)
+    return result, reports
+
+
+def assert_reported_the_slow_answer(result: types.CallToolResult, reports: list[tuple[float, str | None]]) -> None:
+    assert not result.is_error, result.content
+    assert result.structured_content["answer"] == SLOW_ANSWER
+    progress = [value for value, _message in reports]
+    assert progress == sorted(set(progress))  # it only grows
+    assert reports[0][1] is None  # the silence before the first word is reported too
+    texts = [message for _value, message in reports if message]
+    assert texts and all(SLOW_ANSWER.startswith(text) for text in texts)  # the answer so far
+
+
+async def test_a_long_call_reports_progress_and_outlives_the_clients_timeout(short_tmp: Path,
+                                                                            stub: StubOpenAI) -> None:
+    async with served(short_tmp, stub) as (daemon, client):
+        await call(client, "chat", prompt="warm up")  # the daemon's first call loads litellm
+        stub.enqueue(SLOW)
+        result, reports = await call_waiting_on_progress(client, "chat", prompt="climb")
+        assert_reported_the_slow_answer(result, reports)
+        cid = result.structured_content["continuation_id"]
+        assert len(read_records(daemon.layout.index_file(cid))) == 1
+        # without a progress token nothing is streamed or reported, and the answer is the same
+        plain = await call(client, "chat", prompt="again", continuation_id=cid)
+        assert plain["answer"] == "stub answer to: again"
+
+
 async def test_an_oversized_call_fails_alone(short_tmp: Path, stub: StubOpenAI) -> None:
     limit = 64 * 1024
     async with served(short_tmp, stub, line_limit=limit) as (daemon, client):
