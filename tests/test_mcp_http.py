@@ -18,9 +18,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
-from tests.stub_openai import StubOpenAI
+from tests.stub_openai import Reply, StubOpenAI
 from tests.test_mcp_stdio import (
-    SLOW, assert_reported_the_slow_answer, call, call_waiting_on_progress, judge_or_answer, refused,
+    SLOW, SLOW_ANSWER, assert_reported_the_slow_answer, call, call_waiting_on_progress, judge_or_answer, refused,
 )
 
 
@@ -123,3 +123,76 @@ async def test_unknown_tool_is_invalid_params_over_http(http_daemon: HttpDaemon)
         with pytest.raises(MCPError) as unknown:
             await client.call_tool("no_such_tool", {})
     assert unknown.value.error.code == types.INVALID_PARAMS
+
+
+async def sse_events(response: Any) -> AsyncIterator[dict[str, str]]:
+    """The events of an SSE response: their `id`, `retry`, `event` and `data` fields."""
+    event: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if not line:
+            if event:
+                yield event
+            event = {}
+            continue
+        name, _colon, value = line.partition(":")
+        if name:  # a line starting with a colon is a comment
+            event[name] = value.removeprefix(" ")
+
+
+async def test_a_dropped_stream_is_resumed_with_last_event_id(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+    url = f"{http_daemon.base_url}/mcp"
+    version = "2025-11-25"  # the first revision whose streams are resumable
+    headers = {"Authorization": f"Bearer {http_daemon.token}", "Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        opened = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert opened.status_code == 200, opened.text
+        session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": version}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        warm = await http.post(url, headers=session, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                                            "params": {"name": "chat", "arguments": {"prompt": "warm up"}}})
+        assert "stub answer to: warm up" in warm.text
+
+        stub.enqueue(Reply(text=SLOW_ANSWER, delay=1.0, drip=0.5))
+        slow = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "chat", "arguments": {"prompt": "climb"}, "_meta": {"progressToken": "climb"}}}
+        before: list[dict[str, str]] = []
+        async with http.stream("POST", url, json=slow, headers=session) as response:
+            async for event in sse_events(response):
+                before.append(event)
+                if "notifications/progress" in event.get("data", ""):
+                    break  # the stream drops here, with the answer still to come
+        assert before[0]["retry"] == "1000" and before[0]["data"] == ""  # the priming event
+        assert all(event.get("id") for event in before)
+
+        after: list[dict[str, str]] = []
+        resumed = {**session, "Last-Event-ID": before[-1]["id"]}
+        async with asyncio.timeout(30), http.stream("GET", url, headers=resumed) as response:
+            assert response.status_code == 200
+            async for event in sse_events(response):
+                after.append(event)
+                if json.loads(event["data"] or "{}").get("id") == 3:
+                    break
+
+        # another session (whose request ids are the same) is replayed nothing of this one
+        other = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "u", "version": "1"}}})
+        elsewhere = {"Mcp-Session-Id": other.headers["mcp-session-id"], "MCP-Protocol-Version": version,
+                     "Last-Event-ID": before[-1]["id"]}
+        async with asyncio.timeout(30), http.stream("GET", url, headers=elsewhere) as response:
+            assert [event async for event in sse_events(response)] == []
+    assert all(event.get("id") for event in after)
+    assert not {event["id"] for event in after} & {event["id"] for event in before}  # only what was missed
+    messages = [json.loads(event["data"]) for event in after if event["data"]]
+    answer = messages[-1]["result"]["structuredContent"]
+    assert answer["answer"] == SLOW_ANSWER
+    progress = [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"]
+    last_seen = json.loads(before[-1]["data"])["params"]["progress"]
+    assert progress == sorted(set(progress)) and all(value > last_seen for value in progress)
+    assert len(stub.requests) == 2  # resuming asked nothing again
+    assert (await call_list(http_daemon))["total"] == 2
+
+
+async def call_list(front: HttpDaemon) -> dict[str, Any]:
+    async with mcp_over_http(front) as client:
+        return await call(client, "conversations")
