@@ -20,7 +20,13 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_mcp_stdio import (
-    SLOW, SLOW_ANSWER, assert_reported_the_slow_answer, call, call_waiting_on_progress, judge_or_answer, refused,
+    SLOW,
+    SLOW_ANSWER,
+    assert_reported_the_slow_answer,
+    call,
+    call_waiting_on_progress,
+    judge_or_answer,
+    refused,
 )
 
 

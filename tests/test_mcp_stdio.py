@@ -83,6 +83,10 @@ async def refused(client: Client, code: str, tool: str, **arguments: Any) -> dic
     return result.structured_content["error"]
 
 
+async def ignore_progress(_progress: float, _total: float | None, _message: str | None) -> None:
+    """A progress callback, which makes the client send a progress token."""
+
+
 def tokens(text: str) -> int:
     """Tokens as litellm counts them for OpenAI models (cl100k), from litellm's bundled files."""
     import importlib.util
@@ -137,8 +141,11 @@ async def test_chat_consensus_search_transcript_fork_and_resources(short_tmp: Pa
         assert [m["content"] for m in stub.messages()] == [
             "Where is the lighthouse?", "stub answer to: Where is the lighthouse?", "And how tall?"]
 
-        agreed = await call(client, "consensus", prompt="When was it built?", continuation_id=cid,
-                            models=["openai/stub-a", "openai/stub-b"])
+        streamed = await client.call_tool(  # a progress token streams the consortium's answer
+            "consensus", {"prompt": "When was it built?", "continuation_id": cid,
+                          "models": ["openai/stub-a", "openai/stub-b"]}, progress_callback=ignore_progress)
+        await conforms(client, "consensus", streamed)
+        agreed = streamed.structured_content
         assert agreed["continuation_id"] == cid and agreed["answer"] == "the members agree"
         assert agreed["confidence"] == 0.9 and agreed["dissent"] == "B doubts the date"
         member_calls = [r["messages"] for r in stub.requests if r["model"] == "stub-b"]
@@ -213,7 +220,10 @@ async def test_agent_message_and_turns_left(short_tmp: Path, stub: StubOpenAI) -
                                                                "create": True})
             await socket.request("completion:wait", {"request_id": capped["request_id"]})
             await socket.request("conversation:update", {"conversation_id": "capped", "turn_cap": 3})
-        reply = await call(client, "agent_message", agent_id="helper", message="status?")
+        answered = await client.call_tool("agent_message", {"agent_id": "helper", "message": "status?"},
+                                          progress_callback=ignore_progress)
+        await conforms(client, "agent_message", answered)
+        reply = answered.structured_content
         assert reply["agent_id"] == "helper" and reply["answer"] == "stub answer to: status?"
         # the agent's conversation continues from MCP like any other
         await call(client, "chat", prompt="and now?", continuation_id=reply["continuation_id"])
