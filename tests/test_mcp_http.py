@@ -202,3 +202,43 @@ async def test_a_dropped_stream_is_resumed_with_last_event_id(http_daemon: HttpD
 async def call_list(front: HttpDaemon) -> dict[str, Any]:
     async with mcp_over_http(front) as client:
         return await call(client, "conversations")
+
+
+async def test_kept_events_are_bounded_and_replayed_only_to_their_session() -> None:
+    """The event store behind SessionScoped, with a stand-in for the SDK's transport: a request
+    that opens session s1 stores events, later requests (named by their session) replay them."""
+    from mcp.server.streamable_http import EventMessage
+    from mcp_types import JSONRPCNotification
+
+    from ksi_daemon.transports.http.mcp_events import SessionEventStore, SessionScoped
+
+    store = SessionEventStore(max_events=4)
+    ids: list[str] = []
+    replayed: list[list[str]] = []
+
+    async def opening(_scope: Any, _receive: Any, send: Any) -> None:
+        for n in range(6):
+            ids.append(await store.store_event("2", JSONRPCNotification(jsonrpc="2.0", method=f"m{n}")))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"mcp-session-id", b"s1")]})
+
+    async def resuming(scope: Any, _receive: Any, _send: Any) -> None:
+        seen: list[str] = []
+
+        async def collect(event: EventMessage) -> None:
+            seen.append(event.message.method)  # type: ignore[union-attr]
+
+        await store.replay_events_after(scope["last_event_id"], collect)
+        replayed.append(seen)
+
+    async def ignore(_message: Any) -> None:
+        pass
+
+    def http(session: str | None, **extra: Any) -> dict[str, Any]:
+        headers = [(b"mcp-session-id", session.encode())] if session else []
+        return {"type": "http", "headers": headers, **extra}
+
+    await SessionScoped(opening)(http(None), ignore, ignore)
+    for session, after in (("s1", ids[0]), ("s1", ids[3]), ("s2", ids[3])):
+        await SessionScoped(resuming)(http(session, last_event_id=after), ignore, ignore)
+    # the two oldest were forgotten; another session gets nothing of s1's
+    assert replayed == [[], ["m4", "m5"], []]
