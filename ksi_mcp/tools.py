@@ -78,13 +78,10 @@ class Reply:
 
 
 class Tools:
-    def __init__(self, caller: Caller, *, base_dir: Path | None = None, output_limit: int = OUTPUT_LIMIT,
-                 progress_every: float = PROGRESS_EVERY) -> None:
+    def __init__(self, caller: Caller, *, base_dir: Path | None = None, output_limit: int = OUTPUT_LIMIT) -> None:
         self.caller = caller
         self.base_dir = base_dir  # relative `files` are taken from here (the client's directory for stdio)
         self.output_limit = output_limit
-        self._cancels: set[asyncio.Task[Any]] = set()
-        self.progress_every = progress_every
         self._cancels: set[asyncio.Task[Any]] = set()
         self._turns: dict[str, Callable[[dict[str, Any], Progress | None], Awaitable[Reply]]] = {
             "chat": self.chat, "consensus": self.consensus, "agent_message": self.agent_message,
@@ -164,7 +161,7 @@ class Tools:
         sent = 0
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.progress_every):
+                async with asyncio.timeout(PROGRESS_EVERY):
                     await stream.changed.wait()
             stream.changed.clear()
             sent += 1
