@@ -17,8 +17,11 @@ LINE_LIMIT = 64 * 1024 * 1024
 class KsiClient:
     """One connection; many requests may be in flight on it at once."""
 
-    def __init__(self, socket_path: str | Path) -> None:
+    def __init__(self, socket_path: str | Path, frame_limit: int | None = None) -> None:
         self.socket_path = str(socket_path)
+        # The daemon's line limit: it closes the connection on a longer frame, failing every
+        # request in flight on it, so a longer one is refused here without being sent.
+        self.frame_limit = frame_limit
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -82,11 +85,15 @@ class KsiClient:
         if self._writer is None:
             raise KsiError(ErrorCode.DAEMON_UNREACHABLE, "client is not connected")
         correlation_id = f"c-{next(self._ids)}"
+        line = wire.encode({"event": event, "data": data or {}, "correlation_id": correlation_id})
+        if self.frame_limit is not None and len(line) - 1 > self.frame_limit:
+            raise KsiError(ErrorCode.PAYLOAD_TOO_LARGE,
+                           f"{event}: the request is {len(line) - 1} bytes, over the daemon's limit of "
+                           f"{self.frame_limit} bytes", limit=self.frame_limit, size=len(line) - 1)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
-        frame = {"event": event, "data": data or {}, "correlation_id": correlation_id}
         try:
-            self._writer.write(wire.encode(frame))
+            self._writer.write(line)
             await self._writer.drain()
         except (ConnectionError, OSError) as exc:  # the daemon went away (a restart): say so, no traceback
             self._pending.pop(correlation_id, None)

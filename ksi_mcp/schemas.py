@@ -1,5 +1,6 @@
-"""The tools' names, descriptions and input schemas (kept lean: clients pay for them in tokens),
-and the check of a call's arguments against them, so bad input gets KSI's `validation_error`."""
+"""The tools' names, descriptions, input and output schemas and annotations (kept lean: clients
+pay for them in tokens), and the check of a call's arguments, so bad input gets KSI's
+`validation_error`."""
 
 from __future__ import annotations
 
@@ -8,47 +9,85 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 
 _ID = {"type": "string", "description": "KSI conversation id from an earlier reply"}
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_MAYBE_STR = {"type": ["string", "null"]}
+
+# A failed call's structuredContent: KSI's error ({code, message, details}), as every door reports it.
+_ERROR = {"type": "object", "required": ["code", "message"]}
+
+# What a turn (chat, consensus, agent_message) returns.
+_TURN = {
+    "answer": _STR, "continuation_id": _STR, "model": _MAYBE_STR, "response_id": _MAYBE_STR,
+    "turns_left": {"type": ["integer", "null"]},
+    "left_out": {"type": "object", "properties": {"exchanges": _INT, "files": _INT}},
+}
 
 
-def _tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _output(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The structuredContent of a success (`required` present) or of a tool error (`error`)."""
+    return {"type": "object", "properties": {**properties, "error": _ERROR},
+            "anyOf": [{"required": required}, {"required": ["error"]}]}
+
+
+def _annotations(*, read_only: bool, calls_a_model: bool) -> dict[str, Any]:
+    # No tool deletes or overwrites: a turn appends, a fork makes a new conversation.
+    hints: dict[str, Any] = {"destructiveHint": False, "openWorldHint": calls_a_model}
+    if read_only:
+        hints["readOnlyHint"] = True
+    return hints
+
+
+def _tool(name: str, title: str, description: str, properties: dict[str, Any], required: list[str],
+          output: dict[str, Any], *, read_only: bool = False, calls_a_model: bool = False) -> dict[str, Any]:
     schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return {"name": name, "description": description, "inputSchema": schema}
+    return {"name": name, "title": title, "description": description, "inputSchema": schema,
+            "outputSchema": output,
+            "annotations": _annotations(read_only=read_only, calls_a_model=calls_a_model)}
 
 
 TOOLS: list[dict[str, Any]] = [
-    _tool("chat", "One turn with a model. Pass continuation_id to continue any KSI conversation "
-          "(also from the ksi CLI, HTTP API or agents; kept across restarts). Returns the answer, "
+    _tool("chat", "Chat with a model", "One turn with a model. Pass continuation_id to continue any KSI "
+          "conversation (also from the ksi CLI, HTTP API or agents; kept across restarts). Returns the answer, "
           "continuation_id, turns left and history left out.", {
-              "prompt": {"type": "string"},
+              "prompt": _STR,
               "model": {"type": "string", "description": "e.g. openai/gpt-4o; default: the conversation's last"},
               "continuation_id": _ID,
-              "files": {"type": "array", "items": {"type": "string"}, "description": "paths to attach"},
+              "files": {"type": "array", "items": _STR, "description": "paths to attach"},
               "system": {"type": "string", "description": "system prompt from now on"},
-          }, ["prompt"]),
-    _tool("consensus", "Ask several models; an arbiter returns synthesis, confidence and dissent.", {
-        "prompt": {"type": "string"},
-        "consortium": {"type": "string", "description": "a saved consortium's name"},
-        "models": {"type": "array", "items": {"type": "string"},
-                   "description": "or member models; the first also arbitrates"},
-        "continuation_id": _ID,
-    }, ["prompt"]),
-    _tool("conversations", "List KSI conversations, newest first: id, title, models, turns, last activity.", {
-        "query": {"type": "string", "description": "a word of the title or content"},
-        "status": {"type": "string", "enum": ["active", "archived", "expired"]},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 200},
-    }, []),
-    _tool("conversation", "A conversation's transcript.", {
+          }, ["prompt"], _output(_TURN, ["answer", "continuation_id"]), calls_a_model=True),
+    _tool("consensus", "Ask a consortium", "Ask several models; an arbiter returns synthesis, confidence and "
+          "dissent.", {
+              "prompt": _STR,
+              "consortium": {"type": "string", "description": "a saved consortium's name"},
+              "models": {"type": "array", "items": _STR, "description": "or member models; the first also arbitrates"},
+              "continuation_id": _ID,
+          }, ["prompt"], _output({**_TURN, "confidence": {"type": ["number", "null"]}, "dissent": _STR,
+                                  "run_id": _MAYBE_STR}, ["answer", "continuation_id"]), calls_a_model=True),
+    _tool("conversations", "Find conversations", "List KSI conversations, newest first: id, title, models, "
+          "turns, last activity.", {
+              "query": {"type": "string", "description": "a word of the title or content"},
+              "status": {"type": "string", "enum": ["active", "archived", "expired"]},
+              "limit": {"type": "integer", "minimum": 1, "maximum": 200},
+          }, [], _output({"conversations": {"type": "array", "items": {
+              "type": "object", "properties": {"continuation_id": _STR}, "required": ["continuation_id"]}},
+              "total": _INT}, ["conversations", "total"]), read_only=True),
+    _tool("conversation", "Read a conversation", "A conversation's transcript.", {
         "continuation_id": _ID,
         "format": {"type": "string", "enum": ["markdown", "json"]},
-    }, ["continuation_id"]),
-    _tool("fork", "A new conversation sharing the first `at` exchanges of another.", {
+    }, ["continuation_id"], _output({"continuation_id": _STR, "format": _STR, "exchanges": _INT,
+                                     "cut": {"type": "boolean"}}, ["continuation_id", "exchanges"]),
+        read_only=True),
+    _tool("fork", "Fork a conversation", "A new conversation sharing the first `at` exchanges of another.", {
         "continuation_id": _ID,
         "at": {"type": "integer", "minimum": 0},
-    }, ["continuation_id", "at"]),
-    _tool("agent_message", "Send a message to a KSI agent and return its reply.", {
-        "agent_id": {"type": "string"},
-        "message": {"type": "string"},
-    }, ["agent_id", "message"]),
+    }, ["continuation_id", "at"], _output({"continuation_id": _STR, "parent_id": _STR, "fork_at": _INT},
+                                          ["continuation_id", "parent_id", "fork_at"])),
+    _tool("agent_message", "Message an agent", "Send a message to a KSI agent and return its reply.", {
+        "agent_id": _STR,
+        "message": _STR,
+    }, ["agent_id", "message"], _output({**_TURN, "agent_id": _STR}, ["answer", "continuation_id", "agent_id"]),
+        calls_a_model=True),
 ]
 
 BY_NAME: dict[str, dict[str, Any]] = {tool["name"]: tool for tool in TOOLS}

@@ -16,8 +16,8 @@ from ksi_common import __version__
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_mcp.caller import Caller
 from ksi_mcp.resources import LIST_URI, RECENT, TEMPLATE, ResourceWatch, read
-from ksi_mcp.schemas import TOOLS
-from ksi_mcp.tools import OUTPUT_LIMIT, Tools, conversation_uri, error_text
+from ksi_mcp.schemas import BY_NAME, TOOLS
+from ksi_mcp.tools import OUTPUT_LIMIT, Progress, Tools, conversation_uri, error_text
 
 log = logging.getLogger("ksi.mcp")
 
@@ -58,10 +58,12 @@ class KsiMcp:
     async def _list_tools(self, _ctx: ServerRequestContext[Any], _params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self._tool_list)
 
-    async def _call_tool(self, _ctx: ServerRequestContext[Any],
+    async def _call_tool(self, ctx: ServerRequestContext[Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in BY_NAME:  # a protocol error, not a tool's: the spec's -32602
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}; tools: {', '.join(BY_NAME)}")
         try:
-            reply = await self.tools.call(params.name, params.arguments)
+            reply = await self.tools.call(params.name, params.arguments, _progress_of(ctx))
         except KsiError as error:
             return tool_error(error)
         except Exception:  # a bug must not end the session: the client gets a tool error
@@ -111,6 +113,17 @@ class KsiMcp:
                            params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         self.watch.remove(ctx.session, str(params.uri))
         return types.EmptyResult()
+
+
+def _progress_of(ctx: ServerRequestContext[Any]) -> Progress | None:
+    """Where a call reports progress: the SDK's `notifications/progress` for the client's token, if it gave one."""
+    if ctx.meta is None or ctx.meta.get("progress_token") is None:
+        return None
+
+    async def report(progress: float, text: str) -> None:
+        await ctx.session.report_progress(progress, message=text or None)
+
+    return report
 
 
 async def serve_stdio(app: KsiMcp) -> None:

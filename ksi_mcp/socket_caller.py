@@ -1,5 +1,9 @@
 """The `Caller` of `ksi mcp`: one pipelined connection to the daemon's socket, opened on first
-use, reopened after the daemon went away, and starting the daemon when none answers."""
+use, reopened after the daemon went away, and starting the daemon when none answers.
+
+Every call in flight shares the connection, so a request the daemon would refuse for its size
+(and answer by closing the connection) is refused here before it is sent: the daemon's frame
+limit is asked for when the connection opens."""
 
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ class SocketCaller:
         self.start_daemon = start_daemon
         self.say = say  # `ksi mcp` writes these to stderr: stdout carries the protocol
         self._client: KsiClient | None = None
-        self._subscribed = False
+        self._subscriptions: dict[str, str] = {}  # event -> monitor subscription id on the open connection
         self._pump: asyncio.Task[None] | None = None
         self._opening = asyncio.Lock()
+        self._subscribing = asyncio.Lock()  # calls watching at once must not subscribe an event twice
         self._watchers: dict[int, tuple[tuple[str, ...], EventListener]] = {}
         self._next_watcher = 0
 
@@ -44,6 +49,8 @@ class SocketCaller:
 
         async def stop() -> None:
             self._watchers.pop(key, None)
+            with contextlib.suppress(KsiError):  # a connection gone took its subscriptions along
+                await self._unsubscribe_unwatched()
 
         return stop
 
@@ -60,8 +67,9 @@ class SocketCaller:
             if self._client is not None:
                 return self._client
             client = await self._connect_or_start()
-            self._client, self._subscribed = client, False
+            self._client, self._subscriptions = client, {}
             self._pump = asyncio.create_task(self._dispatch(client))
+            client.frame_limit = (await client.request("system:config")).get("line_limit")
             if self._watchers:
                 await self._subscribe(client)
             return client
@@ -81,12 +89,24 @@ class SocketCaller:
         self.say(message)
         return await KsiClient(self.socket_path).connect()
 
+    def _watched(self) -> set[str]:
+        return {name for names, _listener in self._watchers.values() for name in names}
+
     async def _subscribe(self, client: KsiClient) -> None:
-        if self._subscribed:
-            return
-        events = sorted({name for names, _listener in self._watchers.values() for name in names})
-        await client.request("monitor:subscribe", {"patterns": events})
-        self._subscribed = True
+        """One subscription per watched event, so the events watched can grow and shrink."""
+        async with self._subscribing:
+            for event in sorted(self._watched() - self._subscriptions.keys()):
+                reply = await client.request("monitor:subscribe", {"patterns": [event]})
+                self._subscriptions[event] = reply["subscription_id"]
+
+    async def _unsubscribe_unwatched(self) -> None:
+        async with self._subscribing:
+            client = self._client
+            if client is None:
+                return
+            for event in sorted(self._subscriptions.keys() - self._watched()):
+                subscription_id = self._subscriptions.pop(event)
+                await client.request("monitor:unsubscribe", {"subscription_id": subscription_id})
 
     async def _dispatch(self, client: KsiClient) -> None:
         """Hand pushed events to the watchers; when the connection ends, forget it."""

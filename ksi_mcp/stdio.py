@@ -4,11 +4,16 @@ The SDK's stdio transport reads and writes through worker threads (a hop per lin
 per message written); on a busy machine each hop waits for a CPU. Pipes on the event loop need
 none. Like the SDK's, it keeps stdout for the protocol: fd 1 points at stderr while serving, so
 stray prints cannot corrupt the stream. Anything but pipes (a file, a terminal) gets the SDK's.
+
+A line that is not JSON is answered with JSON-RPC's parse error, one that is not a JSON-RPC
+message with an invalid request, and one over the line limit is skipped and answered so too; the
+server reads on after each of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -18,6 +23,9 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
+
+from ksi_common.errors import ErrorCode
 
 LINE_LIMIT = 64 * 1024 * 1024
 
@@ -55,12 +63,19 @@ async def _pipes() -> AsyncIterator[tuple[Any, Any]]:
     outbound, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
 
     async def read_lines() -> None:
-        async with inbound_send:
-            while line := await reader.readline():
+        async with inbound_send, outbound.clone() as replies:
+            while (line := await _read_line(reader)) != b"":
+                if line is None:
+                    await replies.send(_refusal(None, types.INVALID_REQUEST,
+                                                f"{ErrorCode.PAYLOAD_TOO_LARGE}: a line over {LINE_LIMIT} bytes",
+                                                {"code": ErrorCode.PAYLOAD_TOO_LARGE, "limit": LINE_LIMIT}))
+                    continue
+                if not line.strip():
+                    continue
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except Exception as exc:  # the session answers a malformed line; the stream goes on
-                    await inbound_send.send(exc)
+                except ValidationError:
+                    await replies.send(_refusal_of(line))
                     continue
                 await inbound_send.send(SessionMessage(message))
 
@@ -84,3 +99,47 @@ async def _pipes() -> AsyncIterator[tuple[Any, Any]]:
         os.dup2(saved_stdout, 1)
         os.close(saved_stdin)
         os.close(saved_stdout)
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
+    """The next line (b"" at the end of input), or None for a line over the reader's limit,
+    which is read past without being kept."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as end:
+        return end.partial  # the last line had no newline
+    except asyncio.LimitOverrunError as over:
+        skip = over.consumed
+    while True:
+        try:
+            await reader.readexactly(skip)
+            await reader.readuntil(b"\n")
+            return None
+        except asyncio.IncompleteReadError:
+            return None  # the input ended inside the long line
+        except asyncio.LimitOverrunError as more:
+            skip = more.consumed
+
+
+def _refusal_of(line: bytes) -> SessionMessage:
+    """The answer to a line that is no JSON-RPC message: a parse error, or an invalid request."""
+    try:
+        decoded = json.loads(line)
+    except (ValueError, RecursionError):  # also bad UTF-8, huge numbers, deep nesting
+        return _refusal(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
+    return _refusal(_id_of(decoded), types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
+
+
+def _id_of(decoded: Any) -> types.RequestId | None:
+    """The id of a malformed request, when it has a usable one, so the client can match the error."""
+    if isinstance(decoded, dict):
+        request_id = decoded.get("id")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            return request_id
+    return None
+
+
+def _refusal(request_id: types.RequestId | None, code: int, message: str,
+             data: dict[str, Any] | None = None) -> SessionMessage:
+    error = types.ErrorData(code=code, message=message, data=data)
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))

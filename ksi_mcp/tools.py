@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,6 +15,11 @@ from ksi_mcp.caller import Caller
 from ksi_mcp.schemas import checked_arguments
 
 WAIT_SLICE = 300.0  # seconds per completion:wait; a longer answer is waited for again
+# A waiting call reports progress at least this often, so a client that resets its timeout on
+# progress waits for slow and reasoning models; new text is reported at most every PROGRESS_GAP.
+PROGRESS_EVERY = 2.0
+PROGRESS_GAP = 0.5
+PROGRESS_TEXT = 4000  # characters of the answer so far in a progress message (its end)
 # About 20,000 tokens: under the 25,000 most MCP clients accept from one tool call.
 OUTPUT_LIMIT = 80_000
 LIST_LIMIT = 20
@@ -32,6 +38,39 @@ def cut(text: str, limit: int, conversation_id: str | None) -> str:
     return text[:max(0, limit - len(note))] + note
 
 
+# Reports a waiting call's progress: (a count that grows with every report, the answer so far).
+Progress = Callable[[float, str], Awaitable[None]]
+
+
+class AnswerStream:
+    """The text of one answer as its `completion:chunk` events arrive. Chunks may come before the
+    acknowledgment names the request, so until then every request's chunks are kept."""
+
+    def __init__(self) -> None:
+        self.request_id: str | None = None
+        self.changed = asyncio.Event()
+        self._chunks: dict[str, list[str]] = {}
+
+    def on_chunk(self, _name: str, data: dict[str, Any]) -> None:
+        request_id = data.get("request_id")
+        if not isinstance(request_id, str) or self.request_id not in (None, request_id):
+            return
+        self._chunks.setdefault(request_id, []).append(str(data.get("text") or ""))
+        if request_id == self.request_id:
+            self.changed.set()
+
+    def follow(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._chunks = {request_id: self._chunks.get(request_id, [])}
+        if self._chunks[request_id]:
+            self.changed.set()
+
+    def text(self, limit: int) -> str:
+        """The answer so far, its last `limit` characters when longer."""
+        whole = "".join(self._chunks.get(self.request_id or "", []))
+        return whole if len(whole) <= limit else "…" + whole[len(whole) - limit + 1:]
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     text: str  # what the client's model reads
@@ -44,18 +83,23 @@ class Tools:
         self.base_dir = base_dir  # relative `files` are taken from here (the client's directory for stdio)
         self.output_limit = output_limit
         self._cancels: set[asyncio.Task[Any]] = set()
-        self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Reply]]] = {
-            "chat": self.chat, "consensus": self.consensus, "conversations": self.conversations,
-            "conversation": self.conversation, "fork": self.fork, "agent_message": self.agent_message,
+        self._turns: dict[str, Callable[[dict[str, Any], Progress | None], Awaitable[Reply]]] = {
+            "chat": self.chat, "consensus": self.consensus, "agent_message": self.agent_message,
+        }
+        self._lookups: dict[str, Callable[[dict[str, Any]], Awaitable[Reply]]] = {
+            "conversations": self.conversations, "conversation": self.conversation, "fork": self.fork,
         }
 
-    async def call(self, name: str, arguments: dict[str, Any] | None) -> Reply:
-        """Run tool `name`; bad input or a failed event raises `KsiError` with KSI's code."""
+    async def call(self, name: str, arguments: dict[str, Any] | None, progress: Progress | None = None) -> Reply:
+        """Run tool `name`; bad input or a failed event raises `KsiError` with KSI's code. A turn
+        reports to `progress` (when given) while it waits for the answer."""
         args = checked_arguments(name, arguments)
-        return await self._handlers[name](args)
+        if name in self._turns:
+            return await self._turns[name](args, progress)
+        return await self._lookups[name](args)
 
     # -- turns ------------------------------------------------------------------
-    async def chat(self, args: dict[str, Any]) -> Reply:
+    async def chat(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
         data: dict[str, Any] = {"prompt": args["prompt"]}
         for key in ("model", "system"):
             if key in args:
@@ -64,9 +108,9 @@ class Tools:
             data["conversation_id"] = args["continuation_id"]
         if "files" in args:
             data["files"] = [self._path(f) for f in args["files"]]
-        return self._turn(await self._answer(await self.caller.request("completion:async", data)))
+        return self._turn(await self._run("completion:async", data, progress))
 
-    async def consensus(self, args: dict[str, Any]) -> Reply:
+    async def consensus(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
         if ("consortium" in args) == ("models" in args):
             raise KsiError(ErrorCode.VALIDATION_ERROR, "consensus: give either consortium or models",
                            fields={"consortium": "give this or models", "models": "give this or consortium"})
@@ -80,7 +124,7 @@ class Tools:
             data["consortium"] = {"members": args["models"], "arbiter": args["models"][0]}
         if "continuation_id" in args:
             data["conversation_id"] = args["continuation_id"]
-        result = await self._answer(await self.caller.request("completion:async", data))
+        result = await self._run("completion:async", data, progress)
         run = result.get("consortium") or {}
         reply = self._turn(result, {"confidence": run.get("confidence"), "dissent": run.get("dissent") or "",
                                     "run_id": run.get("run_id")})
@@ -89,9 +133,40 @@ class Tools:
             lines.append(f"dissent: {run['dissent']}")
         return Reply("\n".join(lines), reply.data)
 
-    async def agent_message(self, args: dict[str, Any]) -> Reply:
-        ack = await self.caller.request("agent:send_message", {"agent_id": args["agent_id"], "message": args["message"]})
-        return self._turn(await self._answer(ack), {"agent_id": args["agent_id"]})
+    async def agent_message(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
+        result = await self._run("agent:send_message", {"agent_id": args["agent_id"], "message": args["message"]},
+                                 progress)
+        return self._turn(result, {"agent_id": args["agent_id"]})
+
+    async def _run(self, event: str, data: dict[str, Any], progress: Progress | None) -> dict[str, Any]:
+        """Send a turn's `event` and wait for its answer; with `progress`, the answer is streamed
+        and reported while it arrives (and while nothing arrives, a reasoning model's silence)."""
+        if progress is None:
+            return await self._answer(await self.caller.request(event, data))
+        stream = AnswerStream()
+        stop_watching = await self.caller.watch(("completion:chunk",), stream.on_chunk)
+        try:
+            ack = await self.caller.request(event, {**data, "stream": True})
+            stream.follow(ack["request_id"])
+            reporting = asyncio.get_running_loop().create_task(self._report(stream, progress))
+            try:
+                return await self._answer(ack)
+            finally:
+                reporting.cancel()
+                await asyncio.gather(reporting, return_exceptions=True)  # a client gone stops only the reports
+        finally:
+            await stop_watching()
+
+    async def _report(self, stream: AnswerStream, progress: Progress) -> None:
+        sent = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PROGRESS_EVERY):
+                    await stream.changed.wait()
+            stream.changed.clear()
+            sent += 1
+            await progress(sent, stream.text(PROGRESS_TEXT))
+            await asyncio.sleep(PROGRESS_GAP)
 
     async def _answer(self, ack: dict[str, Any]) -> dict[str, Any]:
         """Wait for the request `ack` acknowledged; a cancelled tool call cancels it in KSI too."""

@@ -17,11 +17,12 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 from ksi_common.jsonl import read_records
 from ksi_daemon.daemon import Daemon
 from tests.conftest import connected, running_daemon, stub_settings
-from tests.stub_openai import StubOpenAI, default_answer
+from tests.stub_openai import Reply, StubOpenAI, default_answer
 from tests.test_cli_ask import clean_env, ksi, where
 
 
@@ -54,11 +55,20 @@ async def served(root: Path, stub: StubOpenAI, **overrides: Any) -> AsyncIterato
             yield daemon, client
 
 
+async def conforms(client: Client, tool: str, result: types.CallToolResult) -> None:
+    """The structured result validates against the output schema the tool list gives."""
+    import jsonschema
+
+    listed = {t.name: t for t in (await client.list_tools()).tools}
+    jsonschema.validate(result.structured_content, listed[tool].output_schema)
+
+
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """A successful tool call's structured result (its text is checked to say the same)."""
+    """A successful tool call's structured result, valid against the tool's output schema."""
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, result.content
     assert isinstance(result.content[0], types.TextContent)
+    await conforms(client, tool, result)
     return result.structured_content
 
 
@@ -69,7 +79,12 @@ async def refused(client: Client, code: str, tool: str, **arguments: Any) -> dic
     text = result.content[0].text
     assert text.startswith(f"{code}: "), text
     assert result.structured_content["error"]["code"] == code
+    await conforms(client, tool, result)
     return result.structured_content["error"]
+
+
+async def ignore_progress(_progress: float, _total: float | None, _message: str | None) -> None:
+    """A progress callback, which makes the client send a progress token."""
 
 
 def tokens(text: str) -> int:
@@ -99,6 +114,20 @@ async def test_tool_list_is_valid_and_under_the_token_goal(short_tmp: Path, stub
     assert tokens(wire) < TOKEN_GOAL
 
 
+async def test_tools_carry_titles_annotations_and_output_schemas(short_tmp: Path, stub: StubOpenAI) -> None:
+    import jsonschema
+
+    async with served(short_tmp, stub) as (_daemon, client):
+        listed = (await client.list_tools()).tools
+    for tool in listed:
+        assert tool.title and tool.annotations is not None and tool.annotations.destructive_hint is False
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object"
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+    assert {t.name for t in listed if t.annotations.read_only_hint} == {"conversations", "conversation"}
+    assert {t.name for t in listed if t.annotations.open_world_hint} == {"chat", "consensus", "agent_message"}
+    # what each tool returns is checked against these schemas by `call` and `refused` in every test here
+
+
 async def test_chat_consensus_search_transcript_fork_and_resources(short_tmp: Path) -> None:
     async with StubOpenAI(answer=judge_or_answer) as stub, served(short_tmp, stub) as (daemon, client):
         first = await call(client, "chat", prompt="Where is the lighthouse?", model="openai/stub-model")
@@ -112,8 +141,11 @@ async def test_chat_consensus_search_transcript_fork_and_resources(short_tmp: Pa
         assert [m["content"] for m in stub.messages()] == [
             "Where is the lighthouse?", "stub answer to: Where is the lighthouse?", "And how tall?"]
 
-        agreed = await call(client, "consensus", prompt="When was it built?", continuation_id=cid,
-                            models=["openai/stub-a", "openai/stub-b"])
+        streamed = await client.call_tool(  # a progress token streams the consortium's answer
+            "consensus", {"prompt": "When was it built?", "continuation_id": cid,
+                          "models": ["openai/stub-a", "openai/stub-b"]}, progress_callback=ignore_progress)
+        await conforms(client, "consensus", streamed)
+        agreed = streamed.structured_content
         assert agreed["continuation_id"] == cid and agreed["answer"] == "the members agree"
         assert agreed["confidence"] == 0.9 and agreed["dissent"] == "B doubts the date"
         member_calls = [r["messages"] for r in stub.requests if r["model"] == "stub-b"]
@@ -188,7 +220,10 @@ async def test_agent_message_and_turns_left(short_tmp: Path, stub: StubOpenAI) -
                                                                "create": True})
             await socket.request("completion:wait", {"request_id": capped["request_id"]})
             await socket.request("conversation:update", {"conversation_id": "capped", "turn_cap": 3})
-        reply = await call(client, "agent_message", agent_id="helper", message="status?")
+        answered = await client.call_tool("agent_message", {"agent_id": "helper", "message": "status?"},
+                                          progress_callback=ignore_progress)
+        await conforms(client, "agent_message", answered)
+        reply = answered.structured_content
         assert reply["agent_id"] == "helper" and reply["answer"] == "stub answer to: status?"
         # the agent's conversation continues from MCP like any other
         await call(client, "chat", prompt="and now?", continuation_id=reply["continuation_id"])
@@ -221,8 +256,9 @@ async def test_bad_input_is_a_tool_error_with_ksis_code(short_tmp: Path, stub: S
         await refused(client, "path_not_allowed", "chat", prompt="read it", files=[str(outside)])
         await refused(client, "agent_not_found", "agent_message", agent_id="ghost", message="hi")
         await refused(client, "consortium_not_found", "consensus", prompt="hi", consortium="consortium/nope")
-        unknown = await client.call_tool("no_such_tool", {})
-        assert unknown.is_error and unknown.content[0].text.startswith("validation_error: ")
+        with pytest.raises(MCPError) as unknown:  # a protocol error, as the spec says, not a tool's
+            await client.call_tool("no_such_tool", {})
+        assert unknown.value.error.code == types.INVALID_PARAMS and "no_such_tool" in unknown.value.error.message
 
         kept = await call(client, "chat", prompt="read it", files=["allowed/notes.txt"])  # relative to cwd
         cid = kept["continuation_id"]
@@ -341,25 +377,103 @@ async def test_a_cancelled_tool_call_cancels_the_request(short_tmp: Path, stub: 
 
 
 async def test_a_malformed_line_is_answered_and_the_server_goes_on(short_tmp: Path) -> None:
+    from ksi_mcp.stdio import LINE_LIMIT
+
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ksi_cli", "mcp", "--no-start", *where(short_tmp), cwd=short_tmp, env=clean_env(),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert process.stdin is not None and process.stdout is not None
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-    lines = [hello, "this is not json", {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    huge = b'{"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"pad": "' + b"x" * LINE_LIMIT + b'"}}'
+    lines = [hello, "this is not json", huge, {"jsonrpc": "2.0", "id": 7, "no": "method"},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
              {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "chat", "arguments": []}},
              {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]
     for line in lines:
-        process.stdin.write((line if isinstance(line, str) else json.dumps(line)).encode() + b"\n")
-    await process.stdin.drain()
-    replies: dict[Any, dict[str, Any]] = {}
-    async with asyncio.timeout(30):
-        while 3 not in replies:
-            reply = json.loads(await process.stdout.readline())
-            replies[reply.get("id")] = reply
+        process.stdin.write(line if isinstance(line, bytes) else
+                            (line if isinstance(line, str) else json.dumps(line)).encode())
+        process.stdin.write(b"\n")
+        await process.stdin.drain()
+    replies: list[dict[str, Any]] = []
+    async with asyncio.timeout(60):
+        while not any(reply.get("id") == 3 for reply in replies):
+            replies.append(json.loads(await process.stdout.readline()))
     process.stdin.close()
     assert await asyncio.wait_for(process.wait(), 30) == 0
-    assert replies[1]["result"]["serverInfo"]["name"] == "ksi"
-    assert "error" in replies[2] or replies[2]["result"]["isError"]  # arguments must be an object
-    assert len(replies[3]["result"]["tools"]) == 6
+    by_id = {reply["id"]: reply for reply in replies if reply["id"] is not None}
+    unmatched = [reply["error"] for reply in replies if reply["id"] is None]
+    assert by_id[1]["result"]["serverInfo"]["name"] == "ksi"
+    # JSON-RPC's parse error for the line that is not JSON, the limit for the one too long
+    assert [error["code"] for error in unmatched] == [types.PARSE_ERROR, types.INVALID_REQUEST]
+    assert unmatched[1]["data"] == {"code": "payload_too_large", "limit": LINE_LIMIT}
+    assert by_id[7]["error"]["code"] == types.INVALID_REQUEST and 8 not in by_id
+    assert "error" in by_id[2] or by_id[2]["result"]["isError"]  # arguments must be an object
+    assert len(by_id[3]["result"]["tools"]) == 6
+
+
+# Silent for 5 s (a reasoning model), then a word every half second: about 9 s in all, more than
+# twice the 4 s a client waits without hearing anything.
+SLOW_ANSWER = "the keeper climbed all ninety steps of the lighthouse"
+SLOW = Reply(text=SLOW_ANSWER, delay=5.0, drip=0.5)
+PATIENCE = 4.0
+
+
+async def call_waiting_on_progress(client: Client, tool: str, **arguments: Any
+                                   ) -> tuple[types.CallToolResult, list[tuple[float, str | None]]]:
+    """A call that gives up after PATIENCE seconds without progress, as clients that reset their
+    timeout on progress do (the SDK's `read_timeout_seconds` runs from the request, progress or not)."""
+    reports: list[tuple[float, str | None]] = []
+    async with asyncio.timeout(PATIENCE) as deadline:
+        async def on_progress(progress: float, _total: float | None, message: str | None) -> None:
+            reports.append((progress, message))
+            deadline.reschedule(asyncio.get_running_loop().time() + PATIENCE)
+
+        result = await client.call_tool(tool, arguments, progress_callback=on_progress)
+    return result, reports
+
+
+def assert_reported_the_slow_answer(result: types.CallToolResult, reports: list[tuple[float, str | None]]) -> None:
+    assert not result.is_error, result.content
+    assert result.structured_content["answer"] == SLOW_ANSWER
+    progress = [value for value, _message in reports]
+    assert progress == sorted(set(progress))  # it only grows
+    assert reports[0][1] is None  # the silence before the first word is reported too
+    texts = [message for _value, message in reports if message]
+    assert texts and all(SLOW_ANSWER.startswith(text) for text in texts)  # the answer so far
+
+
+async def test_a_long_call_reports_progress_and_outlives_the_clients_timeout(short_tmp: Path,
+                                                                            stub: StubOpenAI) -> None:
+    async with served(short_tmp, stub) as (daemon, client):
+        await call(client, "chat", prompt="warm up")  # the daemon's first call loads litellm
+        stub.enqueue(SLOW)
+        result, reports = await call_waiting_on_progress(client, "chat", prompt="climb")
+        assert_reported_the_slow_answer(result, reports)
+        cid = result.structured_content["continuation_id"]
+        assert len(read_records(daemon.layout.index_file(cid))) == 1
+        # without a progress token nothing is streamed or reported, and the answer is the same
+        plain = await call(client, "chat", prompt="again", continuation_id=cid)
+        assert plain["answer"] == "stub answer to: again"
+
+
+async def test_an_oversized_call_fails_alone(short_tmp: Path, stub: StubOpenAI) -> None:
+    limit = 64 * 1024
+    async with served(short_tmp, stub, line_limit=limit) as (daemon, client):
+        await call(client, "chat", prompt="warm up")
+        stub.enqueue(Reply(text="slow but fine", delay=2.0))
+        slow = asyncio.create_task(client.call_tool("chat", {"prompt": "take your time"}))
+        async with asyncio.timeout(30):
+            while stub.in_flight == 0:
+                await asyncio.sleep(0.01)
+        error = await refused(client, "payload_too_large", "chat", prompt="x" * (limit + 1))
+        assert error["details"]["limit"] == limit
+        neighbour = await slow
+        assert not neighbour.is_error, neighbour.content  # the shared connection lived on
+        assert neighbour.structured_content["answer"] == "slow but fine"
+        cid = neighbour.structured_content["continuation_id"]
+        assert len(read_records(daemon.layout.index_file(cid))) == 1
+        # nothing of the refused call reached the model or the disk
+        assert [r["messages"][-1]["content"] for r in stub.requests] == ["warm up", "take your time"]
+        assert len(list(daemon.layout.conversations_dir.glob("*.jsonl"))) == 2
+        assert (await call(client, "conversations"))["total"] == 2

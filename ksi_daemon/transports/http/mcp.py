@@ -1,5 +1,6 @@
 """The MCP door at /mcp: the same tools and resources as `ksi mcp`, over streamable HTTP, behind
-the front's bearer token. Its `Caller` sends events straight to the daemon's router."""
+the front's bearer token. Its `Caller` sends events straight to the daemon's router. SSE events
+carry ids, and a client whose stream dropped resumes it with `Last-Event-ID`."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from ksi_common.settings import Settings
 from ksi_daemon.transports.http.binding import HttpBinding
 from ksi_daemon.transports.http.door import RequestHandler, call
 from ksi_daemon.transports.http.front import RouteGroup
+from ksi_daemon.transports.http.mcp_events import SessionEventStore, SessionScoped
 from ksi_mcp.caller import EventListener, StopWatching
 from ksi_mcp.server import KsiMcp
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+RETRY_MS = 1000  # the SSE `retry` a client waits before resuming a dropped stream
 
 
 class ListenerOrigin:
@@ -71,7 +74,8 @@ def mcp_routes(handle_request: RequestHandler, settings: Settings) -> RouteGroup
             enable_dns_rebinding_protection=True, allowed_hosts=LOOPBACK_HOSTS,
             allowed_origins=[f"http://{host}" for host in LOOPBACK_HOSTS])
     manager = StreamableHTTPSessionManager(app=app.server, security_settings=security,
-                                           max_request_body_size=settings.line_limit)
+                                           max_request_body_size=settings.line_limit,
+                                           event_store=SessionEventStore(), retry_interval=RETRY_MS)
 
     @asynccontextmanager
     async def serving() -> AsyncIterator[None]:
@@ -97,4 +101,4 @@ def mcp_routes(handle_request: RequestHandler, settings: Settings) -> RouteGroup
             await task
             await app.close()
 
-    return RouteGroup([Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))], lifespan=serving)
+    return RouteGroup([Route("/mcp", endpoint=SessionScoped(StreamableHTTPASGIApp(manager)))], lifespan=serving)
