@@ -5,15 +5,17 @@ field, with nothing stored, on every backend."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_common.limits import MAX_MODEL_NAME
 from ksi_daemon.daemon import Daemon
-from tests.conftest import complete
+from tests.conftest import HTTP_TOKEN, complete, connected, running_http_daemon
 from tests.test_import_hostile import document, exchange
 
 pytestmark = pytest.mark.backends
@@ -95,3 +97,19 @@ async def test_an_imported_document_with_bad_ids_or_names_is_refused(client: Ksi
     assert field in error.details["fields"], error.details
     assert await stored(client) == before
     assert (await client.request("conversation:import", {"data": good, "new_id": "imp"}))["exchanges"] == 1
+
+
+async def test_the_http_doors_refuse_a_bad_model_name(short_tmp: Path, backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **backend) as http, connected(http.daemon) as client:
+        before = await stored(client)
+        headers = {"Authorization": f"Bearer {HTTP_TOKEN}"}
+        async with httpx.AsyncClient(base_url=http.base_url, headers=headers) as door:
+            for name in ("echo/a\x00b", "echo/" + "x" * 1000):
+                for path, body in (("/v1/responses", {"model": name, "input": "hi"}),
+                                   ("/v1/chat/completions", {"model": name,
+                                                             "messages": [{"role": "user", "content": "hi"}]})):
+                    reply = await door.post(path, json=body)
+                    assert reply.status_code == 400, (path, reply.text[:300])
+                    assert reply.json()["error"]["code"] == "validation_error"
+                    assert reply.json()["error"]["param"] == "model"
+        assert await stored(client) == before
