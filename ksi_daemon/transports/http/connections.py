@@ -114,7 +114,7 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11
             if self.conn.trailing_data[0]:  # part of a head came: say why the connection ends
                 self.transport.write(raw_response(KsiError(
                     ErrorCode.TIMEOUT, f"the request head did not arrive within {head_timeout:g} s",
-                    timeout=head_timeout), HTTPStatus.REQUEST_TIMEOUT))
+                    timeout=head_timeout), HTTPStatus.REQUEST_TIMEOUT.value))
             self.transport.close()
 
     return BudgetedH11Protocol
