@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,6 +145,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"round {round_no + 1}: held {results['held']}, refused {results['refused']}", flush=True)
     finally:
         await daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return summarise(rounds, args)
 
 
