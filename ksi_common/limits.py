@@ -12,6 +12,7 @@ MAX_TURN_CAP = 10_000_000  # exchanges of one conversation
 MAX_TOKENS = 100_000_000  # a token count (max_tokens, imported usage)
 MAX_COST = 1e9  # a cost, in the provider's currency
 INT64_MAX = 2**63 - 1
+MAX_MODEL_NAME = 200  # characters of a model name; the longest real ones (a deployment path) are under 120
 
 
 def out_of_range(value: Any) -> str | None:

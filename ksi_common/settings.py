@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     line_limit: int = Field(default=1024 * 1024, gt=0)
     push_queue_size: int = Field(default=1000, gt=0)
     max_inflight_per_connection: int = Field(default=256, gt=0)
-    # more connections are answered too_many_connections and closed (and the limit stays below
-    # what the process may open, so accept never runs out of descriptors)
+    # client connections of every door together (Unix socket and HTTP); more are answered
+    # too_many_connections and closed (and the limit stays below what the process may open, with
+    # room for files, the database pool and provider sockets, so accept never runs out of descriptors)
     max_connections: int = Field(default=1000, gt=0)
     allow_uids: list[int] = Field(default_factory=list)
     shutdown_timeout: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT)
@@ -134,6 +135,10 @@ class Settings(BaseSettings):
     # the HTTP front (OpenAI-compatible API, MCP, console): off unless an address is given
     http_addr: str | None = None  # [HOST:]PORT; HOST defaults to 127.0.0.1
     http_token: SecretStr | None = None  # else generated into the var dir on first start
+    # seconds a connection may take to send a request's head (from connecting, or from the first
+    # byte of the next request), and may stay idle between requests: then it is closed
+    http_head_timeout: float = Field(default=10.0, gt=0, le=MAX_TIMEOUT)
+    http_keepalive_timeout: float = Field(default=5.0, gt=0, le=MAX_TIMEOUT)
 
     @field_validator("http_token")
     @classmethod

@@ -33,6 +33,7 @@ from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.storage.backends import build_storage
+from ksi_daemon.transports.budget import ConnectionBudget
 from ksi_daemon.transports.http.binding import NoHttpFront
 from ksi_daemon.transports.unix import SocketServer
 
@@ -70,6 +71,9 @@ class Daemon:
         self._lock: filelock.BaseFileLock | None = None
         self._umask = OWNER_ONLY_UMASK
         self.shutting_down = False
+        # one budget of descriptors for the connections of every door (the Unix socket, and HTTP when served)
+        self.connection_budget = ConnectionBudget.for_process(settings.max_connections,
+                                                              listeners=2 if settings.http_addr else 1)
         self.server = SocketServer(
             settings.socket,
             self._handle_request,
@@ -77,7 +81,7 @@ class Daemon:
             push_queue_size=settings.push_queue_size,
             max_inflight=settings.max_inflight_per_connection,
             allow_uids=settings.allow_uids,
-            max_connections=settings.max_connections,
+            budget=self.connection_budget,
         )
         self.storage = build_storage(settings)  # KSI_STORAGE picks the backend by name
         self.store = self.storage.conversations
@@ -240,7 +244,7 @@ class Daemon:
             mcp_routes(self._handle_request, self.settings),
             console_routes(self._handle_request, self.settings, sessions.root),  # last: it serves "/"
         ]
-        return HttpFront(self.settings, groups, sessions)
+        return HttpFront(self.settings, groups, sessions, self.connection_budget)
 
     def _relay_outcome(self, name: str, data: dict[str, Any], context: EventContext) -> None:
         if name in RELAYED:

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
+from ksi_common.limits import MAX_MODEL_NAME
 
 
 def _as_text(value: Any) -> Any:
@@ -32,6 +33,15 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def check_model_name(value: str) -> str:
+    """A model name as it may be stored and sent: bounded, without NUL or other control characters."""
+    if len(value) > MAX_MODEL_NAME:
+        raise ValueError(f"a model name has at most {MAX_MODEL_NAME} characters ({len(value)} given)")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise ValueError("a model name must not contain NUL or other control characters")
+    return value
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
@@ -43,6 +53,8 @@ Text = Annotated[str, BeforeValidator(_as_text)]
 SafeId = Annotated[str, BeforeValidator(_as_text), AfterValidator(_safe_id)]
 # a file system path: no NUL byte, which no path can hold
 PathText = Annotated[str, BeforeValidator(_as_text), AfterValidator(_no_nul)]
+# a model name (or a glob of them): checked where it enters, so none reaches a provider, a log or storage
+ModelName = Annotated[str, BeforeValidator(_as_text), AfterValidator(check_model_name)]
 # text that must hold more than white space
 NonBlank = Annotated[str, BeforeValidator(_as_text), AfterValidator(_not_blank)]
 

@@ -42,4 +42,4 @@ async def test_the_cap_stays_below_the_descriptor_limit(short_tmp: Path) -> None
 
     async with running_daemon(short_tmp, max_connections=10**9) as daemon:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        assert daemon.server.max_connections + daemon.server.backlog < soft
+        assert daemon.connection_budget.cap + daemon.connection_budget.backlog < soft

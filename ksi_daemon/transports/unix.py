@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import resource
 import socket
 import struct
 import sys
@@ -22,6 +21,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon import eager
 from ksi_daemon.context import EventContext
+from ksi_daemon.transports.budget import ConnectionBudget
 
 log = structlog.get_logger("ksi.transport")
 
@@ -77,8 +77,8 @@ class Connection(asyncio.Protocol):
             transport.close()
             self.closed = True
             return
-        if len(self.server.connections) >= self.server.max_connections:
-            limit = self.server.max_connections
+        if not self.server.budget.take():
+            limit = self.server.budget.cap
             transport.write(_frame_error(ErrorCode.TOO_MANY_CONNECTIONS,
                                          f"the daemon serves at most {limit} connections; retry later",
                                          limit=limit, retry_after=1.0))
@@ -89,7 +89,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.budget.give_back()
         callbacks, self.close_callbacks = self.close_callbacks, []
         for callback in callbacks:
             try:
@@ -259,31 +261,12 @@ class Connection(asyncio.Protocol):
         return lambda: self.close_callbacks.remove(callback) if callback in self.close_callbacks else None
 
 
-# descriptors kept for everything but client connections: files, logs, provider connections
-_RESERVED_DESCRIPTORS = 256
 # the bytes a Unix socket's path may have (sun_path, its closing NUL left out)
 SOCKET_PATH_LIMIT = 107 if sys.platform.startswith("linux") else 103
 
 
 class SocketPathTooLong(ValueError):
     """A socket path longer than a Unix socket address can hold: refused before anything is made."""
-
-
-def _descriptor_budget(wanted: int) -> tuple[int, int]:
-    """(listen backlog, connection cap) that fit the process's descriptor limit, raised to its
-    hard limit first: asyncio accepts up to a backlog's worth of connections in one go, before
-    any of them can be refused, so both together stay below the limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY:
-        return 1024, wanted
-    backlog = max(16, min(1024, soft // 8))
-    return backlog, max(1, min(wanted, soft - backlog - _RESERVED_DESCRIPTORS))
 
 
 class SocketServer:
@@ -298,7 +281,7 @@ class SocketServer:
         push_queue_size: int,
         max_inflight: int,
         allow_uids: list[int],
-        max_connections: int = 1000,
+        budget: ConnectionBudget,
     ) -> None:
         size = len(os.fsencode(path))
         if size > SOCKET_PATH_LIMIT:
@@ -310,7 +293,7 @@ class SocketServer:
         self.push_queue_size = push_queue_size
         self.max_inflight = max_inflight
         self.allowed_uids = {os.getuid(), *allow_uids}
-        self.backlog, self.max_connections = _descriptor_budget(max_connections)
+        self.budget = budget  # shared with the HTTP front: one cap on every door's connections
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -336,7 +319,7 @@ class SocketServer:
         old_umask = os.umask(0o177)
         try:
             self._server = await asyncio.get_running_loop().create_unix_server(
-                lambda: Connection(self), path=str(self.path), backlog=self.backlog
+                lambda: Connection(self), path=str(self.path), backlog=self.budget.backlog
             )
         finally:
             os.umask(old_umask)

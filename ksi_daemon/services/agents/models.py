@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_daemon.events import EventData, NonBlank, SafeId, Text
+from ksi_daemon.events import EventData, ModelName, NonBlank, SafeId, Text
 
 
 class AgentRef(EventData):
@@ -18,7 +18,7 @@ class AgentSpawn(EventData):
     agent_id: SafeId | None = Field(default=None, description="the new agent's id; default agent_ + 8 hex digits")
     profile: Text | None = Field(default=None, description="profile supplying model, system prompt and allowed events")
     system: Text | None = Field(default=None, description="system prompt (overrides the profile's)")
-    model: Text | None = Field(default=None, description="model (overrides the profile's; default: the daemon's)")
+    model: ModelName | None = Field(default=None, description="model (overrides the profile's; default: the daemon's)")
     temperature: float | None = Field(default=None, ge=0, le=2, description="sampling temperature (overrides the profile's)")
     prompt: NonBlank | None = Field(default=None, description="a first message, queued at once")
     stream: bool = Field(default=False, description="stream the first reply as completion:chunk events")

@@ -24,6 +24,17 @@ SMOOTHING = 0.5
 TIGHTEN_FACTOR = 1.25  # a context_window_exceeded says the ratio is too low by at least this much
 RATIO_BOUNDS = (0.25, 8.0)  # ratios outside are a misreporting provider, not a tokenizer
 MIN_ESTIMATE = 16  # tiny prompts say more about per-message overhead than about the tokenizer
+# Models whose ratios are kept: names come from requests, so the least recently taught go first.
+MODELS_KEPT = 256
+
+
+def _count(value: Any) -> int:
+    """A stored count (absent: 0); anything but a whole number >= 0 is damage."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a count: {value!r:.40}")
+    return value
 
 
 @dataclass(slots=True)
@@ -56,14 +67,43 @@ class Calibration:
         self.dirty = False
 
     async def load(self) -> None:
-        for model, record in (await self.store.load()).items():
+        """The stored ratios; a damaged entry is left out (its model starts again from 1.0)."""
+        records = await self.store.load()
+        damaged = 0
+        for model, record in (records.items() if isinstance(records, dict) else ()):
             try:
-                ratio = float(record["ratio"])
-            except (KeyError, TypeError, ValueError):
+                entry = ModelCalibration(float(record["ratio"]), _count(record.get("samples")),
+                                         _count(record.get("tightened")))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                damaged += 1
                 continue
-            if math.isfinite(ratio) and RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
-                self._models[model] = ModelCalibration(ratio, int(record.get("samples") or 0),
-                                                       int(record.get("tightened") or 0))
+            in_bounds = math.isfinite(entry.ratio) and RATIO_BOUNDS[0] <= entry.ratio <= RATIO_BOUNDS[1]
+            if isinstance(model, str) and in_bounds:
+                self._models[model] = entry
+            else:
+                damaged += 1
+        if damaged or not isinstance(records, dict):
+            log.warning("calibration_entries_damaged", left_out=damaged, models_loaded=len(self._models))
+        # stored in the order they were last taught: the most recent are kept
+        for model in list(self._models)[:-MODELS_KEPT]:
+            del self._models[model]
+
+    async def save(self) -> None:
+        """Write the ratios; a store that cannot take them (a directory in the file's place) is
+        logged, and the ratios stay learned in memory."""
+        try:
+            await self.store.save(self.snapshot())
+        except Exception as exc:
+            log.warning("calibration_not_saved", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _taught(self, model: str) -> ModelCalibration | None:
+        """`model`'s entry moved to the most recent end, the oldest one past the bound dropped."""
+        found = self._models.pop(model, None)
+        if found is not None:
+            self._models[model] = found
+        elif len(self._models) >= MODELS_KEPT:
+            del self._models[next(iter(self._models))]
+        return found
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The ratios to save, taken on the loop before the store writes them."""
@@ -83,7 +123,7 @@ class Calibration:
         sample = real / estimated
         if not RATIO_BOUNDS[0] <= sample <= RATIO_BOUNDS[1]:
             return
-        found = self._models.get(model)
+        found = self._taught(model)
         if found is None:
             self._models[model] = ModelCalibration(sample, 1)
         else:  # the first sample is taken whole; later ones move the ratio part of the way
@@ -93,7 +133,9 @@ class Calibration:
 
     def tighten(self, model: str) -> float:
         """The provider refused a prompt as too long: count more strictly from now on."""
-        found = self._models.setdefault(model, ModelCalibration())
+        found = self._taught(model)
+        if found is None:
+            found = self._models[model] = ModelCalibration()
         found.ratio = min(RATIO_BOUNDS[1], found.ratio * TIGHTEN_FACTOR)
         found.tightened += 1
         self.dirty = True

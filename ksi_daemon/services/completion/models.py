@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
-from ksi_daemon.events import EventData, NonBlank, PathText, SafeId, Text
+from ksi_daemon.events import EventData, ModelName, NonBlank, PathText, SafeId, Text
 
 
 class InputMessage(EventData):
@@ -18,7 +18,7 @@ class InputMessage(EventData):
 class CompletionAsync(EventData):
     prompt: NonBlank | None = Field(default=None, description="the new user input (or use messages)")
     messages: list[InputMessage] | None = Field(default=None, description="new input messages, user or system roles")
-    model: Text | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
+    model: ModelName | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
     conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
     previous_response_id: SafeId | None = Field(
         default=None, description="continue after this response: its conversation, or a fork at it when it is not the newest exchange")

@@ -202,14 +202,14 @@ class CompletionService:
         await self.scheduler.stop(timeout)
         await self.compactor.stop(timeout)
         await self.journal.close()
-        await self.calibration.store.save(self.calibration.snapshot())
+        await self.calibration.save()
 
     def _save_calibration_now_and_then(self) -> None:
         """Learned ratios reach storage at most every few seconds, in the background (and at stop)."""
         now = time.monotonic()
         if self.calibration.dirty and now - self._calibration_saved > CALIBRATION_SAVE_INTERVAL:
             self._calibration_saved = now
-            task = asyncio.get_running_loop().create_task(self.calibration.store.save(self.calibration.snapshot()))
+            task = asyncio.get_running_loop().create_task(self.calibration.save())
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.events import EventData, SafeId, Text, validate
+from ksi_daemon.events import EventData, SafeId, Text, check_model_name, validate
 
 CONSORTIUM_PREFIX = "consortium/"
 INLINE_NAME = "inline"  # `consortium: {...}` on a request makes its model `consortium/inline`
@@ -24,6 +24,7 @@ _COUNT = re.compile(r"[+-]?\d+")
 def _check_model(value: str, what: str) -> str:
     if not value:
         raise ValueError(f"{what} must name a model")
+    check_model_name(value)
     if not _MODEL.fullmatch(value) or value.endswith((":", "/")):
         raise ValueError(f"{what} {value!r} is not a model name such as provider/model or ollama/qwen3:4b")
     if value.startswith(CONSORTIUM_PREFIX):

@@ -9,8 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import is_safe_id
 from ksi_common.limits import MAX_COST, MAX_TIMEOUT, MAX_TOKENS, MAX_TTL, MAX_TURN_CAP
 from ksi_common.timefmt import format_ts, parse_ts
+from ksi_daemon.events import check_model_name
 
 MAX_EXCHANGES = 100_000
 MAX_DURATION_MS = MAX_TIMEOUT * 1000
@@ -30,6 +32,12 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _agent_id(value: str) -> str:
+    if not is_safe_id(value):
+        raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..', as an agent's id does")
+    return value
+
+
 def _usage(value: dict[str, Any]) -> dict[str, Any]:
     for key, number in value.items():
         if number is None or isinstance(number, bool):
@@ -46,6 +54,8 @@ def _finite(value: float | None) -> float | None:
 
 
 Time = Annotated[str, AfterValidator(_time)]
+AgentId = Annotated[str, AfterValidator(_agent_id)]
+ModelName = Annotated[str, AfterValidator(check_model_name)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 Usage = Annotated[dict[str, Any], AfterValidator(_usage)]
 
@@ -77,7 +87,7 @@ class ImportedInput(_Part):
 
 class ImportedReply(_Part):
     content: str
-    model: str | None = None
+    model: ModelName | None = None
     provider: str | None = None
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=dict)
@@ -91,9 +101,9 @@ class ImportedExchange(_Part):
     reply: ImportedReply | None = None
     response_id: str | None = None
     ts: Time | None = None
-    model: str | None = None
+    model: ModelName | None = None
     provider: str | None = None
-    agent_id: str | None = None
+    agent_id: AgentId | None = None
     tokens_in: Tokens | None = None
     tokens_out: Tokens | None = None
     is_feedback: bool = False
@@ -103,7 +113,7 @@ class ImportedConversation(_Part):
     conversation_id: str | None = None
     title: str | None = None
     tags: list[str] = Field(default_factory=list)
-    agent_id: str | None = None
+    agent_id: AgentId | None = None
     system: str | None = None
     created: Time | None = None
     last_activity: Time | None = None

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
-from ksi_daemon.events import EventData, NonBlank, SafeId, Text
+from ksi_daemon.events import EventData, ModelName, NonBlank, SafeId, Text
 
 
 class ConversationRef(EventData):
@@ -16,7 +16,7 @@ class ConversationRef(EventData):
 
 class ConversationList(EventData):
     agent_id: Text | None = Field(default=None, description="only conversations this agent owns or took part in")
-    model: Text | None = Field(default=None, description="only conversations that used this model (glob allowed)")
+    model: ModelName | None = Field(default=None, description="only conversations that used this model (glob allowed)")
     status: Literal["active", "archived", "expired"] | None = Field(default=None, description="active, archived or expired")
     tag: Text | None = Field(default=None, description="only conversations with this tag")
     text: Text | None = Field(default=None, min_length=1, description="only conversations whose title, inputs or replies contain this text (any case)")

@@ -165,6 +165,8 @@ class PostgresCalibration:
 
     async def load(self) -> dict[str, dict[str, Any]]:
         ratios = await self.database.run(lambda c: c.fetchval("SELECT ratios FROM ksi_calibration"))
+        if ratios is not None and not isinstance(ratios, dict):  # damaged: every model from 1.0
+            log.warning("calibration_document_unreadable", found=type(ratios).__name__)
         return ratios if isinstance(ratios, dict) else {}
 
     async def save(self, ratios: dict[str, dict[str, Any]]) -> None:

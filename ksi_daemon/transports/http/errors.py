@@ -37,7 +37,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.TIMEOUT: 504,
     # codes other doors and backends add; named here so the mapping is one table
     "conversation_exists": 409,
-    "too_many_connections": 429,
+    "too_many_connections": 503,
     "storage_full": 503,
     "storage_error": 503,
     "storage_unavailable": 503,
@@ -67,7 +67,8 @@ def status_of(error: KsiError) -> int:
 
 def retry_after(error: KsiError) -> str | None:
     """Whole seconds for a `Retry-After` header, from the error's hint (at least 1)."""
-    if status_of(error) != 429 and error.code not in ("provider_unavailable", "shutting_down"):
+    if status_of(error) != 429 and error.code not in ("provider_unavailable", "shutting_down",
+                                                      "too_many_connections"):
         return None
     hint = error.details.get("retry_after")
     seconds = hint if isinstance(hint, int | float) and not isinstance(hint, bool) else 1

@@ -22,8 +22,10 @@ from starlette.routing import BaseRoute
 from ksi_common import http_token
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.transports.budget import ConnectionBudget
 from ksi_daemon.transports.http.auth import BrowserSessions, TokenAuth
 from ksi_daemon.transports.http.binding import HttpBindFailed, HttpBinding, UnsafeHttpBind
+from ksi_daemon.transports.http.connections import budgeted_protocol
 from ksi_daemon.transports.http.door import error_response
 
 log = structlog.get_logger("ksi.http")
@@ -75,9 +77,11 @@ async def _internal_error(request: Request, _exc: Exception) -> Response:
 class HttpFront:
     """Start, serve, stop: the daemon's HTTP listener for every HTTP door."""
 
-    def __init__(self, settings: Settings, groups: Sequence[RouteGroup], sessions: BrowserSessions) -> None:
+    def __init__(self, settings: Settings, groups: Sequence[RouteGroup], sessions: BrowserSessions,
+                 budget: ConnectionBudget) -> None:
         self.settings = settings
         self.sessions = sessions
+        self.budget = budget  # shared with the Unix socket: one cap on every door's connections
         self.binding = HttpBinding.parse(settings.http_addr or "")
         if not self.binding.loopback and settings.http_token is None:
             raise UnsafeHttpBind(
@@ -110,7 +114,8 @@ class HttpFront:
                 await self._lifespans.enter_async_context(group.lifespan())
         family = socket.AF_INET6 if ":" in self.binding.host else socket.AF_INET
         try:
-            sock = socket.create_server((self.binding.host, self.binding.port), family=family, backlog=1024)
+            sock = socket.create_server((self.binding.host, self.binding.port), family=family,
+                                        backlog=self.budget.backlog)
         except OSError as exc:
             await self._lifespans.aclose()
             raise HttpBindFailed(f"cannot serve HTTP on {self.url}: {exc.strerror or exc}") from None
@@ -120,9 +125,12 @@ class HttpFront:
         self.port = sock.getsockname()[1]
         guarded = TokenAuth(self.app, self.token, self.sessions, self.port, self.binding.loopback)
         config = uvicorn.Config(
-            guarded, lifespan="off", http="h11", ws="none", log_config=None,
+            guarded, lifespan="off", ws="none", log_config=None,
             log_level="warning", access_log=False, server_header=False, date_header=False,
             timeout_graceful_shutdown=max(self.settings.shutdown_timeout, 0.1),
+            http=budgeted_protocol(self.budget, self.settings.http_head_timeout),
+            backlog=self.budget.backlog,
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]  # a float works
         )
         self._server = _DaemonLoopServer(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))

@@ -1,0 +1,120 @@
+"""HTTP connections within the daemon's budget: uvicorn's h11 protocol, told to refuse a connection
+past the budget with the daemon's error shape (uvicorn's own limit answers plain text, and only
+once a request arrived) and to close a connection whose request head does not arrive in time."""
+
+from __future__ import annotations
+
+import asyncio
+from http import HTTPStatus
+from typing import Any
+
+import h11
+import orjson
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.transports.budget import ConnectionBudget
+from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
+
+# A refused connection is read (and what it sends dropped) for this long before it is closed: a
+# socket closed with unread input is reset, and the client may then never read the answer.
+REFUSED_LINGER = 1.0
+
+
+def raw_response(error: KsiError, status: int | None = None) -> bytes:
+    """A whole HTTP/1.1 response carrying `error` in the daemon's shape, closing the connection."""
+    status = status or status_of(error)
+    body = orjson.dumps(error_body(error))
+    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close"]
+    if (seconds := retry_after(error)) is not None:
+        head.append(f"retry-after: {seconds}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class _Lingering:
+    """Refused connections waiting to be closed; at most `limit` at once, the rest closed at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+
+def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class bound to `budget` and a deadline for request heads."""
+    lingering = _Lingering(budget.backlog)
+
+    class BudgetedH11Protocol(H11Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.holds_budget = False
+            self.head_deadline: asyncio.TimerHandle | None = None
+            self.linger: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+            if not budget.take(leave=budget.local_room):
+                self._refuse(transport)  # type: ignore[arg-type]
+                return
+            self.holds_budget = True
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._await_head()
+
+        def _refuse(self, transport: asyncio.Transport) -> None:
+            self.transport = transport
+            limit = budget.cap - budget.local_room
+            transport.write(raw_response(KsiError(
+                ErrorCode.TOO_MANY_CONNECTIONS, f"the daemon serves at most {limit} HTTP connections; retry later",
+                limit=limit, retry_after=1.0)))
+            if lingering.count >= lingering.limit or not transport.can_write_eof():
+                transport.close()
+                return
+            lingering.count += 1
+            transport.write_eof()
+            self.linger = self.loop.call_later(REFUSED_LINGER, transport.close)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.linger is not None:
+                self.linger.cancel()
+                self.linger = None
+                lingering.count -= 1
+            if not self.holds_budget:
+                return
+            self.holds_budget = False
+            budget.give_back()
+            self._head_arrived()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.holds_budget:
+                return  # a refused connection's request: read and dropped
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:
+                self._await_head()  # a head begun (the first, or the next on a kept-alive connection)
+            else:
+                self._head_arrived()
+
+        def eof_received(self) -> bool | None:  # type: ignore[override]
+            if not self.holds_budget:
+                return False  # the client read the refusal and left: close now
+            return super().eof_received()
+
+        def _await_head(self) -> None:
+            if self.head_deadline is None and not self.transport.is_closing():
+                self.head_deadline = self.loop.call_later(head_timeout, self._head_too_slow)
+
+        def _head_arrived(self) -> None:
+            if self.head_deadline is not None:
+                self.head_deadline.cancel()
+                self.head_deadline = None
+
+        def _head_too_slow(self) -> None:
+            self.head_deadline = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.conn.trailing_data[0]:  # part of a head came: say why the connection ends
+                self.transport.write(raw_response(KsiError(
+                    ErrorCode.TIMEOUT, f"the request head did not arrive within {head_timeout:g} s",
+                    timeout=head_timeout), HTTPStatus.REQUEST_TIMEOUT.value))
+            self.transport.close()
+
+    return BudgetedH11Protocol
