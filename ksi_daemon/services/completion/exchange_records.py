@@ -9,7 +9,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange
+from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange, preview_of
 
 
 def input_lines(state: RequestState) -> list[dict[str, Any]]:
@@ -101,6 +101,10 @@ def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderRep
         "cli_session": (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
                         if reply.session_id else None),
     }
+    if entry.n == 1 and meta.preview is None:
+        first = next((m["content"] for m in state.request.input_messages() if m["role"] == "user"), None)
+        if first is not None:
+            update["preview"] = preview_of(first)
     if system_changed:
         update["system_changes"] = [*meta.system_changes,
                                     SystemChange(from_n=entry.n, system=new_system, ts=entry.ts or now)]

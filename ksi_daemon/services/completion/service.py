@@ -359,8 +359,10 @@ class CompletionService:
                            "or its conversation was deleted)", response_id=data.previous_response_id)
         conversation_id = found.memory.conversation_id
         if not found.newest or self.requests.count_live(conversation_id):
-            fork = await self.router.request("conversation:fork", {"conversation_id": conversation_id, "at": found.n},
-                                             context.child())
+            fork_data: dict[str, Any] = {"conversation_id": conversation_id, "at": found.n}
+            if data.origin is not None:
+                fork_data["origin"] = data.origin
+            fork = await self.router.request("conversation:fork", fork_data, context.child())
             conversation_id = fork["conversation_id"]
         return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
@@ -434,7 +436,8 @@ class CompletionService:
         extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
         if conversation_id is None:
             return await self.create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
-                                                  system=agent.system if agent else None, extra=extra)
+                                                  system=agent.system if agent else None, extra=extra,
+                                                  origin=data.origin)
         memory = await self.cache.get(conversation_id)
         if memory is not None:
             return memory
@@ -444,7 +447,8 @@ class CompletionService:
                            conversation_id=conversation_id)
         try:
             return await self.create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
-                                                  system=agent.system if agent else None, extra=extra)
+                                                  system=agent.system if agent else None, extra=extra,
+                                                  origin=data.origin)
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)
 
