@@ -27,6 +27,7 @@ from ksi_daemon.providers.base import (
 )
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import exchange_records as records
+from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
@@ -162,6 +163,7 @@ class CompletionService:
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.requests = RequestRegistry(settings.finished_requests_kept)
+        self.activity = CompletionActivity()
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
@@ -222,6 +224,7 @@ class CompletionService:
             "circuits": self.breaker.report(),
             "compaction": self.compactor.health(),
             "models": self._per_model(),
+            **self.activity.report(),
         }
 
     def _per_model(self) -> dict[str, dict[str, int]]:
@@ -744,9 +747,16 @@ class CompletionService:
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
         if status == "done" and result is not None:
+            self.activity.succeeded(state.model, result["duration_ms"], result["usage"] or {}, result["cost"],
+                                    format_ts(self.clock()))
             self.router.emit("completion:result", result, context)
         else:
             assert error is not None
+            if status == "cancelled":
+                self.activity.cancelled(state.model)
+            else:
+                self.activity.failed(state.model, error.code, error.message, format_ts(self.clock()),
+                                     state.request_id, state.conversation_id)
             payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}
