@@ -310,12 +310,13 @@ async def test_the_health_page_shows_in_flight_requests_per_model_and_the_storag
         ack = await console.client.request("completion:async", {"prompt": "slow one", "conversation_id": "slow",
                                                                 "create": True, "model": "openai/stub-slow"})
         page = await console.page("/health")
-        await expect(page.locator("tr", has_text="openai/stub-slow")).to_be_visible(timeout=WAIT_MS)
+        in_flight = page.locator("table.in-flight tr", has_text="openai/stub-slow")
+        await expect(in_flight).to_be_visible(timeout=WAIT_MS)
         await expect(page.locator(".card", has_text="storage")).to_contain_text("jsonl")
         await expect(page.locator(".card", has_text="resident memory")).to_contain_text("MB")
         await console.shot(page, "health")
         await console.client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
-        await expect(page.locator("tr", has_text="openai/stub-slow")).to_have_count(0, timeout=WAIT_MS)
+        await expect(in_flight).to_have_count(0, timeout=WAIT_MS)
         await page.close()
     finally:
         console.stub.hold = 0.0

@@ -64,6 +64,7 @@ class Console:
             Route("/conversations/{conversation_id}/fork", self.fork, methods=["POST"]),
             Route("/conversations/{conversation_id}/archive", self.archive, methods=["POST"]),
             Route("/conversations/{conversation_id}/export", self.export),
+            Route("/consortium", self.consortium_runs_page),
             Route("/consortium/{run_id}", self.consortium_page),
             Route("/health", self.health_page),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="console_static"),
@@ -197,7 +198,7 @@ class Console:
             return refused
         form = await request.form()
         data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"],
-                                "prompt": str(form.get("prompt") or ""), "stream": True}
+                                "prompt": str(form.get("prompt") or ""), "stream": True, "origin": "console"}
         if str(form.get("model") or "").strip():
             data["model"] = str(form["model"]).strip()
         return await self._answer("completion:async", data)
@@ -207,7 +208,7 @@ class Console:
         if refused is not None:
             return refused
         form = await request.form()
-        data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"]}
+        data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"], "origin": "console"}
         if str(form.get("at") or "").strip():
             data["at"] = str(form["at"]).strip()  # the event validates it and names the field
         try:
@@ -245,7 +246,13 @@ class Console:
             run = await self.read("consortium:trace", {"run_id": request.path_params["run_id"]})
         except KsiError as error:
             return self.failure(error)
-        return self.render("consortium.html", page="conversations", run=run)
+        return self.render("consortium.html", page="consortium", run=run)
+
+    async def consortium_runs_page(self, request: Request) -> Response:
+        offset = _int(request.query_params.get("offset"), 0)
+        listing = await self.read("consortium:runs", {"limit": PAGE_SIZE, "offset": offset})
+        return self.render("consortium_runs.html", page="consortium", listing=listing,
+                           pager=views.pages(listing["total"], offset, PAGE_SIZE))
 
     # -- a streamed answer ------------------------------------------------------------
     async def _answer(self, event: str, data: dict[str, Any]) -> Response:
