@@ -126,3 +126,17 @@ async def test_ksi_conversations_shows_first_inputs_doors_and_forks_and_never_cu
     items = {c["conversation_id"]: c for c in json.loads(listed.stdout)["conversations"]}
     assert items[fork["conversation_id"]]["inherited"] == 1 and items[fork["conversation_id"]]["origin"] == "console"
     assert items[untitled["conversation_id"]]["preview"] == "Where does the river bend?"
+
+
+async def test_the_first_input_costs_no_extra_metadata_write(short_tmp: Path, stub: Any) -> None:
+    from tests.conftest import stub_settings
+
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
+        ack = await client.request("completion:async", {"prompt": "first words", "conversation_id": "lean",
+                                                        "create": True, "origin": "cli"})
+        meta_file = daemon.settings.layout.meta_file("lean")
+        created = meta_file.stat().st_ino
+        await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        # written with the creation: the first exchange changes only totals, which are saved lazily
+        assert meta_file.stat().st_ino == created
+        assert json.loads(meta_file.read_text())["preview"] == "first words"
