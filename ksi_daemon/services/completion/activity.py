@@ -46,6 +46,7 @@ class CompletionActivity:
     def __init__(self, recent: int = RECENT_ERRORS) -> None:
         self.models: dict[str, ModelActivity] = {}
         self.errors: deque[dict[str, Any]] = deque(maxlen=recent)
+        self.failing: set[str] = set()  # models whose latest request failed (a cancel says nothing either way)
 
     def _of(self, model: str) -> ModelActivity:
         found = self.models.get(model)
@@ -57,6 +58,7 @@ class CompletionActivity:
                   ts: str) -> None:
         counts = self._of(model)
         counts.last_outcome, counts.last_at = "ok", ts
+        self.failing.discard(model)
         counts.requests += 1
         counts.succeeded += 1
         counts.tokens_in += int(usage.get("prompt_tokens") or 0)
@@ -69,6 +71,7 @@ class CompletionActivity:
                conversation_id: str | None) -> None:
         counts = self._of(model)
         counts.last_outcome, counts.last_at = code, ts
+        self.failing.add(model)
         counts.requests += 1
         counts.failed += 1
         self.errors.appendleft({"ts": ts, "code": code, "model": model, "message": message[:MESSAGE_CHARS],
@@ -81,8 +84,9 @@ class CompletionActivity:
 
     def report(self) -> dict[str, Any]:
         """`since_start`: counts per model; `recent_errors`: the latest failures, newest first;
-        `failing`: the models whose latest request failed (a cancel says nothing either way)."""
+        `failing`: the models whose latest request failed. Cheap while nothing ran: every
+        `system:health` round trip builds it."""
+        if not self.models:
+            return {"since_start": {}, "recent_errors": [], "failing": []}
         return {"since_start": {model: counts.report() for model, counts in self.models.items()},
-                "recent_errors": list(self.errors),
-                "failing": sorted(model for model, counts in self.models.items()
-                                  if counts.last_outcome not in (None, "ok"))}
+                "recent_errors": list(self.errors), "failing": sorted(self.failing)}
