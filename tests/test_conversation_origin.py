@@ -140,3 +140,17 @@ async def test_the_first_input_costs_no_extra_metadata_write(short_tmp: Path, st
         # written with the creation: the first exchange changes only totals, which are saved lazily
         assert meta_file.stat().st_ino == created
         assert json.loads(meta_file.read_text())["preview"] == "first words"
+
+
+async def test_ksi_ask_and_ksi_send_name_the_cli(short_tmp: Path, stub: Any) -> None:
+    from tests.conftest import stub_settings
+    from tests.test_cli_ask import ksi, where
+
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon, connected(daemon) as client:
+        asked = await ksi(short_tmp, "ask", "--json", "asked from a shell", *where(short_tmp))
+        assert asked.code == 0, asked.err
+        sent = await ksi(short_tmp, "send", *where(short_tmp), "--wait", "completion:async", "--prompt", "sent raw")
+        assert sent.code == 0, sent.err
+        conversations = await listed(client)
+    assert sorted((c["origin"], c["preview"]) for c in conversations.values()) == [
+        ("cli", "asked from a shell"), ("cli", "sent raw")]
