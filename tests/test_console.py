@@ -258,7 +258,7 @@ async def test_pages_render_on_a_narrow_window_and_in_dark_mode(console: Console
 
 
 PAGES = ["/", "/events", "/events/stream", "/agents", "/agents/guard", "/conversations", "/conversations/guarded",
-         "/conversations/guarded/sent/1", "/conversations/guarded/export?format=json", "/consortium/run-x",
+         "/conversations/guarded/sent/1", "/conversations/guarded/export?format=json", "/consortium", "/consortium/run-x",
          "/health", "/health?fragment=1", "/agents?fragment=1", "/static/console.js"]
 ACTIONS = ["/agents/guard/send", "/conversations/guarded/send", "/conversations/guarded/fork",
            "/conversations/guarded/archive"]

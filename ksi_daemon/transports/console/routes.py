@@ -250,7 +250,10 @@ class Console:
 
     async def consortium_runs_page(self, request: Request) -> Response:
         offset = _int(request.query_params.get("offset"), 0)
-        listing = await self.read("consortium:runs", {"limit": PAGE_SIZE, "offset": offset})
+        try:
+            listing = await self.read("consortium:runs", {"limit": PAGE_SIZE, "offset": offset})
+        except KsiError as error:
+            return self.failure(error)
         return self.render("consortium_runs.html", page="consortium", listing=listing,
                            pager=views.pages(listing["total"], offset, PAGE_SIZE))
 
