@@ -124,8 +124,12 @@ async def test_every_page_fits_a_400_pixel_window(console: Console) -> None:
             await expect(page.locator("[data-state]").first).to_have_text("live", timeout=WAIT_MS)
             await client.request("conversation:list", {"tag": "a-row-in-the-live-table"})
             await expect(page.locator("[data-rows] tr").first).to_be_visible(timeout=WAIT_MS)
+        if name == "conversation":  # with what its turn sent open too
+            await page.click("#turn-1 details.sent summary")
+            await expect(page.locator("#turn-1 [data-sent-loaded]")).to_be_visible(timeout=WAIT_MS)
         assert await page.evaluate("window.innerWidth") == NARROW
         assert await page.evaluate(OVERFLOWS) == [], path
+        await page.evaluate("window.scrollTo(0, 0)")  # the sticky header at the top of the picture
         await console.shot(page, f"narrow-{name}")
     # the conversations table became cards: one per conversation, its id whole on it
     await page.goto(console.url + "/conversations")
