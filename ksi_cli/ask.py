@@ -93,7 +93,7 @@ def question_text(words: tuple[str, ...]) -> str:
 def request_data(text: str, model: str | None, conversation_id: str | None, system: str | None,
                  agent: str | None, files: tuple[str, ...], options: tuple[tuple[str, str], ...],
                  stream: bool) -> dict[str, Any]:
-    data: dict[str, Any] = {"prompt": text, "stream": stream}
+    data: dict[str, Any] = {"prompt": text, "stream": stream, "origin": "cli"}
     for key, value in (("model", model), ("conversation_id", conversation_id), ("system", system),
                        ("agent_id", agent)):
         if value is not None:

@@ -66,7 +66,7 @@ class Target:
         """The event and data of one turn; pending /system and /files go with it, once."""
         if self.agent_id is not None:
             return "agent:send_message", {"agent_id": self.agent_id, "message": message, "stream": stream}
-        data: dict[str, Any] = {"prompt": message, "stream": stream}
+        data: dict[str, Any] = {"prompt": message, "stream": stream, "origin": "cli"}
         for key, value in (("conversation_id", self.conversation_id), ("model", self.model),
                            ("system", self.system), ("files", self.files)):
             if value is not None:
@@ -222,7 +222,8 @@ async def _command(client: KsiClient, target: Target, line: str) -> bool:
             click.echo("/fork needs a conversation with at least one exchange (not an agent's)", err=True)
         else:
             try:
-                fork = await client.request("conversation:fork", {"conversation_id": target.conversation_id})
+                fork = await client.request("conversation:fork", {"conversation_id": target.conversation_id,
+                                                                      "origin": "cli"})
             except KsiError as error:
                 _error(error)
             else:

@@ -73,15 +73,18 @@ def conversations(var_dir: str | None, as_json: bool, status: str | None, tag: s
         return
     rows = []
     for item in items:
-        title = item["title"] or ""
-        if item["parent_id"]:
-            title = f"{title} (fork of {item['parent_id']}@{item['fork_at']})".strip()
+        # an untitled conversation is told apart by the start of its first input, in quotes
+        title = item["title"] or (f"\u201c{item['preview']}\u201d" if item.get("preview") else "")
         if item["state"] != "active":
             title = f"{title} [{item['state']}]".strip()
-        rows.append({"id": item["conversation_id"], "title": title, "exchanges": item["exchanges"],
+        turns = str(item["turns"]) + (f" ({item['inherited']} inherited)" if item["inherited"] else "")
+        rows.append({"id": item["conversation_id"], "title": title, "turns": turns, "from": item["origin"] or "unknown",
+                     "fork of": f"{item['parent_id']}@{item['fork_at']}" if item["parent_id"] else None,
                      "models": ", ".join(item["models"]), "last activity": _short_time(item["last_activity"])})
     shown = f"{offset + 1}-{offset + len(items)} of {total}" if items else f"0 of {total}"
-    table(rows, ["id", "title", "exchanges", "models", "last activity"], title=f"Conversations ({shown})")
+    forks = ["fork of"] if any(item["parent_id"] for item in items) else []
+    table(rows, ["id", "title", "turns", *forks, "from", "models", "last activity"], title=f"Conversations ({shown})",
+          whole=("id", "fork of"))
 
 
 @click.group(name="conversation")

@@ -75,13 +75,20 @@ def color_enabled() -> bool:
     return not os.environ.get("NO_COLOR") and (context is None or context.color is not False)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = None) -> None:
+def table(rows: list[dict[str, Any]], columns: list[str], title: str | None = None,
+          whole: tuple[str, ...] = ()) -> None:
+    """A table on the terminal; the `whole` columns (ids) are never wrapped or cut, so they can be
+    copied: the other columns give way."""
     from rich.console import Console
     from rich.table import Table
 
     grid = Table(title=title)
     for column in columns:
-        grid.add_column(column)
+        if column in whole:
+            widest = max((len(str(row.get(column) or "")) for row in rows), default=0)
+            grid.add_column(column, no_wrap=True, overflow="ignore", min_width=max(widest, len(column)))
+        else:
+            grid.add_column(column)
     for row in rows:
         grid.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
     Console(color_system="auto" if color_enabled() else None).print(grid)

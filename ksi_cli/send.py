@@ -128,6 +128,8 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
         if data.get("wait") is True and timeout_given:
             data["wait"] = timeout  # `--wait --timeout S` after the event: wait that long
         wait = wait or bool(data.get("wait"))
+    if event == "completion:async":
+        data.setdefault("origin", "cli")  # recorded on a conversation this request creates
     reply = request_or_exit(location, event, data, as_json, timeout=timeout + 5)
     if wait and event == "completion:async" and "request_id" in reply:
         reply = request_or_exit(location, "completion:wait",

@@ -58,6 +58,8 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
             expires = None
     status = meta.get("status") or "active"
     state = _state(meta, last, now)
+    inherited = int(meta.get("fork_at") or 0) if meta.get("parent_id") else 0
+    own = int(meta.get("exchanges") or 0)
     return {
         "conversation_id": meta.get("conversation_id"),
         "title": meta.get("title"),
@@ -73,7 +75,11 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "turn_cap": meta.get("turn_cap"),
         "parent_id": meta.get("parent_id"),
         "fork_at": meta.get("fork_at") if meta.get("parent_id") else None,
-        "exchanges": int(meta.get("exchanges") or 0),
+        "exchanges": own,  # its own exchanges; a fork also shares `inherited` ones with its parent
+        "inherited": inherited,
+        "turns": inherited + own,
+        "origin": meta.get("origin"),  # the door that created it; None for one older than the record
+        "preview": meta.get("preview"),  # the start of its first input
         "models": list(meta.get("models") or []),
         "tokens_in": int(meta.get("tokens_in") or 0),
         "tokens_out": int(meta.get("tokens_out") or 0),

@@ -57,6 +57,8 @@ PathText = Annotated[str, BeforeValidator(_as_text), AfterValidator(_no_nul)]
 ModelName = Annotated[str, BeforeValidator(_as_text), AfterValidator(check_model_name)]
 # text that must hold more than white space
 NonBlank = Annotated[str, BeforeValidator(_as_text), AfterValidator(_not_blank)]
+# the front door a request came through, recorded on the conversation it creates
+Door = Literal["cli", "http", "mcp", "llm", "agent", "console"]
 
 
 class EventData(BaseModel):

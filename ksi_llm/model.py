@@ -88,7 +88,7 @@ class KsiTarget:
     def request_data(self, prompt: llm.Prompt, stream: bool, response_id: str,
                      conversation: llm.Conversation | llm.AsyncConversation | None) -> dict[str, Any]:
         """The `completion:async` payload: only this turn's input, in the tied KSI conversation."""
-        data: dict[str, Any] = {"prompt": prompt.prompt, "stream": stream,
+        data: dict[str, Any] = {"prompt": prompt.prompt, "stream": stream, "origin": "llm",
                                 "metadata": {"llm_response_id": response_id}}
         if self.name.startswith(AGENT_PREFIX):
             data["agent_id"] = self.name[len(AGENT_PREFIX):]

@@ -100,7 +100,7 @@ class Tools:
 
     # -- turns ------------------------------------------------------------------
     async def chat(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
-        data: dict[str, Any] = {"prompt": args["prompt"]}
+        data: dict[str, Any] = {"prompt": args["prompt"], "origin": "mcp"}
         for key in ("model", "system"):
             if key in args:
                 data[key] = args[key]
@@ -114,7 +114,7 @@ class Tools:
         if ("consortium" in args) == ("models" in args):
             raise KsiError(ErrorCode.VALIDATION_ERROR, "consensus: give either consortium or models",
                            fields={"consortium": "give this or models", "models": "give this or consortium"})
-        data: dict[str, Any] = {"prompt": args["prompt"]}
+        data: dict[str, Any] = {"prompt": args["prompt"], "origin": "mcp"}
         if "consortium" in args:
             data["model"] = f"consortium/{args['consortium'].removeprefix('consortium/')}"  # either spelling
         elif not args["models"]:
@@ -220,15 +220,24 @@ class Tools:
         if "status" in args:
             query["status"] = args["status"]
         found = await self.caller.request("conversation:list", query)
-        items = [{"continuation_id": c["conversation_id"], "title": c.get("title"), "models": c.get("models") or [],
-                  "turns": c.get("exchanges", 0), "last_activity": c.get("last_activity"), "state": c.get("state")}
+        items = [{"continuation_id": c["conversation_id"], "title": c.get("title"), "preview": c.get("preview"),
+                  "origin": c.get("origin"), "models": c.get("models") or [],
+                  "turns": c.get("turns", c.get("exchanges", 0)), "inherited": c.get("inherited", 0),
+                  "fork_of": c.get("parent_id"), "last_activity": c.get("last_activity"), "state": c.get("state")}
                  for c in found.get("conversations", [])]
-        lines = [f"{i['continuation_id']} | {i['title'] or '(untitled)'} | {', '.join(i['models']) or '-'} | "
-                 f"{i['turns']} turns | {i['last_activity']}" + ("" if i["state"] == "active" else f" | {i['state']}")
-                 for i in items]
+        lines = [f"{i['continuation_id']} | {_named(i)} | {', '.join(i['models']) or '-'} | {i['turns']} turns"
+                 + (f", {i['inherited']} inherited from {i['fork_of']}" if i["fork_of"] else "")
+                 + f" | from {i['origin'] or 'unknown'} | {i['last_activity']}"
+                 + ("" if i["state"] == "active" else f" | {i['state']}") for i in items]
         total = found.get("total", len(items))
-        head = f"{len(items)} of {total} conversations (id | title | models | turns | last activity)"
-        return Reply(cut("\n".join([head, *lines]), self.output_limit, None), {"conversations": items, "total": total})
+        head = f"{len(items)} of {total} conversations (id | title or first input | models | turns | from | last activity)"
+        room, kept = self.output_limit - len(head) - 100, 0
+        while kept < len(lines) and room >= len(lines[kept]) + 1:  # whole lines only: a cut id is useless
+            room -= len(lines[kept]) + 1
+            kept += 1
+        if kept < len(lines):
+            lines[kept:] = [f"[{len(lines) - kept} more left out: ask for fewer or narrow the query]"]
+        return Reply("\n".join([head, *lines]), {"conversations": items, "total": total})
 
     async def conversation(self, args: dict[str, Any]) -> Reply:
         conversation_id = args["continuation_id"]
@@ -240,11 +249,18 @@ class Tools:
 
     async def fork(self, args: dict[str, Any]) -> Reply:
         forked = await self.caller.request("conversation:fork", {"conversation_id": args["continuation_id"],
-                                                                 "at": args["at"]})
+                                                                 "at": args["at"], "origin": "mcp"})
         data = {"continuation_id": forked["conversation_id"], "parent_id": forked["parent_id"],
                 "fork_at": forked["fork_at"]}
         return Reply(f"forked {data['parent_id']} at exchange {data['fork_at']}; continue with continuation_id: "
                      f"{data['continuation_id']}", data)
+
+
+def _named(item: dict[str, Any]) -> str:
+    """A conversation's title, else the start of its first input in quotes."""
+    if item["title"]:
+        return str(item["title"])
+    return f"\u201c{item['preview']}\u201d" if item["preview"] else "(untitled)"
 
 
 def error_text(code: str, message: str, details: dict[str, Any]) -> str:

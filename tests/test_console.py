@@ -266,7 +266,7 @@ async def test_pages_render_on_a_narrow_window_and_in_dark_mode(console: Console
 
 
 PAGES = ["/", "/events", "/events/stream", "/agents", "/agents/guard", "/conversations", "/conversations/guarded",
-         "/conversations/guarded/sent/1", "/conversations/guarded/export?format=json", "/consortium/run-x",
+         "/conversations/guarded/sent/1", "/conversations/guarded/export?format=json", "/consortium", "/consortium/run-x",
          "/health", "/health?fragment=1", "/agents?fragment=1", "/static/console.js"]
 ACTIONS = ["/agents/guard/send", "/conversations/guarded/send", "/conversations/guarded/fork",
            "/conversations/guarded/archive"]
@@ -319,12 +319,13 @@ async def test_the_health_page_shows_in_flight_requests_per_model_and_the_storag
         ack = await console.client.request("completion:async", {"prompt": "slow one", "conversation_id": "slow",
                                                                 "create": True, "model": "openai/stub-slow"})
         page = await console.page("/health")
-        await expect(page.locator("tr", has_text="openai/stub-slow")).to_be_visible(timeout=WAIT_MS)
+        in_flight = page.locator("table.in-flight tr", has_text="openai/stub-slow")
+        await expect(in_flight).to_be_visible(timeout=WAIT_MS)
         await expect(page.locator(".card", has_text="storage")).to_contain_text("jsonl")
         await expect(page.locator(".card", has_text="resident memory")).to_contain_text("MB")
         await console.shot(page, "health")
         await console.client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
-        await expect(page.locator("tr", has_text="openai/stub-slow")).to_have_count(0, timeout=WAIT_MS)
+        await expect(in_flight).to_have_count(0, timeout=WAIT_MS)
         await page.close()
     finally:
         console.stub.hold = 0.0

@@ -158,9 +158,32 @@ async def test_result_of_a_run_can_be_traced(short_tmp: Path, backend: dict[str,
     assert round_one["arbiter"]["arbiter_parse"] == "json"
     assert round_one["outcome"]["reason"] == "confident"
     assert traced["final"]["content"] == result["content"]
+    assert traced["outcome"] == "confident"
     assert traced["final"]["usage"] == result["usage"]
     assert [e["event"] for e in traced["events"]][0] == "start"
     assert [e["event"] for e in traced["events"]][-1] == "final"
+
+
+async def test_a_run_ending_below_its_threshold_is_listed_as_such_not_as_ok(short_tmp: Path,
+                                                                              backend: dict[str, Any]) -> None:
+    stubs = {**DEFAULT_STUBS, "judge": lambda _messages: verdict(0.4, synthesis="a doubtful consensus")}
+    async with consortium_daemon(short_tmp, stubs, backend) as (daemon, _stubs), connected(daemon) as client:
+        await save(client, "doubtful", confidence_threshold=0.9, max_iterations=1)
+        doubtful = await complete(client, model="consortium/doubtful", prompt="Hard one")
+        traced = await client.request("consortium:trace", {"run_id": doubtful["run_id"]})
+        assert (traced["status"], traced["outcome"]) == ("ok", "below_threshold")  # answered, but not confidently
+        listed = await client.request("consortium:runs", {})
+        assert listed["total"] == 1 and listed["runs"][0]["run_id"] == doubtful["run_id"]
+        assert {key: listed["runs"][0][key] for key in ("outcome", "confidence", "threshold", "iterations")} == {
+            "outcome": "below_threshold", "confidence": 0.4, "threshold": 0.9, "iterations": 1}
+        await complete(client, model="consortium/doubtful", prompt="Again", conversation_id=doubtful["conversation_id"])
+        listed = await client.request("consortium:runs", {"limit": 1})
+        assert listed["total"] == 2 and len(listed["runs"]) == 1
+        assert listed["runs"][0]["conversation_id"] == doubtful["conversation_id"]
+        assert listed["runs"][0]["started"] >= (await client.request("consortium:runs", {"offset": 1}))["runs"][0]["started"]
+        with pytest.raises(KsiError) as refused:
+            await client.request("consortium:runs", {"limit": 0})
+        assert refused.value.code == "validation_error"
 
 
 async def test_inline_consortium_and_the_next_prompt(short_tmp: Path, backend: dict[str, Any]) -> None:

@@ -56,6 +56,17 @@ async def test_two_responses_chained_by_previous_response_id(
     assert second.usage is not None and second.usage.input_tokens > 0
 
 
+async def test_conversations_made_through_http_say_so(http_daemon: HttpDaemon, client: openai.AsyncOpenAI) -> None:
+    await client.responses.create(model="openai/stub-model", input="via responses")
+    await client.chat.completions.create(model="openai/stub-model", messages=[{"role": "user", "content": "via chat"}])
+    await client.chat.completions.create(model="openai/stub-model", messages=[
+        {"role": "user", "content": "a history of its own"}, {"role": "assistant", "content": "kept"},
+        {"role": "user", "content": "and a new turn"}])
+    listing = await request(http_daemon, "conversation:list", {})
+    assert sorted((c["origin"], c["preview"]) for c in listing["conversations"]) == [
+        ("http", "a history of its own"), ("http", "via chat"), ("http", "via responses")]
+
+
 async def test_sync_client_chains_too(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     def chain() -> tuple[str, str]:
         with openai.OpenAI(base_url=f"{http_daemon.base_url}/v1", api_key=http_daemon.token, max_retries=0) as api:

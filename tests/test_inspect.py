@@ -31,7 +31,7 @@ def ksi(*args: str, cwd: Path, tty: bool = False, env: dict[str, str] | None = N
     # a pseudo-terminal on stdout: the pretty output a person sees
     leader, follower = os.openpty()
     try:
-        process = subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env={**env, "COLUMNS": "160"},
+        process = subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env={"COLUMNS": "160", **env},
                                  stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                  timeout=TIMEOUT, text=True)
         os.close(follower)

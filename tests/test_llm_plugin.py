@@ -252,6 +252,9 @@ async def test_llm_then_ksi_ask_then_llm_c(short_tmp: Path) -> None:
         await where.llm("-c", "Where do I live?")
         index = where.index(ksi_id)
         stub = where.stubs["stub"]
+        meta = json.loads(where.daemon.settings.layout.meta_file(ksi_id).read_text())
+
+    assert (meta["origin"], meta["preview"]) == ("llm", "My name is Alice")  # made by llm, continued by ksi ask
 
     assert [entry.n for entry in index] == [1, 2, 3]
     assert [request["model"] for request in stub.requests] == ["stub-other"] * 3

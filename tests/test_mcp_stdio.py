@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 from ksi_common.jsonl import read_records
 from ksi_daemon.daemon import Daemon
-from tests.conftest import connected, running_daemon, stub_settings
+from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI, default_answer
 from tests.test_cli_ask import clean_env, ksi, where
 
@@ -186,6 +186,26 @@ async def test_chat_consensus_search_transcript_fork_and_resources(short_tmp: Pa
         templates = await client.list_resource_templates()
         assert [t.uri_template for t in templates.resource_templates] == ["ksi://conversations/{id}"]
         assert len(read_records(daemon.layout.index_file(cid))) == 3
+
+
+async def test_the_conversations_tool_names_origin_first_input_and_fork(short_tmp: Path, stub: StubOpenAI) -> None:
+    async with served(short_tmp, stub) as (daemon, client):
+        cid = (await call(client, "chat", prompt="Where   is\nthe lighthouse?"))["continuation_id"]
+        await call(client, "chat", prompt="And how tall?", continuation_id=cid)
+        fork = (await call(client, "fork", continuation_id=cid, at=1))["continuation_id"]
+        async with connected(daemon) as socket:
+            await complete(socket, prompt="from the command line", conversation_id="by-cli", create=True, origin="cli")
+        shown = await client.call_tool("conversations", {"limit": 10})
+    listed = {c["continuation_id"]: c for c in shown.structured_content["conversations"]}
+    assert {key: listed[cid][key] for key in ("origin", "preview", "turns", "inherited", "fork_of")} == {
+        "origin": "mcp", "preview": "Where is the lighthouse?", "turns": 2, "inherited": 0, "fork_of": None}
+    assert {key: listed[fork][key] for key in ("origin", "preview", "turns", "inherited", "fork_of")} == {
+        "origin": "mcp", "preview": "Where is the lighthouse?", "turns": 1, "inherited": 1, "fork_of": cid}
+    assert listed["by-cli"]["origin"] == "cli"
+    text = shown.content[0].text
+    assert f"{cid} | \u201cWhere is the lighthouse?\u201d |" in text and "from mcp" in text
+    assert f"{fork} | \u201cWhere is the lighthouse?\u201d | openai/stub-model | 1 turns, 1 inherited from {cid}" in text
+    assert "by-cli | \u201cfrom the command line\u201d |" in text and "from cli" in text
 
 
 async def test_continuity_mcp_then_cli_then_mcp(short_tmp: Path, stub: StubOpenAI) -> None:

@@ -38,6 +38,8 @@ class ConversationMeta(BaseModel):
     system_changes: list[SystemChange] = Field(default_factory=list)
     parent_id: str | None = None
     fork_at: int | None = None
+    origin: str | None = None  # the door that created it (cli, http, mcp, llm, agent, console); None: unknown
+    preview: str | None = None  # the start of its first input, for lists of untitled conversations
     ttl: float | None = None
     turn_cap: int | None = None
     cli_session: CliSession | None = None
@@ -52,6 +54,15 @@ class ConversationMeta(BaseModel):
         """Whether `other` differs from this only in the running totals an exchange moves, which
         its index and response records also hold (see ksi_common.tallies)."""
         return _not_tallies(self) == _not_tallies(other)
+
+
+PREVIEW_CHARS = 120
+
+
+def preview_of(text: str) -> str:
+    """The start of an input on one line, bounded: what a list shows for an untitled conversation."""
+    line = " ".join(text.split())
+    return line if len(line) <= PREVIEW_CHARS else line[:PREVIEW_CHARS - 1].rstrip() + "…"
 
 
 _not_tallies = attrgetter(*(name for name in ConversationMeta.model_fields if name not in TALLIES))

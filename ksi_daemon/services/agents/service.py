@@ -124,7 +124,8 @@ class AgentService:
             # the conversation first, created exclusively: a fork, an import or a completion racing
             # for this id either loses here or wins and the spawn is refused; never two writers
             try:
-                await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system)
+                await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system,
+                                                          origin="agent")
             except ConversationExists:
                 raise self._conversation_taken(agent_id) from None
             try:
@@ -229,7 +230,7 @@ class AgentService:
                 self.cache.forget(fork)
             try:
                 await self.completion.create_conversation(conversation_id, agent_id=record.agent_id,
-                                                          system=record.system)
+                                                          system=record.system, origin="agent")
             except ConversationExists:  # the reset moved nothing and the conversation is already fresh
                 pass
         record.last_activity = utc_now()
@@ -371,7 +372,7 @@ class AgentService:
                       from_agent: str | None = None, stream: bool = False, is_feedback: bool = False,
                       conversation_id: str | None = None, metadata: dict[str, Any] | None = None) -> RequestState:
         payload: dict[str, Any] = {"agent_id": record.agent_id, "prompt": message, "stream": stream,
-                                   "is_feedback": is_feedback}
+                                   "is_feedback": is_feedback, "origin": "agent"}
         if conversation_id is not None:
             payload["conversation_id"] = conversation_id
         if record.temperature is not None:

@@ -8,8 +8,9 @@ from ksi_common.errors import KsiError
 from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
+from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange
+from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange, preview_of
 
 
 def input_lines(state: RequestState) -> list[dict[str, Any]]:
@@ -41,6 +42,12 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
         lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
                          "request_id": state.request_id, "conversation_id": state.conversation_id})
     return lines
+
+
+def first_input_preview(data: CompletionAsync) -> str | None:
+    """What lists show for a conversation this request starts: the start of its user input."""
+    first = next((m["content"] for m in data.input_messages() if m["role"] == "user"), None)
+    return preview_of(first) if first is not None else None
 
 
 def user_messages(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -101,6 +108,8 @@ def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderRep
         "cli_session": (CliSession(model=state.model, session_id=reply.session_id, n=entry.n)
                         if reply.session_id else None),
     }
+    if entry.n == 1 and meta.preview is None:  # created before its first input (an agent's, an empty fork)
+        update["preview"] = first_input_preview(state.request)
     if system_changed:
         update["system_changes"] = [*meta.system_changes,
                                     SystemChange(from_n=entry.n, system=new_system, ts=entry.ts or now)]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
-from ksi_daemon.events import EventData, ModelName, NonBlank, PathText, SafeId, Text
+from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, SafeId, Text
 
 
 class InputMessage(EventData):
@@ -39,6 +39,10 @@ class CompletionAsync(EventData):
     external_ids: dict[SafeId, SafeId] = Field(
         default_factory=dict,
         description="this conversation's ids in other tools, e.g. {\"llm\": ID}; recorded in its metadata when this request creates it")
+
+    origin: Door | None = Field(
+        default=None, description="the door the request came through (cli, http, mcp, llm, agent, console); "
+                                  "recorded on the conversation it creates")
 
     @field_validator("options")
     @classmethod

@@ -27,6 +27,7 @@ from ksi_daemon.providers.base import (
 )
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import exchange_records as records
+from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
@@ -162,6 +163,7 @@ class CompletionService:
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.requests = RequestRegistry(settings.finished_requests_kept)
+        self.activity = CompletionActivity()
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
@@ -222,6 +224,7 @@ class CompletionService:
             "circuits": self.breaker.report(),
             "compaction": self.compactor.health(),
             "models": self._per_model(),
+            **self.activity.report(),
         }
 
     def _per_model(self) -> dict[str, dict[str, int]]:
@@ -359,8 +362,10 @@ class CompletionService:
                            "or its conversation was deleted)", response_id=data.previous_response_id)
         conversation_id = found.memory.conversation_id
         if not found.newest or self.requests.count_live(conversation_id):
-            fork = await self.router.request("conversation:fork", {"conversation_id": conversation_id, "at": found.n},
-                                             context.child())
+            fork_data: dict[str, Any] = {"conversation_id": conversation_id, "at": found.n}
+            if data.origin is not None:
+                fork_data["origin"] = data.origin
+            fork = await self.router.request("conversation:fork", fork_data, context.child())
             conversation_id = fork["conversation_id"]
         return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
@@ -432,9 +437,13 @@ class CompletionService:
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
         extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
+        # recorded with the creation, so the first exchange's metadata differs from it only in its
+        # totals (which the JSONL store saves lazily) and costs no extra write
+        preview = records.first_input_preview(data)
         if conversation_id is None:
             return await self.create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
-                                                  system=agent.system if agent else None, extra=extra)
+                                                  system=agent.system if agent else None, extra=extra,
+                                                  origin=data.origin, preview=preview)
         memory = await self.cache.get(conversation_id)
         if memory is not None:
             return memory
@@ -444,7 +453,8 @@ class CompletionService:
                            conversation_id=conversation_id)
         try:
             return await self.create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
-                                                  system=agent.system if agent else None, extra=extra)
+                                                  system=agent.system if agent else None, extra=extra,
+                                                  origin=data.origin, preview=preview)
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)
 
@@ -740,9 +750,16 @@ class CompletionService:
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
         if status == "done" and result is not None:
+            self.activity.succeeded(state.model, result["duration_ms"], result["usage"] or {}, result["cost"],
+                                    format_ts(self.clock()))
             self.router.emit("completion:result", result, context)
         else:
             assert error is not None
+            if status == "cancelled":
+                self.activity.cancelled(state.model)
+            else:
+                self.activity.failed(state.model, error.code, error.message, format_ts(self.clock()),
+                                     state.request_id, state.conversation_id)
             payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}

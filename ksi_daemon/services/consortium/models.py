@@ -163,5 +163,10 @@ class ConsortiumRef(EventData):
     name: SafeId = Field(description="a saved consortium's name")
 
 
+class ConsortiumRuns(EventData):
+    limit: int = Field(default=50, gt=0, le=1000, description="page size")
+    offset: int = Field(default=0, ge=0, description="how many runs to skip")
+
+
 class ConsortiumTrace(EventData):
     run_id: SafeId = Field(description="the run_id a consortium completion's result carries")

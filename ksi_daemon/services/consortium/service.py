@@ -20,6 +20,7 @@ from ksi_daemon.services.consortium.models import (
     INLINE_NAME,
     ConsortiumDefinition,
     ConsortiumRef,
+    ConsortiumRuns,
     ConsortiumSave,
     ConsortiumTrace,
     parse_definition,
@@ -62,6 +63,7 @@ class ConsortiumService:
         )
         self.active = 0
         self.runs = 0
+        self._ended: dict[str, dict[str, Any]] = {}  # run id -> the listing line of a run that ended (it no longer changes)
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -72,6 +74,8 @@ class ConsortiumService:
             r.register("consortium:remove", self.handle_remove, ConsortiumRef, "Remove a saved consortium."),
             r.register("consortium:trace", self.handle_trace, ConsortiumTrace,
                        "The trace of one consortium run: members, answers, verdicts, iterations, usage."),
+            r.register("consortium:runs", self.handle_runs, ConsortiumRuns,
+                       "Consortium runs, newest first: consortium, outcome, confidence, conversation, cost."),
         ]
 
     async def start(self) -> None:
@@ -111,6 +115,22 @@ class ConsortiumService:
             # a run belongs to one completion request; its absence is reported like an unknown request
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no consortium run {data.run_id}", run_id=data.run_id)
         return summarize(data.run_id, lines)
+
+    async def handle_runs(self, data: ConsortiumRuns, _context: EventContext) -> dict[str, Any]:
+        runs = []
+        for run_id in await self.traces.run_ids():
+            line = self._ended.get(run_id)
+            if line is None:
+                lines = await self.traces.read(run_id)
+                if lines is None:
+                    continue  # removed since it was listed
+                line = listing_line(summarize(run_id, lines))
+                if line["status"] != "running":
+                    self._ended[run_id] = line
+            runs.append(line)
+        runs.sort(key=lambda run: (run["started"] or "", run["run_id"]), reverse=True)
+        return {"runs": runs[data.offset:data.offset + data.limit], "total": len(runs),
+                "limit": data.limit, "offset": data.offset}
 
     # -- the answerer ---------------------------------------------------------
     async def check(self, model: str, inline: dict[str, Any] | None) -> None:
@@ -181,8 +201,11 @@ def summarize(run_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
             entry["arbiter"] = line
         elif kind == "iteration":
             entry["outcome"] = line
+    ordered = [rounds[k] for k in sorted(rounds)]
     return {
         "run_id": run_id,
+        "started": start.get("ts"),
+        "outcome": outcome_of(final, ordered),
         "consortium": start.get("consortium"),
         "model": start.get("model"),
         "request_id": start.get("request_id"),
@@ -190,6 +213,36 @@ def summarize(run_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "definition": start.get("definition"),
         "status": final.get("status") if final else "running",
         "final": final,
-        "iterations": [rounds[k] for k in sorted(rounds)],
+        "iterations": ordered,
         "events": lines,
     }
+
+
+def outcome_of(final: dict[str, Any] | None, rounds: list[dict[str, Any]]) -> str:
+    """How the run ended, in one word: `status` says only that an answer came back (`ok`), which
+    a run whose last verdict stayed below its threshold, or whose arbiter failed, also does."""
+    if final is None:
+        return "running"
+    if final.get("status") != "ok":
+        return str(final.get("status"))
+    fallback = final.get("fallback") or {}
+    if fallback.get("reason"):
+        return str(fallback["reason"])  # members_failed or arbiter_failed: an earlier answer stands
+    last = next((r["outcome"] for r in reversed(rounds) if r["outcome"]), None) or {}
+    threshold = last.get("threshold")
+    confidence = last.get("confidence", final.get("confidence"))
+    if isinstance(threshold, int | float) and isinstance(confidence, int | float) and confidence < threshold:
+        return "below_threshold"
+    return "confident"
+
+
+def listing_line(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as `consortium:runs` lists it: the trace's summary without its rounds and events."""
+    final = run["final"] or {}
+    last = next((r["outcome"] for r in reversed(run["iterations"]) if r["outcome"]), None) or {}
+    return {"run_id": run["run_id"], "consortium": run["consortium"], "status": run["status"],
+            "outcome": run["outcome"], "started": run["started"], "conversation_id": run["conversation_id"],
+            "request_id": run["request_id"], "confidence": final.get("confidence", last.get("confidence")),
+            "threshold": last.get("threshold"), "iterations": len(run["iterations"]),
+            "calls": final.get("calls"), "cost": final.get("cost"), "duration_ms": final.get("duration_ms"),
+            "code": final.get("code")}

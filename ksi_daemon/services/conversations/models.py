@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
-from ksi_daemon.events import EventData, ModelName, NonBlank, SafeId, Text
+from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
 
 
 class ConversationRef(EventData):
@@ -70,12 +70,14 @@ class ConversationImport(EventData):
     format: Literal["json", "jsonl"] | None = Field(default=None, description="json or jsonl; guessed when absent")
     new_id: SafeId | None = Field(default=None, description="id of the new conversation (generated when absent)")
     title: Text | None = Field(default=None, description="title of the new conversation (the export's when absent)")
+    origin: Door | None = Field(default=None, description="the door the import came through, recorded on it")
 
 
 class ConversationFork(ConversationRef):
     at: int | None = Field(default=None, description="share exchanges 1..at (default: all of them)")
     new_id: SafeId | None = Field(default=None, description="id of the fork (generated when absent)")
     title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
+    origin: Door | None = Field(default=None, description="the door the fork was asked through, recorded on it")
 
 
 class ConversationArchive(ConversationRef):

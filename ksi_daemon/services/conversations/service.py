@@ -42,7 +42,7 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
-from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imports import ImportedDocument, checked_document
 from ksi_daemon.storage.ports import ConversationExists
 
@@ -209,6 +209,7 @@ class ConversationService:
             tags=list(parent.meta.tags), agent_id=parent.meta.agent_id, system=system_at(parent.meta, at),
             ttl=parent.meta.ttl, turn_cap=parent.meta.turn_cap,
             models=[model] if model else [],  # so the fork continues with the model it branched from
+            origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
         )
         try:
             await self.store.create(meta)
@@ -247,6 +248,7 @@ class ConversationService:
         await self._check_free(conversation_id, "new_id")
         now = format_ts(self.clock())
         meta, exchanges, skipped = self._imported(checked, conversation_id, now, data.title)
+        meta.origin = data.origin
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
@@ -317,6 +319,8 @@ class ConversationService:
             ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
             cost=cost, models=[],
             extra={"imported_from": source.conversation_id, "imported_at": now, "imported_models": named},
+            preview=next((preview_of(line["content"]) for _entry, lines in exchanges[:1] for line in lines
+                          if line["type"] in ("user", "feedback")), None),
         )
         return meta, exchanges, skipped
 
@@ -346,8 +350,10 @@ class ConversationService:
                                    tokens_out=count(exchange.reply) + 4)
                 appended.append((entry, Exchange(inputs=[{"role": "user", "content": t} for t in exchange.inputs],
                                                  reply=exchange.reply)))
-            meta = memory.meta.model_copy(update={"exchanges": memory.meta.exchanges + len(appended),
-                                                  "last_activity": now})
+            changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
+            if memory.total == 0 and memory.meta.preview is None:
+                changes["preview"] = preview_of(data.exchanges[0].inputs[0])
+            meta = memory.meta.model_copy(update=changes)
 
             # each exchange's response record, then its index line; the metadata with the last one
             for position, ((entry, _exchange), (_response_id, lines)) in enumerate(zip(appended, files, strict=True)):

@@ -67,6 +67,7 @@ class Console:
             Route("/conversations/{conversation_id}/fork", self.fork, methods=["POST"]),
             Route("/conversations/{conversation_id}/archive", self.archive, methods=["POST"]),
             Route("/conversations/{conversation_id}/export", self.export),
+            Route("/consortium", self.consortium_runs_page),
             Route("/consortium/{run_id}", self.consortium_page),
             Route("/health", self.health_page),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="console_static"),
@@ -194,14 +195,14 @@ class Console:
     async def conversation_send(self, request: Request) -> Response:
         form = await read_form(request, self.settings.line_limit)
         data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"],
-                                "prompt": str(form.get("prompt") or ""), "stream": True}
+                                "prompt": str(form.get("prompt") or ""), "stream": True, "origin": "console"}
         if str(form.get("model") or "").strip():
             data["model"] = str(form["model"]).strip()
         return await self._answer("completion:async", data)
 
     async def fork(self, request: Request) -> Response:
         form = await read_form(request, self.settings.line_limit)
-        data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"]}
+        data: dict[str, Any] = {"conversation_id": request.path_params["conversation_id"], "origin": "console"}
         if str(form.get("at") or "").strip():
             data["at"] = str(form["at"]).strip()  # the event validates it and names the field
         try:
@@ -236,7 +237,16 @@ class Console:
             run = await self.read("consortium:trace", {"run_id": request.path_params["run_id"]})
         except KsiError as error:
             return self.failure(error)
-        return self.render("consortium.html", page="conversations", run=run)
+        return self.render("consortium.html", page="consortium", run=run)
+
+    async def consortium_runs_page(self, request: Request) -> Response:
+        offset = _int(request.query_params.get("offset"), 0)
+        try:
+            listing = await self.read("consortium:runs", {"limit": PAGE_SIZE, "offset": offset})
+        except KsiError as error:
+            return self.failure(error)
+        return self.render("consortium_runs.html", page="consortium", listing=listing,
+                           pager=views.pages(listing["total"], offset, PAGE_SIZE))
 
     # -- a streamed answer ------------------------------------------------------------
     async def _answer(self, event: str, data: dict[str, Any]) -> Response:

@@ -1,13 +1,16 @@
-"""Formatting for the console's templates: numbers, times, pagination."""
+"""Formatting for the console's templates: numbers, times, pagination, Markdown and usage."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 import orjson
+from markdown_it import MarkdownIt
+from markupsafe import Markup
 
 from ksi_common.timefmt import parse_ts
 
@@ -77,5 +80,45 @@ def pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
 
 
+def usage_line(usage: Any) -> str:
+    """`12 in · 30 out · 42 tokens`, with the cached and reasoning parts a provider reported."""
+    if not isinstance(usage, dict) or not usage:
+        return "usage not reported"
+    tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    parts = [f"{count(tokens_in)} in", f"{count(tokens_out)} out"]
+    total = usage.get("total_tokens")
+    if total is None and isinstance(tokens_in, int) and isinstance(tokens_out, int):
+        total = tokens_in + tokens_out
+    if total is not None:
+        parts.append(f"{count(total)} tokens")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached:
+        parts.append(f"{count(cached)} cached")
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    if reasoning:
+        parts.append(f"{count(reasoning)} reasoning")
+    return " · ".join(parts)
+
+
+def origin_label(origin: Any) -> str:
+    """The door that created a conversation, as the lists name it."""
+    return {"cli": "CLI", "http": "HTTP", "mcp": "MCP", "llm": "llm", "agent": "agent",
+            "console": "console"}.get(origin, "unknown") if origin else "unknown"
+
+
+def markdown_renderer() -> Callable[[Any], Markup]:
+    """Text (model replies, inputs) as Markdown, with raw HTML shown as text: a reply that holds
+    `<script>` must never run; unsafe link schemes (javascript:) are refused by the parser."""
+    parser = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+
+    def render(text: Any) -> Markup:
+        if not isinstance(text, str) or not text:
+            return Markup("")
+        return Markup(parser.render(text))  # safe as markup: with html off every tag in `text` was escaped
+
+    return render
+
+
 def install_filters(environment: jinja2.Environment) -> None:
-    environment.filters.update(ago=ago, money=money, count=count, pretty=pretty)
+    environment.filters.update(ago=ago, money=money, count=count, pretty=pretty, usage=usage_line,
+                               origin=origin_label, markdown=markdown_renderer())

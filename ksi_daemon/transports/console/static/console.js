@@ -139,17 +139,53 @@
     setInterval(render, RENDER_EVERY_MS);
   }
 
+  function usageLine(usage) {
+    if (!usage || typeof usage !== "object") return "";
+    const n = (value) => (Number(value) || 0).toLocaleString("en-US");
+    const parts = [n(usage.prompt_tokens) + " in", n(usage.completion_tokens) + " out"];
+    if (usage.total_tokens != null) parts.push(n(usage.total_tokens) + " tokens");
+    return parts.join(" · ");
+  }
+
+  // The page's own rendering of exchange `n` (Markdown, links, "what was sent") joins its list.
+  async function joinTurn(n) {
+    const list = document.querySelector("ol.turns");
+    if (!list) return false;
+    const response = await fetch(location.pathname, { credentials: "same-origin" });
+    if (!response.ok) return false;
+    const fetched = new DOMParser().parseFromString(await response.text(), "text/html");
+    const turn = fetched.getElementById("turn-" + n);
+    if (!turn) return false;
+    const old = document.getElementById("turn-" + n);
+    const added = document.importNode(turn, true);
+    if (old) old.replaceWith(added);
+    else {
+      list.querySelectorAll(":scope > li.muted").forEach((placeholder) => placeholder.remove());
+      list.appendChild(added);
+    }
+    const facts = document.querySelector("dl.facts");
+    const counted = fetched.querySelector("dl.facts");
+    if (facts && counted) facts.replaceWith(document.importNode(counted, true)); // turns, tokens, cost
+    added.querySelectorAll("details[data-sent]").forEach(lazyPanel);
+    added.dispatchEvent(new CustomEvent("ksi:turn-added", { bubbles: true })); // for other live parts
+    return true;
+  }
+
   // A form whose answer streams back as server-sent events over a POST (fetch, not EventSource).
   function streamedAnswer(form) {
     const out = form.querySelector("[data-answer-out]");
     const text = form.querySelector("[data-answer-text]");
     const status = form.querySelector("[data-answer-state]");
+    const label = out.querySelector(".role");
+    const prompt = form.querySelector("textarea[name=prompt]");
     form.addEventListener("submit", async (submitted) => {
       submitted.preventDefault();
       const button = form.querySelector("button[type=submit]");
       button.disabled = true;
       out.hidden = false;
       text.textContent = "";
+      label.textContent = "assistant (streaming)";
+      delete form.dataset.done;
       status.textContent = "sending…";
       let answered = false;
       try {
@@ -186,18 +222,28 @@
             else if (name === "chunk") { text.textContent += payload.text; status.textContent = "streaming…"; }
             else if (name === "result") {
               text.textContent = payload.content;
-              status.textContent = "done: exchange #" + payload.exchange + " (" + payload.response_id + ")";
-              form.dataset.done = "result";
+              label.textContent = "assistant";
+              const usage = usageLine(payload.usage);
+              status.textContent = "done: exchange #" + payload.exchange + " (" + payload.response_id + ")"
+                + (usage ? " · " + usage : "");
+              prompt.value = "";
               answered = true;
+              if (await joinTurn(payload.exchange)) out.hidden = true; // shown once, in the list
+              form.dataset.done = "result";
             } else if (name === "error" || name === "cancelled") {
+              label.textContent = "assistant (no answer)";
               status.textContent = (payload.code || name) + ": " + (payload.message || "");
               form.dataset.done = "error";
               answered = true;
             }
           }
         }
-        if (!answered) status.textContent = "the stream ended without an answer";
+        if (!answered) {
+          label.textContent = "assistant (no answer)";
+          status.textContent = "the stream ended without an answer";
+        }
       } catch (failure) {
+        label.textContent = "assistant (no answer)";
         status.textContent = "failed: " + failure;
       } finally {
         button.disabled = false;

@@ -42,7 +42,7 @@ class ChatCompletions:
         try:
             if chat.history:  # the client sent its own history: it becomes this new conversation's past
                 imported = await call(self.door.handle_request, "conversation:import",
-                                      {"data": history_document(chat), "format": "json"})
+                                      {"data": history_document(chat), "format": "json", "origin": "http"})
                 conversation_id = imported["conversation_id"]
             payload = chat_payload(body, chat, conversation_id)
             if body.stream:

@@ -62,7 +62,8 @@ class Conversations:
     async def create(self, request: Request) -> Response:
         body: ConversationCreate = await self.door.body(request, ConversationCreate)
         document = items_document(body.items or [])
-        imported = await call(self.door.handle_request, "conversation:import", {"data": document, "format": "json"})
+        imported = await call(self.door.handle_request, "conversation:import",
+                              {"data": document, "format": "json", "origin": "http"})
         conversation_id = imported["conversation_id"]
         if body.metadata:
             await call(self.door.handle_request, "conversation:update",

@@ -56,7 +56,7 @@ def _model_fields(payload: dict[str, Any], model: str | None) -> None:
 
 def response_payload(body: ResponseCreate) -> dict[str, Any]:
     """POST /v1/responses as completion:async data."""
-    payload: dict[str, Any] = {}
+    payload: dict[str, Any] = {"origin": "http"}
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
@@ -125,7 +125,7 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"messages": chat.new}
+    payload: dict[str, Any] = {"messages": chat.new, "origin": "http"}
     _model_fields(payload, body.model)
     if conversation_id is not None:
         payload["conversation_id"] = conversation_id
