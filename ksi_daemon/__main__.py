@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
     except KsiError as exc:
-        if exc.code not in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_ERROR):
+        if exc.code not in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_ERROR, ErrorCode.STORAGE_SYMLINK):
             raise
         print(f"ksi-daemon: storage: {exc.message}", file=sys.stderr)  # the URL in it is masked
         return EXIT_STORAGE

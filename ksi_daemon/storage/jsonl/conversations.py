@@ -36,7 +36,7 @@ from ksi_common.tallies import caught_up
 from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
 from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.jsonl.files import (
-    append_lines, jsonl, publish_new, read_json, replace_file, replace_json, write_new,
+    append_lines, jsonl, publish_new, read_json, refused_link, replace_file, replace_json, write_new,
 )
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
@@ -403,10 +403,12 @@ class JsonlConversations(JsonlReader):
     def _write_exchange(self, conversation_id: str, entry: IndexEntry, line: dict[str, Any],
                         response: list[dict[str, Any]] | None) -> None:
         if response is not None:
+            path = self.layout.response_file(entry.response_id)
             try:  # the response record first: a reader never finds an index line without it
-                write_new(self.layout.response_file(entry.response_id), jsonl(response), fsync=False)
-            except FileExistsError:
-                pass  # an earlier attempt of this same append wrote it
+                write_new(path, jsonl(response), fsync=False)
+            except FileExistsError:  # an earlier attempt of this same append wrote it, unless a link is there
+                if os.path.islink(path):
+                    raise refused_link(path) from None
         append_lines(self.layout.index_file(conversation_id), jsonl([line]), fsync=False)
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,

@@ -1,0 +1,123 @@
+"""Symbolic links inside the var dir are never followed by a write, a chmod or a truncate: the
+daemon refuses them (`storage_symlink`, or no start on a linked var/run), `ksi doctor` reports
+them (`var_link`) and `--repair` leaves them and their targets alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ksi_cli.main import cli
+from ksi_common.errors import KsiError
+from ksi_common.layout import VarLayout
+from ksi_daemon.daemon import UnsafeVarDir
+from tests.conftest import complete, connected, running_daemon
+
+pytestmark = pytest.mark.backends
+
+
+@pytest.fixture(autouse=True)
+def owner_only_umask() -> Iterator[None]:
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+def doctor(var: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(cli, ["doctor", "--json", "--var-dir", str(var), *args])
+    return result.exit_code, json.loads(result.output)
+
+
+def shared_dir(root: Path) -> Path:
+    """A directory others share (as /tmp is): sticky, writable by all."""
+    shared = root / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "someone-elses.txt").write_text("theirs\n")
+    return shared
+
+
+def test_doctor_reports_a_linked_var_run_and_repair_leaves_its_target_alone(short_tmp: Path) -> None:
+    shared = shared_dir(short_tmp)
+    layout = VarLayout(short_tmp / "var")
+    layout.conversations_dir.mkdir(parents=True)
+    layout.responses_dir.mkdir(parents=True)
+    layout.response_file("r1").write_bytes(b'{"v": 1, "type": "user", "content": "q"}\n'
+                                           b'{"v": 1, "type": "assistant", "content": "a"}\n')
+    (layout.conversations_dir / "c.jsonl").write_bytes(b'{"v": 1, "n": 1, "response_id": "r1"}\n{"v": 1, "n"')
+    layout.run_dir.symlink_to(shared)
+    code, report = doctor(layout.root)
+    kinds = {(p["kind"], Path(p["path"]).name) for p in report["problems"]}
+    assert ("var_link", "run") in kinds and ("torn_tail", "c.jsonl") in kinds
+    assert not any(kind == "run_dir_permissions" for kind, _name in kinds)  # the shared dir's mode is not ours
+    link = next(p for p in report["problems"] if p["kind"] == "var_link")
+    assert link["repairable"] is False and link["extra"]["target"] == str(shared) and code == 1
+
+    code, report = doctor(layout.root, "--repair")
+    assert [r["kind"] for r in report["repaired"]] == ["torn_tail"]
+    assert [p["kind"] for p in report["problems"]] == ["var_link"] and code == 1
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert sorted(p.name for p in shared.iterdir()) == ["someone-elses.txt"]  # no lock file made there
+    assert layout.run_dir.is_symlink()
+
+
+def test_doctor_never_truncates_the_target_of_a_linked_index(short_tmp: Path) -> None:
+    layout = VarLayout(short_tmp / "var")
+    layout.conversations_dir.mkdir(parents=True)
+    layout.run_dir.mkdir(mode=0o700)
+    outside = short_tmp / "notes.txt"
+    outside.write_bytes(b"line one\nno newline at the end")
+    outside.chmod(0o644)
+    (layout.conversations_dir / "c.jsonl").symlink_to(outside)
+    code, report = doctor(layout.root, "--repair")
+    assert [(p["kind"], Path(p["path"]).name) for p in report["problems"]] == [("var_link", "c.jsonl")]
+    assert report["repaired"] == [] and code == 1
+    assert outside.read_bytes() == b"line one\nno newline at the end"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644
+
+
+async def test_the_daemon_does_not_start_on_a_linked_var_run(short_tmp: Path, backend: dict[str, Any]) -> None:
+    private_elsewhere = short_tmp / "elsewhere"
+    private_elsewhere.mkdir()
+    private_elsewhere.chmod(0o755)
+    layout = VarLayout(short_tmp / "var")
+    layout.root.mkdir()
+    layout.run_dir.symlink_to(private_elsewhere)
+    with pytest.raises(UnsafeVarDir, match="symbolic link"):
+        async with running_daemon(short_tmp, socket_path=short_tmp / "d.sock", **backend):
+            pass
+    assert list(private_elsewhere.iterdir()) == [] and stat.S_IMODE(private_elsewhere.stat().st_mode) == 0o755
+
+
+async def test_a_linked_index_or_metadata_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+    outside = short_tmp / "precious.jsonl"
+    outside.write_bytes(b'{"keep": "me"}\n')
+    async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        layout = daemon.settings.layout
+        await complete(client, model="echo/x", prompt="one", conversation_id="c", create=True)
+        await complete(client, model="echo/x", prompt="one", conversation_id="d", create=True)
+        await daemon.storage.conversations.checkpoint()
+        index = layout.index_file("c")
+        kept = index.read_bytes()
+        index.unlink()
+        index.symlink_to(outside)
+        with pytest.raises(KsiError) as caught:
+            await complete(client, model="echo/x", prompt="two", conversation_id="c")
+        assert caught.value.code == "storage_symlink"
+        assert outside.read_bytes() == b'{"keep": "me"}\n' and index.is_symlink()
+
+        meta = layout.meta_file("d")
+        meta.unlink()
+        meta.symlink_to(outside)
+        with pytest.raises(KsiError) as caught:
+            await client.request("conversation:update", {"conversation_id": "d", "title": "renamed"})
+        assert caught.value.code == "storage_symlink"
+        assert outside.read_bytes() == b'{"keep": "me"}\n' and meta.is_symlink()
+    assert kept.count(b"\n") == 1
