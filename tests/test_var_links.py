@@ -121,3 +121,18 @@ async def test_a_linked_index_or_metadata_file_is_refused_and_its_target_untouch
         assert caught.value.code == "storage_symlink"
         assert outside.read_bytes() == b'{"keep": "me"}\n' and meta.is_symlink()
     assert kept.count(b"\n") == 1
+
+
+async def test_the_daemon_does_not_start_on_a_linked_storage_directory(short_tmp: Path) -> None:
+    elsewhere = short_tmp / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "c.jsonl").write_bytes(b'{"keep": "me"}\n')
+    layout = VarLayout(short_tmp / "var")
+    layout.conversations_dir.parent.mkdir(parents=True)
+    layout.conversations_dir.symlink_to(elsewhere)
+    with pytest.raises(KsiError) as caught:
+        async with running_daemon(short_tmp):
+            pass
+    assert caught.value.code == "storage_symlink" and caught.value.details["path"] == str(layout.conversations_dir)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["c.jsonl"]
+    assert (elsewhere / "c.jsonl").read_bytes() == b'{"keep": "me"}\n'
