@@ -17,7 +17,10 @@ from click.testing import CliRunner
 from ksi_cli.main import cli
 from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
+from ksi_common.records import IndexEntry
 from ksi_daemon.daemon import UnsafeVarDir
+from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.models import ConversationMeta
 from tests.conftest import complete, connected, running_daemon
 
 pytestmark = pytest.mark.backends
@@ -136,3 +139,29 @@ async def test_the_daemon_does_not_start_on_a_linked_storage_directory(short_tmp
     assert caught.value.code == "storage_symlink" and caught.value.details["path"] == str(layout.conversations_dir)
     assert sorted(p.name for p in elsewhere.iterdir()) == ["c.jsonl"]
     assert (elsewhere / "c.jsonl").read_bytes() == b'{"keep": "me"}\n'
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+async def test_a_linked_response_file_is_refused_not_taken_for_an_earlier_attempt(short_tmp: Path, fsync: bool) -> None:
+    """An exclusive create never follows a link, but the file it finds was taken for one an
+    earlier attempt of the same append wrote: the exchange was indexed over the link's target."""
+    layout = VarLayout(short_tmp / "var")
+    for directory in (layout.responses_dir, layout.conversations_dir, layout.conversation_meta_dir,
+                      layout.exchange_log_dir):
+        directory.mkdir(parents=True)
+    store = JsonlConversations(layout, fsync)
+    await store.create(ConversationMeta(conversation_id="c"))
+    outside = short_tmp / "precious.jsonl"
+    outside.write_bytes(b'{"keep": "me"}\n')
+    layout.response_file("resp-1").symlink_to(outside)
+    try:
+        with pytest.raises(KsiError) as caught:
+            await store.append_exchange("c", IndexEntry(n=1, response_id="resp-1"),
+                                        response=[{"v": 1, "type": "user", "content": "q"},
+                                                  {"v": 1, "type": "assistant", "content": "a"}])
+        assert caught.value.code == "storage_symlink"
+        assert outside.read_bytes() == b'{"keep": "me"}\n'
+        assert not layout.index_file("c").exists() and await store.head("c") == 0
+    finally:
+        await store.close()
+    assert store.log.records() == []  # revoked: a replay never writes it either
