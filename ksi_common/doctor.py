@@ -180,7 +180,8 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     report.problems.extend(check_permissions(layout))
     report.problems.extend(check_links(layout))
 
-    journal_files = [layout.requests_file] if layout.requests_file.is_file() and not layout.requests_file.is_symlink() else []
+    journal = layout.requests_file
+    journal_files = [journal] if journal.is_file() and not journal.is_symlink() else []
     for path in [*_jsonl_files(layout.conversations_dir), *_jsonl_files(layout.responses_dir),
                  *_jsonl_files(layout.consortium_dir), *journal_files]:
         if has_torn_tail(path):

@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ksi-daemon: {exc.message}", file=sys.stderr)
         return 2
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
+    layout = settings.layout
+    for path in (layout.logs_dir, layout.daemon_log.parent, layout.daemon_log):
+        if path.is_symlink():  # the log would be appended to (and rotated) through it
+            print(f"ksi-daemon: {path} is a symbolic link; the daemon never writes through one", file=sys.stderr)
+            return 2
     try:
         configure_logging(
             settings.layout.daemon_log,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,3 +167,17 @@ async def test_a_linked_response_file_is_refused_not_taken_for_an_earlier_attemp
     finally:
         await store.close()
     assert store.log.records() == []  # revoked: a replay never writes it either
+
+
+def test_the_daemon_writes_no_log_through_a_linked_log_dir(short_tmp: Path) -> None:
+    elsewhere = short_tmp / "elsewhere"
+    elsewhere.mkdir()
+    layout = VarLayout(short_tmp / "var")
+    layout.logs_dir.mkdir(parents=True)
+    layout.daemon_log.parent.symlink_to(elsewhere)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KSI_")}
+    finished = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", "--var-dir", str(layout.root),
+                               "--socket", str(short_tmp / "d.sock")], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert finished.returncode == 2 and "symbolic link" in finished.stderr, finished.stderr
+    assert list(elsewhere.iterdir()) == []
