@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -24,7 +25,8 @@ _BLOCK = 64 * 1024
 
 def truncate_torn_tail(path: Path) -> int:
     """Cut `path` after its last newline (the writer does the same on its next append); bytes cut."""
-    with open(path, "r+b") as handle:
+    # never through a link: its target is not a file of this var dir
+    with os.fdopen(os.open(path, os.O_RDWR | os.O_NOFOLLOW), "r+b") as handle:
         size = handle.seek(0, os.SEEK_END)
         position = size
         keep = 0
@@ -69,12 +71,36 @@ def renumber_index(path: Path, renumber: bool) -> str:
                 record["n"] = start + offset
                 renumbered += 1
     tmp = path.with_name(f".{path.name}.repair")
-    tmp.write_bytes(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in kept))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as handle:
+        handle.write(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in kept))
     os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     return f"dropped {dropped} repeated lines, renumbered {renumbered} exchanges"
+
+
+def chmod_unlinked(path: Path, mode: int) -> bool:
+    """chmod `path` itself, never the target of a link put there since it was checked: opened
+    without following one, then changed through the descriptor. False when it is a link or gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    except PermissionError:  # a file its owner may not read: lstat says it is no link
+        if path.is_symlink():
+            return False
+        path.chmod(mode)
+        return True
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False
+        raise
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return True
 
 
 def hold_var_dir(location: Location) -> tuple[str | None, Any]:
@@ -83,8 +109,8 @@ def hold_var_dir(location: Location) -> tuple[str | None, Any]:
     layout = location.layout
     if socket_answers(location.socket):
         return f"a daemon answers on {location.socket}", None
-    if not layout.run_dir.is_dir():
-        return None, None
+    if not layout.run_dir.is_dir() or layout.run_dir.is_symlink() or layout.lock_file.is_symlink():
+        return None, None  # the daemon refuses to start on a linked var/run or lock file, and the lock would truncate its target
     import filelock
 
     lock = filelock.FileLock(str(layout.lock_file), mode=0o600)
@@ -103,14 +129,10 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
         if not problem.repairable:
             continue
         path = Path(problem.path)
-        if problem.kind == "run_dir_permissions":
-            path.chmod(0o700)
-            done.append({"kind": problem.kind, "path": str(path), "action": "chmod 0700"})
-        elif problem.kind == "loose_permissions":
-            wanted = int(problem.extra["wanted"], 8)
-            if path.is_symlink() or not path.exists():  # replaced since the check: never follow a link
+        if problem.kind in ("run_dir_permissions", "loose_permissions"):
+            wanted = int(problem.extra.get("wanted", "0700"), 8)
+            if not chmod_unlinked(path, wanted):  # replaced by a link (or removed) since the check
                 continue
-            path.chmod(wanted)
             done.append({"kind": problem.kind, "path": str(path), "action": f"chmod {wanted:04o}"})
         elif problem.kind == "index_numbering":
             action = renumber_index(path, renumber=not problem.extra.get("forked"))

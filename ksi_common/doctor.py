@@ -6,6 +6,7 @@ Shared by `ksi doctor` and the crash tests; it never writes and never imports th
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -64,24 +65,48 @@ class Report:
 
 
 def _jsonl_files(directory: Path) -> Iterator[Path]:
-    if directory.is_dir():
-        yield from sorted(directory.glob("*.jsonl"))
+    """The directory's JSONL files; links are `var_link` findings, never read as files of their own."""
+    if directory.is_dir() and not directory.is_symlink():
+        yield from sorted(p for p in directory.glob("*.jsonl") if not p.is_symlink())
+
+
+def check_links(layout: VarLayout) -> list[Finding]:
+    """Symbolic links inside the var dir: the daemon refuses to write through them (a write,
+    chmod or truncate through one would change its target), and `--repair` leaves them alone."""
+    findings: list[Finding] = []
+    if not layout.root.is_dir():
+        return findings
+    for directory, dirnames, filenames in os.walk(layout.root, followlinks=False):
+        base = Path(directory)
+        for name in sorted([*dirnames, *filenames]):
+            path = base / name
+            if path.is_symlink():
+                target = os.readlink(path)
+                findings.append(Finding("var_link", str(path),
+                                        f"a symbolic link to {target}; the daemon never writes through one "
+                                        "(replace it with the file or directory itself)", extra={"target": target}))
+    return findings
 
 
 def check_run_dir(layout: VarLayout, socket_path: Path | None = None) -> list[Finding]:
     """Permissions of var/run, and a pid file or socket left by a daemon that is gone."""
     findings: list[Finding] = []
     run_dir = layout.run_dir
-    if run_dir.is_dir():
+    # a linked var/run is a var_link finding: what is in its target (a shared directory's mode,
+    # files named like ours) is not this var dir's to report or repair
+    linked = run_dir.is_symlink()
+    if run_dir.is_dir() and not linked:
         mode = stat.S_IMODE(run_dir.stat().st_mode)
         if mode & 0o077:
             findings.append(Finding("run_dir_permissions", str(run_dir),
                                     f"mode {mode:04o}; the daemon wants 0700", True, {"mode": f"{mode:04o}"}))
-    pid = read_pid(layout)
-    if layout.pid_file.exists() and (pid is None or not pid_alive(pid)):
+    pid = None if linked else read_pid(layout)
+    if not linked and layout.pid_file.exists() and (pid is None or not pid_alive(pid)):
         findings.append(Finding("stale_pid", str(layout.pid_file),
                                 f"pid {pid if pid is not None else '?'} is not running", True, {"pid": pid}))
     sock = socket_path or layout.default_socket
+    if linked and sock.parent == run_dir:
+        return findings
     state = socket_path_state(sock)
     if state == "foreign":
         findings.append(Finding("socket_path_occupied", str(sock),
@@ -166,8 +191,10 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     report.problems.extend(check_run_dir(layout, socket_path))
     report.problems.extend(check_permissions(layout))
     report.problems.extend(check_http_token(layout))
+    report.problems.extend(check_links(layout))
 
-    journal_files = [layout.requests_file] if layout.requests_file.exists() else []
+    journal = layout.requests_file
+    journal_files = [journal] if journal.is_file() and not journal.is_symlink() else []
     for path in [*_jsonl_files(layout.conversations_dir), *_jsonl_files(layout.responses_dir),
                  *_jsonl_files(layout.consortium_dir), *journal_files]:
         if has_torn_tail(path):

@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_ERROR = "storage_error"
     STORAGE_FULL = "storage_full"  # no space (or quota) left where the backend writes
+    STORAGE_SYMLINK = "storage_symlink"  # a file or directory of the var dir is a symbolic link: never followed
     CONVERSATION_EXISTS = "conversation_exists"
     CROSS_SITE_REQUEST = "cross_site_request"  # HTTP: a browser session's change sent from another page
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # HTTP: a body in a type the route does not read

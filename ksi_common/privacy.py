@@ -31,8 +31,9 @@ def private_dir(path: Path) -> None:
 
 
 def open_private(path: Path, flags: int) -> int:
-    """os.open for a file that, when created, is at most 0600 (the umask only takes bits away)."""
-    return os.open(path, flags, FILE_MODE)
+    """os.open for a file that, when created, is at most 0600 (the umask only takes bits away);
+    never through a symbolic link at `path` (ELOOP)."""
+    return os.open(path, flags | os.O_NOFOLLOW, FILE_MODE)
 
 
 def loose_modes(root: Path) -> Iterator[tuple[Path, int, int]]:

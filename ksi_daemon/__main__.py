@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ksi-daemon: {exc.message}", file=sys.stderr)
         return 2
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
+    layout = settings.layout
+    for path in (layout.logs_dir, layout.daemon_log.parent, layout.daemon_log):
+        if path.is_symlink():  # the log would be appended to (and rotated) through it
+            print(f"ksi-daemon: {path} is a symbolic link; the daemon never writes through one", file=sys.stderr)
+            return 2
     try:
         configure_logging(
             settings.layout.daemon_log,
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ksi-daemon: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, DaemonAlreadyRunning) else 2
     except KsiError as exc:
-        if exc.code not in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_ERROR):
+        if exc.code not in (ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_ERROR, ErrorCode.STORAGE_SYMLINK):
             raise
         print(f"ksi-daemon: storage: {exc.message}", file=sys.stderr)  # the URL in it is masked
         return EXIT_STORAGE

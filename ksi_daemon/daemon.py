@@ -258,6 +258,11 @@ class Daemon:
     # -- var dir ------------------------------------------------------------
     def _prepare_dirs(self) -> None:
         run_dir = self.layout.run_dir
+        for path in (run_dir, self.layout.lock_file, self.layout.state_dir, self.layout.logs_dir):
+            # the lock is opened with O_TRUNC, var/run chmodded: through a link both hit its target
+            if path.is_symlink():
+                raise UnsafeVarDir(f"{path} is a symbolic link; the daemon never writes through one "
+                                   "(refusing to start: replace it with the directory or file itself)")
         if run_dir.exists():
             mode = run_dir.stat().st_mode
             if mode & (stat.S_IWGRP | stat.S_IWOTH):

@@ -153,10 +153,11 @@ class ExchangeLog:
                     generation.path.unlink(missing_ok=True)
                     self._sealed.remove(generation)
 
-    def sync_all(self) -> None:
-        """Every file written on the var dir's file system, durable (blocking)."""
+    def sync_all(self, directory: Path | None = None) -> None:
+        """Every file written on the var dir's file system (the one `directory` is on, by
+        default the log's), durable (blocking)."""
         with storage_failures():
-            fd = os.open(self.directory, os.O_RDONLY)
+            fd = os.open(directory or self.directory, os.O_RDONLY)
             try:
                 if self._syncfs is None:
                     self._syncfs = _file_system_sync()

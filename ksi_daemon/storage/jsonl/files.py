@@ -1,4 +1,9 @@
-"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file."""
+"""Durable primitives: append a line (repairing a torn tail), write a new file, replace a file.
+
+None of them follows a symbolic link at the file it writes (O_NOFOLLOW, or an exclusive create,
+which never follows one): a link planted in the var dir would have the daemon append to, truncate
+or replace whatever it points at. Such a write fails with `storage_symlink`, the target untouched.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,13 @@ import orjson
 from ksi_common.errors import ErrorCode, KsiError
 
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def refused_link(path: Path | str) -> KsiError:
+    """The error of a write that found a symbolic link where a file of the var dir belongs."""
+    return KsiError(ErrorCode.STORAGE_SYMLINK,
+                    f"{path} is a symbolic link; the var dir's files are never written through one (remove it)",
+                    path=str(path))
 
 
 class storage_failures:  # noqa: N801 - used as a function: `with storage_failures():`
@@ -33,6 +45,8 @@ class storage_failures:  # noqa: N801 - used as a function: `with storage_failur
                  _tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, OSError) or isinstance(exc, (FileExistsError, FileNotFoundError)):
             return
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise refused_link(exc.filename or "a file") from None
         code = ErrorCode.STORAGE_FULL if exc.errno in _FULL else ErrorCode.STORAGE_ERROR
         raise KsiError(code, f"the var dir could not be written: {exc.strerror or exc}",
                        errno=errno.errorcode.get(exc.errno or 0, str(exc.errno))) from None
@@ -68,7 +82,7 @@ def append_lines(path: Path, payload: bytes, fsync: bool) -> None:
     """
     created = fsync and not path.exists()  # a new file's directory entry is synced too
     with storage_failures():
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             size = os.lseek(fd, 0, os.SEEK_END)
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -115,7 +129,7 @@ def _truncate_torn_tail(fd: int, size: int) -> None:
 
 
 def write_new(path: Path, payload: bytes, fsync: bool) -> None:
-    """Write a whole new file; it never overwrites an existing one."""
+    """Write a whole new file; it never overwrites an existing one (nor a link: FileExistsError)."""
     with storage_failures():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -149,8 +163,10 @@ def replace_file(path: Path, payload: bytes, fsync: bool = False) -> None:
     """Replace a file atomically (write aside, then rename); with `fsync`, the new content is on
     disk when this returns."""
     tmp = path.with_name(f".{path.name}.tmp")
+    if os.path.islink(path):  # a rename would replace the link, not follow it; still, it is refused
+        raise refused_link(path)
     with storage_failures():
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             _write_all(fd, payload)
             if fsync:

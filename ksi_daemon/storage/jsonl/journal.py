@@ -14,7 +14,7 @@ from ksi_common.errors import KsiError
 from ksi_common.jsonl import read_records
 from ksi_common.layout import VarLayout
 from ksi_common.timefmt import utc_now
-from ksi_daemon.storage.jsonl.files import append_lines, jsonl
+from ksi_daemon.storage.jsonl.files import append_lines, jsonl, replace_file
 
 
 log = structlog.get_logger("ksi.storage.journal")
@@ -39,7 +39,7 @@ class JsonlJournal:
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 append_lines(self.path, payload, fsync=False)  # repairs a torn tail first
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
             else:
                 os.write(self._fd, payload)
         except (OSError, KsiError) as exc:
@@ -65,9 +65,7 @@ class JsonlJournal:
 
     def _replace(self, lines: list[dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_bytes(jsonl(lines))
-        tmp.replace(self.path)
+        replace_file(self.path, jsonl(lines))  # never through a link
 
     async def replace(self, lines: list[dict[str, Any]]) -> None:
         await self.close()

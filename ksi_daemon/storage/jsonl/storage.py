@@ -11,6 +11,7 @@ from ksi_daemon.storage.jsonl.agents import JsonlAgents
 from ksi_daemon.storage.jsonl.calibration import JsonlCalibration
 from ksi_daemon.storage.jsonl.consortia import JsonlConsortia, JsonlTraces
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
@@ -33,9 +34,16 @@ class JsonlStorage:
         self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
 
     async def open(self) -> None:
-        for directory in (self.layout.responses_dir, self.layout.conversations_dir, self.layout.consortium_dir,
-                          self.layout.state_dir, self.layout.exchange_log_dir):
+        layout = self.layout
+        for directory in (layout.responses_dir, layout.conversations_dir, layout.consortium_dir,
+                          layout.state_dir, layout.exchange_log_dir):
             private_dir(directory)
+        # the files are opened without following a link; the directories they are in are checked once here
+        for directory in (layout.logs_dir, layout.responses_dir, layout.conversations_dir, layout.consortium_dir,
+                          layout.summaries_dir, layout.state_dir, layout.conversation_meta_dir, layout.agents_dir,
+                          layout.consortia_dir, layout.exchange_log_dir):
+            if directory.is_symlink():
+                raise refused_link(directory)
         await asyncio.to_thread(self.conversations.replay_log)  # exchanges a crash of the machine kept from their files
         await asyncio.to_thread(self.conversations.finish_imports)  # imports a kill interrupted
 
