@@ -31,6 +31,32 @@ def _hide_secret_values(redactor: Redactor) -> structlog.types.Processor:
     return processor
 
 
+class DaemonLogFile(logging.handlers.RotatingFileHandler):
+    """The daemon's rotating log file. A record it cannot write (a full disk, an I/O error) is
+    dropped with one line on stderr when the failures begin and one when writing works again,
+    instead of logging's own traceback on stderr for every record."""
+
+    def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
+        super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self.dropped = 0  # records lost since the writes began to fail
+        self._failed = False  # set by handleError during the current emit
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)  # calls handleError instead of raising
+        if not self._failed and self.dropped:
+            sys.stderr.write(f"ksi: the daemon log is written again; {self.dropped} records were lost\n")
+            self.dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self._failed = True
+        self.dropped += 1
+        if self.dropped == 1:
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"ksi: cannot write the daemon log {self.baseFilename}: {error}; "
+                             "records are dropped until it can be written\n")
+
+
 def configure_logging(
     log_file: Path, level: str, max_bytes: int, backups: int, console: bool,
     redactor: Redactor | None = None,
@@ -44,9 +70,7 @@ def configure_logging(
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _mask_secrets,
     ]
-    file_handler = logging.handlers.RotatingFileHandler(
-        log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
-    )
+    file_handler = DaemonLogFile(log_file, max_bytes, backups)
     file_handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,

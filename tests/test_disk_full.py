@@ -39,12 +39,11 @@ def small_fs(short_tmp: Path) -> Iterator[Path]:
 def fill(directory: Path, leave: int) -> Path:
     """Take every free byte of the file system but `leave` (rounded to pages)."""
     filler = directory / "filler"
-    with open(filler, "wb") as handle:
+    with open(filler, "wb", buffering=0) as handle:  # unbuffered: a partial last write is not retried at close
         block = b"\0" * 65536
         try:
             while True:
                 handle.write(block)
-                handle.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     stats = os.statvfs(directory)
