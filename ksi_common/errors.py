@@ -45,6 +45,8 @@ class ErrorCode(StrEnum):
     STORAGE_ERROR = "storage_error"
     STORAGE_FULL = "storage_full"  # no space (or quota) left where the backend writes
     CONVERSATION_EXISTS = "conversation_exists"
+    MODEL_NOT_FOUND = "model_not_found"  # no provider answers to the name (KSI's words, closest names)
+    API_KEY_MISSING = "api_key_missing"  # the provider needs a key the daemon's environment lacks
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

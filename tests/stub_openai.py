@@ -40,7 +40,7 @@ def default_answer(messages: list[dict[str, Any]]) -> str:
 
 
 class StubOpenAI:
-    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer) -> None:
+    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer, port: int = 0) -> None:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -58,7 +58,7 @@ class StubOpenAI:
         self.model_script: dict[str, deque[Reply]] = {}  # model name -> its own scripted answers
         self.hung_up = 0  # streams whose client went away while a gate held them (a cancelled call)
         self._runner: web.AppRunner | None = None
-        self.port = 0
+        self.port = port  # 0: one the kernel chooses
 
     @property
     def api_base(self) -> str:
@@ -77,7 +77,7 @@ class StubOpenAI:
         app.router.add_post("/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
