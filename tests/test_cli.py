@@ -417,4 +417,5 @@ def test_a_setting_that_does_not_fit_is_named_on_one_line(place: Place) -> None:
     assert set(error["details"]["fields"]) == {"KSI_MAX_CONCURRENCY", "KSI_MODELS.openai/*.max_concurrency"}
     unparsed = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", *place.where],
                               env=clean_env(KSI_MODELS="{not json"), capture_output=True, text=True, timeout=TIMEOUT)
-    assert unparsed.returncode == 2 and unparsed.stderr.count("\n") == 1 and "models" in unparsed.stderr
+    assert unparsed.returncode == 2 and unparsed.stderr.count("\n") == 1 and "KSI_MODELS" in unparsed.stderr
+    assert "expected a JSON object" in unparsed.stderr
