@@ -182,6 +182,7 @@ class CompletionService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [*self.compactor.register(),
+            r.emits("completion:result", "completion:error", "completion:cancelled", "completion:chunk"),
             r.register("completion:async", self.handle_async, CompletionAsync,
                        "Queue a completion in a conversation; the outcome is emitted as completion:result."),
             r.register("completion:wait", self.handle_wait, CompletionWait,
