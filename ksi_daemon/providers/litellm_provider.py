@@ -21,6 +21,7 @@ import structlog
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
+from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import check_options
 from ksi_daemon.providers.base import (SESSION_METADATA_KEY, CommandMissing, Probe, ProviderCall,
@@ -100,12 +101,22 @@ class LiteLLMProvider:
                 from litellm.litellm_core_utils.default_encoding import encoding
 
                 self._encoder = encoding
+                self._warm_up(litellm)
                 self._module = litellm
                 # litellm leaves ~400k long-lived objects; without this every full collection
                 # walks them again, a measurable share of the daemon's CPU per completion
                 gc.freeze()
                 log.info("litellm_loaded", seconds=round(time.perf_counter() - started, 3))
         return self._module
+
+    @staticmethod
+    def _warm_up(litellm: ModuleType) -> None:
+        """One echo call here, in the loading thread: litellm's first call imports more of it
+        (0.7 s of CPU measured), which would otherwise block the event loop on the first turn."""
+        try:
+            litellm.completion(model="echo/warm-up", messages=[{"role": "user", "content": "warm up"}])
+        except Exception:  # only a warm-up: the first real call pays instead
+            log.warning("litellm_warm_up_failed", exc_info=True)
 
     async def ensure_loaded(self) -> ModuleType:
         if self._module is not None:
@@ -180,7 +191,11 @@ class LiteLLMProvider:
         return map_error(litellm, exc, self.redact, url=url)
 
     # -- model facts --------------------------------------------------------
-    async def ready(self) -> None:
+    async def ready(self, model: str) -> None:
+        """Ready to count a turn of `model` exactly; an echo turn does not wait for litellm (its
+        counts are estimates until litellm is loaded)."""
+        if self._module is None and model.startswith("echo/"):
+            return
         await self.ensure_loaded()
 
     def count_tokens(self, text: str) -> int:
@@ -201,9 +216,9 @@ class LiteLLMProvider:
             return override
         if model in self._windows:
             return self._windows[model]
-        litellm = await self.ensure_loaded()
         window = self.settings.default_context_window
         if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+            litellm = await self.ensure_loaded()
             try:
                 # ollama models make get_model_info call the local server: keep it off the loop
                 info = await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0)
@@ -247,6 +262,11 @@ class LiteLLMProvider:
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
+        if self._module is None and call.model.startswith("echo/"):
+            # the first echo turns after a start do not wait seconds for litellm's import: the
+            # same answer, in the same shape, as its custom provider gives once it is loaded
+            check_options(call.model, call.options, self.settings.model_settings(call.model).allow_options)
+            return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
         try:

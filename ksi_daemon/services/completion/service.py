@@ -72,7 +72,7 @@ BUILTIN_MODEL = "echo/demo"  # the built-in echo provider answers every `echo/..
 class ModelFacts(Protocol):
     """What the service needs to know about models to budget tokens."""
 
-    async def ready(self) -> None: ...
+    async def ready(self, model: str) -> None: ...
 
     def count_tokens(self, text: str) -> int: ...
 
@@ -576,7 +576,7 @@ class CompletionService:
 
     async def _prepare(self, state: RequestState) -> Prepared:
         data = state.request
-        await self.facts.ready()
+        await self.facts.ready(state.model)
         memory = await self.cache.require(state.conversation_id)
         self._check_open(memory)
         inputs = records.input_lines(state)
