@@ -367,6 +367,8 @@ async def _session(location: Location, target: Target, profile: str | None, mode
             except KsiError as error:
                 _write("\n")
                 _error(error)
+                if before is None:  # a failed first turn leaves no conversation to continue
+                    target.conversation_id = None
                 if error.code == ErrorCode.DAEMON_UNREACHABLE:  # a restart: reconnect and go on
                     await client.close()
                     click.echo("reconnecting to the daemon...", err=True)

@@ -109,3 +109,22 @@ async def test_ctrl_c_during_a_reply_cancels_it_and_the_chat_goes_on(short_tmp: 
         assert "first words" not in json.dumps(shown["exchanges"])
         assert "Traceback" not in str(child.before) + rest
         gate.set()
+
+
+async def test_a_failed_first_turn_leaves_no_conversation_and_the_chat_goes_on(short_tmp: Path, stub: Any) -> None:
+    stub.enqueue(Reply(status=400))
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon:
+        child = spawn(short_tmp, "chat", "--model", "openai/stub-model", *where(short_tmp))
+        await expect(child, "you> ")
+        child.sendline("refused")
+        await expect(child, r"error \[provider_error\]")
+        await expect(child, "you> ")
+        async with KsiClient(daemon.settings.socket) as client:
+            assert (await client.request("conversation:list", {}))["total"] == 0
+            child.sendline("accepted")
+            await expect(child, "stub answer to: accepted")
+            child.sendline("/exit")
+            rest, code = await finish(child)
+            listed = await client.request("conversation:list", {})
+    assert code == 0, rest
+    assert listed["total"] == 1 and listed["conversations"][0]["exchanges"] == 1
