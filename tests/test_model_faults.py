@@ -153,3 +153,19 @@ async def test_a_first_turn_that_fails_leaves_no_empty_conversation(short_tmp: P
         assert await listed(client) == 1
         result = await complete(client, prompt="works")
         assert await listed(client) == 2 and result["exchange"] == 1
+
+
+async def test_a_model_the_provider_does_not_have_is_model_not_found_and_not_retried(
+        short_tmp: Path, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(status=404, body='{"error": {"message": "The model `stub-modle` does not exist", '
+                                        '"type": "invalid_request_error", "code": "model_not_found"}}'))
+    async with running_daemon(short_tmp, **stub_settings(stub, retry_attempts=3)) as daemon, \
+            connected(daemon) as client:
+        error, status = await failing(client, prompt="hi", model="openai/stub-modle")
+        attempts = response_of(daemon, status["response_id"])[-1]["attempts"]
+        assert await listed(client) == 0
+    assert error.code == "model_not_found"
+    assert "the provider answered that it has no model 'openai/stub-modle'" in error.message
+    assert "did you mean openai/stub-model?" in error.message  # the default model is a known name
+    assert "does not exist" in error.details["provider_message"]
+    assert len(attempts) == 1 and len(stub.requests) == 1

@@ -153,16 +153,19 @@ class LiteLLMProvider:
         try:
             litellm.get_llm_provider(model)
         except Exception:
-            raise unknown_model(model, self.model_names(litellm)) from None
+            raise unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm)) from None
         if len(self._known) >= KNOWN_KEPT:
             self._known.clear()
         self._known.add(model)
 
-    def model_names(self, litellm: ModuleType) -> list[str]:
-        """Every name worth suggesting: the default, configured and built-in ones, then litellm's."""
+    def own_model_names(self) -> list[str]:
+        """The names this daemon offers: the default, the configured and the built-in ones."""
         configured = [name for name in self.settings.models if not any(c in name for c in "*?[")]
-        return [self.settings.default_model, *configured, *BUILTIN_NAMES,
-                *(name for name in litellm.model_cost if name != "sample_spec")]
+        return [self.settings.default_model, *configured, *BUILTIN_NAMES]
+
+    @staticmethod
+    def litellm_model_names(litellm: ModuleType) -> list[str]:
+        return [name for name in litellm.model_cost if name != "sample_spec"]
 
     def _key_variables(self, litellm: ModuleType, model: str) -> list[str]:
         """The variables that would hold the missing key: the configured one, else litellm's."""
@@ -183,9 +186,10 @@ class LiteLLMProvider:
         errors = litellm.exceptions
         said = self.redact(str(getattr(exc, "message", None) or exc))[:2000]
         if isinstance(exc, errors.BadRequestError) and "LLM Provider NOT provided" in said:
-            return unknown_model(model, self.model_names(litellm))
+            return unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm))
         if isinstance(exc, errors.NotFoundError):
-            return unknown_model(model, self.model_names(litellm), provider_said=said)
+            return unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm),
+                                 provider_said=said)
         if _MISSING_KEY.search(said) and not isinstance(exc, errors.RateLimitError):
             return missing_key(model, self._key_variables(litellm, model))
         return map_error(litellm, exc, self.redact, url=url)

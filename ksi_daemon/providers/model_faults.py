@@ -17,25 +17,33 @@ CLOSEST = 3
 MAX_NAME_SEARCHED = 200  # a longer name is no typo of a model's: no search through thousands of names
 
 
-def closest_names(model: str, names: Iterable[str]) -> list[str]:
-    """Up to three known names nearest to `model`, best first."""
+def closest_names(model: str, own: Iterable[str], others: Iterable[str] = ()) -> list[str]:
+    """Up to three known names nearest to `model`, best first: this daemon's own (default,
+    configured, built-in) when one is close, else any other."""
     if len(model) > MAX_NAME_SEARCHED:
         return []
-    return difflib.get_close_matches(model, list(dict.fromkeys(names)), n=CLOSEST, cutoff=0.6)
+    for names in (own, [*own, *others]):
+        close = difflib.get_close_matches(model, list(dict.fromkeys(names)), n=CLOSEST, cutoff=0.6)
+        if close:
+            return close
+    return []
 
 
-def unknown_model(model: str, names: Iterable[str], provider_said: str | None = None) -> ProviderFailure:
+def unknown_model(model: str, own: Iterable[str], others: Iterable[str] = (),
+                  provider_said: str | None = None) -> ProviderFailure:
     """`model_not_found`, naming the closest names and where the usable ones are listed."""
-    suggestions = closest_names(model, names)
+    suggestions = closest_names(model, list(own), others)
     shown = model if len(model) <= MAX_NAME_SEARCHED else model[:MAX_NAME_SEARCHED] + "..."
     hint = f"; did you mean {' or '.join(suggestions)}?" if suggestions else ""
     details: dict[str, object] = {"model": shown, "suggestions": suggestions}
     if provider_said:
         details["provider_message"] = provider_said
+    said = ("the provider answered that it has no model" if provider_said  # its words are in the details
+            else "no provider answers to the model")
     return ProviderFailure(
         ErrorCode.MODEL_NOT_FOUND,
-        f"no provider answers to the model {shown!r}{hint} (`ksi models` lists the default, configured and "
-        "built-in models; `ksi models PATTERN` searches the names litellm knows)",
+        f"{said} {shown!r}{hint} (`ksi models` lists the default, configured and built-in models; "
+        "`ksi models PATTERN` searches the names litellm knows)",
         **details)
 
 
