@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ _OFFLINE_DEFAULTS = {
 # CLI-session providers by model prefix: the program each runs
 CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
 BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
+LOADING_SWITCH_INTERVAL = 0.0005  # seconds; see LiteLLMProvider.load
 KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
@@ -75,39 +77,49 @@ class LiteLLMProvider:
         with self._load_lock:
             if self._module is None:
                 started = time.perf_counter()
-                for name, value in _OFFLINE_DEFAULTS.items():
-                    os.environ.setdefault(name, value)
-                import litellm
-
-                litellm.suppress_debug_info = True
-                litellm.disable_hf_tokenizer_download = True
-                litellm.telemetry = False
-                litellm.drop_params = True
-                # calls through the openai SDK (every OpenAI-compatible server) read their answer
-                # through this client, which stops at the size limit; underneath it, litellm's own
-                # transport (aiohttp), which costs less CPU per call than httpx's
-                from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
-
-                litellm.aclient_session = httpx.AsyncClient(
-                    transport=BodyLimitTransport(self.settings.max_response_bytes,
-                                                 AsyncHTTPHandler.create_async_transport()),
-                    follow_redirects=False)
-                litellm.custom_provider_map = [
-                    *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
-                    *self._custom_providers(),
-                ]
-                litellm.utils.custom_llm_setup()
-                # litellm's bundled copy of cl100k: tiktoken itself would download it
-                from litellm.litellm_core_utils.default_encoding import encoding
-
-                self._encoder = encoding
-                self._warm_up(litellm)
-                self._module = litellm
+                # seconds of pure Python in this thread: with the usual 5 ms switch interval every
+                # request the loop serves meanwhile (the first echo turns) waits up to 5 ms a step
+                switch = sys.getswitchinterval()
+                sys.setswitchinterval(LOADING_SWITCH_INTERVAL)
+                try:
+                    self._module = self._import()
+                finally:
+                    sys.setswitchinterval(switch)
                 # litellm leaves ~400k long-lived objects; without this every full collection
                 # walks them again, a measurable share of the daemon's CPU per completion
                 gc.freeze()
                 log.info("litellm_loaded", seconds=round(time.perf_counter() - started, 3))
         return self._module
+
+    def _import(self) -> ModuleType:
+        for name, value in _OFFLINE_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        import litellm
+
+        litellm.suppress_debug_info = True
+        litellm.disable_hf_tokenizer_download = True
+        litellm.telemetry = False
+        litellm.drop_params = True
+        # calls through the openai SDK (every OpenAI-compatible server) read their answer
+        # through this client, which stops at the size limit; underneath it, litellm's own
+        # transport (aiohttp), which costs less CPU per call than httpx's
+        from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+
+        litellm.aclient_session = httpx.AsyncClient(
+            transport=BodyLimitTransport(self.settings.max_response_bytes,
+                                         AsyncHTTPHandler.create_async_transport()),
+            follow_redirects=False)
+        litellm.custom_provider_map = [
+            *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
+            *self._custom_providers(),
+        ]
+        litellm.utils.custom_llm_setup()
+        # litellm's bundled copy of cl100k: tiktoken itself would download it
+        from litellm.litellm_core_utils.default_encoding import encoding
+
+        self._encoder = encoding
+        self._warm_up(litellm)
+        return litellm
 
     @staticmethod
     def _warm_up(litellm: ModuleType) -> None:
