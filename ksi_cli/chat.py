@@ -52,6 +52,10 @@ class Turn:
     request_id: str | None = None
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a reply: the reply is cancelled, the chat goes on."""
+
+
 @dataclass
 class Target:
     """Whom the chat talks to: an agent, or a conversation answered by a model."""
@@ -138,8 +142,11 @@ async def _open(client: KsiClient, agent_id: str | None, profile: str | None, mo
 
 
 async def _reply(client: KsiClient, target: Target, message: str, stream: bool, timeout: float,
-                 turn: Turn) -> dict[str, Any]:
-    """Send one message and show the reply, chunk by chunk when streaming; returns the result."""
+                 turn: Turn, interrupt: asyncio.Event) -> dict[str, Any]:
+    """Send one message and show the reply, chunk by chunk when streaming; returns the result.
+
+    `interrupt` set (Ctrl-C) cancels the request in the daemon and raises Interrupted; one set
+    before the ack came is acted on once the request has an id to cancel."""
     import asyncio
 
     event, data = target.request(message, stream)
@@ -148,18 +155,20 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
         target.conversation_id = ack["conversation_id"]
     request_id = turn.request_id = ack["request_id"]
     waiter = asyncio.ensure_future(client.request("completion:wait", {"request_id": request_id, "timeout": timeout}))
+    stop = asyncio.ensure_future(interrupt.wait())
     shown: list[str] = []
     pusher: asyncio.Future[dict[str, Any] | None] | None = None
     closed = not stream
     try:
         while not waiter.done():
-            if closed:
-                await asyncio.wait({waiter})
-                break
-            if pusher is None:
+            if pusher is None and not closed:
                 pusher = asyncio.ensure_future(client.next_push())
-            done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
-            if pusher in done:
+            watched = {waiter, stop} if pusher is None else {waiter, stop, pusher}
+            done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done and not waiter.done():
+                await _cancel(client, request_id)  # raises unless the reply was complete already
+                await asyncio.wait({waiter})
+            if pusher is not None and pusher in done:
                 frame, pusher = pusher.result(), None
                 if frame is None:  # the connection closed; the waiter fails with it
                     closed = True
@@ -167,8 +176,13 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
                     shown.append(frame["data"].get("text", ""))
                     _write(shown[-1])
     finally:
-        if pusher is not None:
-            pusher.cancel()
+        for pending in (pusher, stop, waiter):
+            if pending is None:
+                continue
+            if not pending.done():
+                pending.cancel()
+            elif not pending.cancelled():
+                pending.exception()  # seen: a cancelled reply's failure is not reported as never retrieved
     result = waiter.result()
     turn.request_id = None
     if "content" not in result:
@@ -178,6 +192,13 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     content, streamed = result["content"], "".join(shown)
     _write((content[len(streamed):] if content.startswith(streamed) else "\n" + content) + "\n")
     return result
+
+
+async def _cancel(client: KsiClient, request_id: str) -> None:
+    """Cancel the request in the daemon (nothing of it is stored); Interrupted unless it was done."""
+    outcome = await client.request("completion:cancel", {"request_id": request_id})
+    if outcome.get("status") != "done":
+        raise Interrupted(request_id)
 
 
 async def _read_message(prompt: str) -> str | None:
@@ -232,6 +253,24 @@ async def _command(client: KsiClient, target: Target, line: str) -> bool:
     else:
         click.echo(f"unknown or incomplete command {name!r}; /help lists them", err=True)
     return True
+
+
+async def _interruptible_reply(client: KsiClient, target: Target, message: str, stream: bool, timeout: float,
+                               turn: Turn) -> dict[str, Any]:
+    """_reply with Ctrl-C turned into a cancel of that reply only, for as long as it runs."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    interrupt = asyncio.Event()
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt.set)
+    except (ValueError, RuntimeError):  # not the main thread: Ctrl-C stays KeyboardInterrupt
+        return await _reply(client, target, message, stream, timeout, turn, interrupt)
+    try:
+        return await _reply(client, target, message, stream, timeout, turn, interrupt)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)  # back to KeyboardInterrupt: at the prompt Ctrl-C ends the chat
 
 
 async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:
@@ -318,11 +357,19 @@ async def _session(location: Location, target: Target, profile: str | None, mode
                     break
                 continue
             _write(f"{name}> ")
+            before = target.conversation_id
             try:
-                await _reply(client, target, line, stream, timeout, turn)
+                await _interruptible_reply(client, target, line, stream, timeout, turn)
+            except Interrupted as interrupted:
+                _write("\n")
+                click.echo(f"cancelled request {interrupted}", err=True)
+                if before is None:  # the cancelled turn was its conversation's first: nothing of it stays
+                    target.conversation_id = None
             except KsiError as error:
                 _write("\n")
                 _error(error)
+                if before is None:  # a failed first turn leaves no conversation to continue
+                    target.conversation_id = None
                 if error.code == ErrorCode.DAEMON_UNREACHABLE:  # a restart: reconnect and go on
                     await client.close()
                     click.echo("reconnecting to the daemon...", err=True)

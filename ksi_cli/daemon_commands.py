@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -12,7 +12,7 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, show, wants_json
+from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, show, wants_json
 
 
 @click.group()
@@ -25,13 +25,43 @@ def http_option(command: Any) -> Any:
                         help="Also serve the HTTP front (OpenAI-compatible API) here; default KSI_HTTP_ADDR.")(command)
 
 
+def _fail(message: str, code: int) -> NoReturn:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)
+
+
+def _wanted(location: Location, http_addr: str | None, running_pid: Any) -> dict[str, Any]:
+    """The settings a start here would use; exit 2 naming each variable when one does not fit."""
+    from ksi_cli.daemon_settings import wanted_settings
+    from ksi_common.errors import KsiError
+
+    try:
+        return wanted_settings(location.var_dir, location.socket, http_addr)
+    except KsiError as invalid:
+        kept = f"; the running daemon (pid {running_pid}) was left as it is" if running_pid else ""
+        _fail(f"{invalid.message}{kept}", EXIT_USAGE)
+
+
+def _restart_hint(http_addr: str | None) -> str:
+    return "ksi daemon restart" + (f" --http {http_addr}" if http_addr else "")
+
+
 def _start(location: Location, http_addr: str | None) -> None:
     from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
+    from ksi_cli.daemon_settings import describe, differences
+
+    running = daemon_control.running_config(location)
+    if running is not None:
+        pid = (daemon_control.health(location) or {}).get("pid")
+        changed = differences(running, _wanted(location, http_addr, pid))
+        if changed:  # "already running" would hide that these settings are not in effect
+            _fail(f"the daemon on {location.socket} (pid {pid}) runs with other settings than this start "
+                  f"would use:\n{describe(changed)}\nrun `{_restart_hint(http_addr)}` to apply them "
+                  "(it checks them before it stops the running daemon)", EXIT_ERROR)
     try:
         _pid, message = daemon_control.start(location, http_addr=http_addr)
-    except RuntimeError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(EXIT_ERROR)
+    except daemon_control.StartFailed as exc:
+        _fail(str(exc), exc.exit_code)
     click.echo(message)
 
 
@@ -41,7 +71,8 @@ def _start(location: Location, http_addr: str | None) -> None:
 def start(var_dir: str | None, socket_path: str | None, http_addr: str | None) -> None:
     """Start the daemon in the background; returns once its socket answers.
 
-    When this var dir's daemon already runs, say so and exit 0.
+    When this var dir's daemon already runs with the settings this start would use, say so and
+    exit 0; with other settings, name them and exit 1 (`ksi daemon restart` applies them).
     """
     _start(locate(var_dir, socket_path), http_addr)
 
@@ -60,11 +91,27 @@ def stop(var_dir: str | None, socket_path: str | None, timeout: float) -> None:
 @location_options
 @http_option
 def restart(var_dir: str | None, socket_path: str | None, http_addr: str | None) -> None:
-    """Stop the daemon if it runs, then start it."""
+    """Check the new settings and HTTP address, then stop the daemon if it runs and start it.
+
+    Settings that do not fit, or an address another program holds, leave the running daemon as
+    it is (exit 2).
+    """
     from ksi_cli import daemon_control
+    from ksi_cli.daemon_settings import http_unavailable
     location = locate(var_dir, socket_path)
+    running = daemon_control.running_config(location)
+    pid = (daemon_control.health(location) or {}).get("pid") if running is not None else None
+    wanted = _wanted(location, http_addr, pid)
+    problem = http_unavailable(wanted.get("http_addr"), (running or {}).get("http_addr"))
+    if problem is not None:
+        kept = f"; the running daemon (pid {pid}) was left as it is" if pid else ""
+        _fail(problem + kept, EXIT_USAGE)
     click.echo(daemon_control.stop(location))
-    _start(location, http_addr)
+    try:
+        _pid, message = daemon_control.start(location, http_addr=http_addr)
+    except daemon_control.StartFailed as exc:
+        _fail(f"{exc} (the previous daemon was stopped)", exc.exit_code)
+    click.echo(message)
 
 
 @daemon.command()

@@ -17,6 +17,27 @@ from ksi_common.liveness import pid_alive, read_pid
 from ksi_common.privacy import open_private, private_dir
 
 
+class StartFailed(RuntimeError):
+    """The daemon did not start; `exit_code` is the daemon's own when it exited saying why."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# exit codes of ksi-daemon passed on by `ksi daemon start`: 2 a setting, address or var dir it
+# cannot use, 3 another daemon holds the var dir, 4 the storage cannot be opened
+DAEMON_EXIT_CODES = (2, 3, 4)
+
+
+def running_config(location: Location, timeout: float = 2.0) -> dict | None:
+    """The running daemon's settings (secrets masked), or None when none answers."""
+    try:
+        return oneshot.request(location.socket, "system:config", timeout=timeout)
+    except KsiError:
+        return None
+
+
 def health(location: Location, timeout: float = 2.0) -> dict | None:
     try:
         return oneshot.request(location.socket, "system:health", timeout=timeout)
@@ -30,7 +51,7 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
     if running:
         theirs = running.get("var_dir")
         if theirs is not None and Path(theirs).resolve() != location.var_dir.resolve():
-            raise RuntimeError(f"another daemon (pid {running.get('pid')}, var dir {theirs}) answers on "
+            raise StartFailed(f"another daemon (pid {running.get('pid')}, var dir {theirs}) answers on "
                                f"{location.socket}; choose another --socket")
         return int(running["pid"]), (f"daemon already running (pid {running.get('pid')}) on {location.socket}, "
                                      f"var dir {location.describe()}")
@@ -44,7 +65,7 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
         private_dir(log_dir)
         stderr_fd = open_private(log_dir / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     except OSError as exc:  # a file on the way to it, or a directory this user cannot write
-        raise RuntimeError(f"cannot use the var dir {location.var_dir}: {exc.strerror or exc} ({exc.filename})") from None
+        raise StartFailed(f"cannot use the var dir {location.var_dir}: {exc.strerror or exc} ({exc.filename})") from None
     with os.fdopen(stderr_fd, "ab") as stderr:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -55,13 +76,14 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
         code = process.poll()
         if code is not None:
             tail = (log_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
-            raise RuntimeError(f"the daemon exited with code {code}: {' '.join(tail)}")
+            raise StartFailed(f"the daemon exited with code {code}: {' '.join(tail)}",
+                              code if code in DAEMON_EXIT_CODES else 1)
         if (info := health(location, timeout=1.0)) is not None:
             where = f"{location.socket} and {info['http']}" if info.get("http") else str(location.socket)
             return int(info["pid"]), f"daemon started (pid {info['pid']}) on {where}, var dir {location.describe()}"
         time.sleep(0.02)
     process.terminate()
-    raise RuntimeError(f"the daemon did not answer on {location.socket} within {wait}s")
+    raise StartFailed(f"the daemon did not answer on {location.socket} within {wait}s")
 
 
 def stop(location: Location, timeout: float = 15.0) -> str:

@@ -37,6 +37,7 @@ class Location:
     socket_given: bool = False  # --socket was on the command line
     storage: str = "jsonl"  # KSI_STORAGE: which backend the inspection commands read
     database_url: str | None = None  # KSI_DATABASE_URL, for storage=postgres
+    storage_given: bool = False  # KSI_STORAGE was set (else the running daemon may say which it uses)
 
     @property
     def layout(self) -> VarLayout:
@@ -72,4 +73,4 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
     sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
     return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
                     socket_given=socket is not None, storage=_setting("KSI_STORAGE") or "jsonl",
-                    database_url=_setting("KSI_DATABASE_URL"))
+                    database_url=_setting("KSI_DATABASE_URL"), storage_given=bool(_setting("KSI_STORAGE")))

@@ -12,7 +12,7 @@ from ksi_cli import completion
 from ksi_cli.event_args import EventArgsError, check_payload, event_words, json_value
 from ksi_cli.locate import Location, locate
 from ksi_cli.options import json_option, location_options
-from ksi_cli.output import EXIT_OK, EXIT_PENDING, fail, show, wants_json
+from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_PENDING, fail, show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.limits import MAX_TIMEOUT
@@ -170,6 +170,11 @@ def discover(namespace: str | None, as_json: bool, var_dir: str | None, socket_p
     """List the daemon's events, optionally of one NAMESPACE."""
     data = {"namespace": namespace} if namespace else {}
     reply = request_or_exit(locate(var_dir, socket_path), "system:discover", data, as_json)
+    if namespace and not reply["events"]:
+        similar = reply.get("similar") or []
+        meant = f"; did you mean {' or '.join(similar)}?" if similar else "; `ksi discover` lists them all"
+        click.echo(f"no events in the namespace {namespace!r}{meant}", err=True)
+        sys.exit(EXIT_ERROR)
     if wants_json(as_json):
         show(reply, as_json)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 from ksi_cli.locate import Location
@@ -14,9 +15,36 @@ from ksi_common.reading import StoredReader, open_reader
 T = TypeVar("T")
 
 
+def running_storage(where: Location) -> Location:
+    """`where` reading what the running daemon reads, when KSI_STORAGE is unset: a daemon on
+    PostgreSQL keeps nothing of its conversations in the var dir, which would read as empty.
+    A URL the daemon shows masked (it holds a password) cannot be used: storage_unavailable,
+    naming the two settings to give."""
+    if where.storage_given:
+        return where
+    from ksi_common import oneshot
+    from ksi_common.dburl import MASK
+
+    try:
+        running = oneshot.request(where.socket, "system:config", timeout=2.0)
+    except KsiError:  # no daemon answers: the var dir is what there is
+        return where
+    if running.get("storage") != "postgres":
+        return where
+    url = str(running.get("database_url") or "")
+    if not url or MASK in url:
+        raise KsiError(ErrorCode.STORAGE_UNAVAILABLE,
+                       f"the running daemon keeps its conversations in PostgreSQL ({url or 'no URL shown'}); "
+                       "set KSI_STORAGE=postgres and KSI_DATABASE_URL (with its password) as the daemon has them",
+                       fields={"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": url})
+    return replace(where, storage="postgres", database_url=url, storage_given=True)
+
+
 def read_stored(where: Location, work: Callable[[StoredReader], Awaitable[T]]) -> T:
-    """Run `work` over the reader of the configured backend, then release it; a bad KSI_STORAGE
-    (or postgres without a URL) is a validation_error."""
+    """Run `work` over the reader of the configured backend (or the running daemon's, see
+    running_storage), then release it; a bad KSI_STORAGE (or postgres without a URL) is a
+    validation_error."""
+    where = running_storage(where)
 
     async def run() -> T:
         try:

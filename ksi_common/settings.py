@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
+import re
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from ksi_common.dburl import mask_url
 from ksi_common.errors import ErrorCode, KsiError
@@ -18,6 +21,27 @@ from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
 
 RESOLVED_KEPT = 1024  # model names whose overrides are remembered (see ModelOverrides)
+
+# the form a setting takes, for the error that names a value that does not fit it
+EXPECTED_FORM = {
+    "allowed_file_roots": "directories separated by ':' as in PATH (/srv/docs:/home/me/src), or a JSON list",
+    "allow_uids": "user ids separated by commas (1001,1002), or a JSON list",
+    "models": 'a JSON object from a model pattern to its settings, e.g. {"ollama/*": {"api_base": '
+              '"http://127.0.0.1:11434"}}',
+}
+
+
+def plain_list(value: Any, separator: str) -> Any:
+    """A list setting as users write it: `a<separator>b`, or a JSON list (`[...]`)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ValueError("not a JSON list") from None
+    return [part.strip() for part in text.split(separator) if part.strip()]
 
 
 class ModelSettings(BaseModel):
@@ -80,7 +104,7 @@ class Settings(BaseSettings):
     # too_many_connections and closed (and the limit stays below what the process may open, with
     # room for files, the database pool and provider sockets, so accept never runs out of descriptors)
     max_connections: int = Field(default=1000, gt=0)
-    allow_uids: list[int] = Field(default_factory=list)
+    allow_uids: Annotated[list[int], NoDecode] = Field(default_factory=list)  # 1001,1002 or JSON
     shutdown_timeout: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT)
 
     # completions
@@ -106,7 +130,7 @@ class Settings(BaseSettings):
 
     # conversations
     default_ttl: float | None = Field(default=None, gt=0, le=MAX_TTL)
-    allowed_file_roots: list[Path] = Field(default_factory=list)
+    allowed_file_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)  # /a:/b or JSON
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
     max_fork_depth: int = Field(default=32, gt=0)
     # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
@@ -147,6 +171,16 @@ class Settings(BaseSettings):
         if token is not None and (reason := weakness(token.get_secret_value())) is not None:
             raise ValueError(reason)
         return token
+
+    @field_validator("allow_uids", mode="before")
+    @classmethod
+    def _uids_as_written(cls, value: Any) -> Any:
+        return plain_list(value, ",")
+
+    @field_validator("allowed_file_roots", mode="before")
+    @classmethod
+    def _roots_as_written(cls, value: Any) -> Any:
+        return plain_list(value, os.pathsep)
 
     @property
     def fsync_enabled(self) -> bool:
@@ -191,11 +225,23 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        fields = {_variable(error["loc"]): error["msg"] for error in exc.errors()}
+        fields = {_variable(error["loc"]): _with_form(error["loc"], error["msg"]) for error in exc.errors()}
         problems = "; ".join(f"{name}: {message}" for name, message in fields.items())
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {problems}", fields=fields) from None
     except SettingsError as exc:  # a value that is not even parsed (KSI_MODELS that is not JSON)
-        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {exc}") from None
+        named = re.search(r'field "(\w+)"', str(exc))
+        if named is None:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {exc}") from None
+        name = _variable((named.group(1),))
+        message = _with_form((named.group(1),), "not valid JSON")
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {name}: {message}",
+                       fields={name: message}) from None
+
+
+def _with_form(loc: tuple[int | str, ...], message: str) -> str:
+    """The error's message, followed by the form the setting takes when it has a form of its own."""
+    form = EXPECTED_FORM.get(str(loc[0])) if loc else None
+    return f"{message}; expected {form}" if form else message
 
 
 def _variable(loc: tuple[int | str, ...]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -81,11 +82,22 @@ def validate(model: type[EventData], data: Any) -> EventData:
         for error in exc.errors(include_url=False):
             location = ".".join(str(part) for part in error["loc"]) or "data"
             fields[location] = error["msg"]
+            if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:  # a misspelt field, most often
+                fields[location] += _closest_field(model, str(error["loc"][0]))
         raise KsiError(
             ErrorCode.VALIDATION_ERROR,
             "invalid data: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
             fields=fields,
         ) from None
+
+
+def _closest_field(model: type[EventData], name: str) -> str:
+    """"; did you mean prompt?" for `promt`, or nothing when no field is close."""
+    if len(name) > 100:
+        return ""
+    known = dict.fromkeys(n for field, info in model.model_fields.items() for n in (field, info.alias) if n)
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def type_name(annotation: Any) -> str:

@@ -32,6 +32,10 @@ class Route:
     description: str
 
 
+def did_you_mean(similar: list[str]) -> str:
+    return f"; did you mean {' or '.join(similar)}?" if similar else ""
+
+
 def matches(pattern: str, event: str) -> bool:
     """`*` matches all, `ns:*` every event of namespace `ns`, anything else itself."""
     if pattern == "*":
@@ -48,6 +52,7 @@ class Router:
         self._routes: dict[str, Route] = {}
         self._exact: dict[str, list[Listener]] = {}
         self._patterns: list[tuple[str, Listener]] = []
+        self._emitted: dict[str, int] = {}  # names only ever emitted (no handler), by declarations
 
     # -- registration -------------------------------------------------------
     def register(
@@ -62,6 +67,22 @@ class Router:
             self._routes.pop(name, None)
 
         return unregister
+
+    def emits(self, *names: str) -> Unregister:
+        """Declare events that are emitted but not requested (completion:result, ...), so a
+        subscription to one is known and a misspelt one gets a suggestion; returns its undo."""
+        for name in names:
+            self._emitted[name] = self._emitted.get(name, 0) + 1
+
+        def undeclare() -> None:
+            for name in names:
+                left = self._emitted.get(name, 0) - 1
+                if left > 0:
+                    self._emitted[name] = left
+                else:
+                    self._emitted.pop(name, None)
+
+        return undeclare
 
     def listen(self, pattern: str, listener: Listener) -> Unregister:
         """Call `listener` for every emitted event matching `pattern`; returns its remover."""
@@ -81,8 +102,28 @@ class Router:
                 raise KsiError(ErrorCode.UNKNOWN_EVENT, f"unknown event {name[:NAME_SHOWN]!r}... "
                                f"({len(name)} characters)", similar=[])
             similar = difflib.get_close_matches(name, list(self._routes), n=5, cutoff=0.5)
-            raise KsiError(ErrorCode.UNKNOWN_EVENT, f"unknown event {name!r}", similar=similar)
+            raise KsiError(ErrorCode.UNKNOWN_EVENT, f"unknown event {name!r}{did_you_mean(similar[:3])}",
+                           similar=similar)
         return route
+
+    def check_pattern(self, pattern: str) -> None:
+        """Refuse a subscription pattern that no event can match (`unknown_event`, with the
+        closest names): a misspelt name would otherwise wait silently for ever."""
+        if pattern == "*":
+            return
+        if pattern.endswith(":*"):
+            namespace = pattern[:-2]
+            if namespace in self.namespaces():
+                return
+            similar = [f"{n}:*" for n in self.similar_namespaces(namespace)]
+            raise KsiError(ErrorCode.UNKNOWN_EVENT, f"no event is in the namespace {pattern[:NAME_SHOWN]!r}"
+                           f"{did_you_mean(similar)}", pattern=pattern[:NAME_SHOWN], similar=similar)
+        if pattern in self._routes or pattern in self._emitted:
+            return
+        names = [*self._routes, *self._emitted]
+        similar = difflib.get_close_matches(pattern, names, n=3, cutoff=0.5) if len(pattern) <= NAME_SHOWN else []
+        raise KsiError(ErrorCode.UNKNOWN_EVENT, f"no event is named {pattern[:NAME_SHOWN]!r}{did_you_mean(similar)}",
+                       pattern=pattern[:NAME_SHOWN], similar=similar)
 
     async def request(self, name: str, data: Any, context: EventContext) -> dict[str, Any]:
         """Validate `data` for `name`, tell listeners, run the handler and return its reply data."""
@@ -106,6 +147,15 @@ class Router:
             listener(name, data, context)
         except Exception:
             log.exception("listener_failed", event_name=name, listener=repr(listener))
+
+    def namespaces(self) -> set[str]:
+        return {name.split(":", 1)[0] for name in (*self._routes, *self._emitted)}
+
+    def similar_namespaces(self, namespace: str) -> list[str]:
+        """The namespaces closest to a misspelt one, best first."""
+        if len(namespace) > NAME_SHOWN:
+            return []
+        return difflib.get_close_matches(namespace, sorted(self.namespaces()), n=3, cutoff=0.5)
 
     # -- self-description ---------------------------------------------------
     def events(self, namespace: str | None = None) -> list[Route]:

@@ -40,7 +40,7 @@ def default_answer(messages: list[dict[str, Any]]) -> str:
 
 
 class StubOpenAI:
-    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer) -> None:
+    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer, port: int = 0) -> None:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -56,8 +56,9 @@ class StubOpenAI:
         self.model_delay: dict[str, float] = {}  # model name -> seconds every answer of it waits
         self.model_gate: dict[str, asyncio.Event] = {}  # model name -> answers of it wait until set
         self.model_script: dict[str, deque[Reply]] = {}  # model name -> its own scripted answers
+        self.hung_up = 0  # streams whose client went away while a gate held them (a cancelled call)
         self._runner: web.AppRunner | None = None
-        self.port = 0
+        self.port = port  # 0: one the kernel chooses
 
     @property
     def api_base(self) -> str:
@@ -76,7 +77,7 @@ class StubOpenAI:
         app.router.add_post("/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
@@ -173,6 +174,19 @@ class StubOpenAI:
             pass
         return response
 
+    @staticmethod
+    async def _held(request: web.Request, gate: asyncio.Event) -> bool:
+        """Wait for the gate; False when the client hangs up first (the daemon cancelled the call)."""
+        while not gate.is_set():
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return False
+            try:
+                await asyncio.wait_for(gate.wait(), 0.05)
+            except TimeoutError:
+                pass
+        return True
+
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
                       prompt_tokens: int, cut: bool = False, drip: float = 0.0,
                       gate: asyncio.Event | None = None) -> web.StreamResponse:
@@ -188,8 +202,9 @@ class StubOpenAI:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if drip:
                 await asyncio.sleep(drip)  # seconds between streamed words
-            if position == 0 and gate is not None:
-                await gate.wait()
+            if position == 0 and gate is not None and not await self._held(request, gate):
+                self.hung_up += 1
+                return response
         if cut:
             await response.write_eof()
             return response

@@ -408,7 +408,7 @@ def test_a_setting_that_does_not_fit_is_named_on_one_line(place: Place) -> None:
     """`ksi daemon start` shows the daemon's last line of stderr: it must name the variable."""
     bad = clean_env(KSI_MAX_CONCURRENCY="-3", KSI_MODELS='{"openai/*": {"max_concurrency": 0}}')
     start = place.ksi("daemon", "start", *place.where, env=bad)
-    assert start.returncode == 1 and "Traceback" not in start.stderr
+    assert start.returncode == 2 and "Traceback" not in start.stderr  # the daemon's own exit code
     assert "exited with code 2" in start.stderr and "KSI_MAX_CONCURRENCY: Input should be greater than 0" in start.stderr
     assert not place.socket.exists()
     shown = place.ksi("config", "--json", *place.where, env=bad)
@@ -417,4 +417,5 @@ def test_a_setting_that_does_not_fit_is_named_on_one_line(place: Place) -> None:
     assert set(error["details"]["fields"]) == {"KSI_MAX_CONCURRENCY", "KSI_MODELS.openai/*.max_concurrency"}
     unparsed = subprocess.run([sys.executable, "-m", "ksi_daemon", "--quiet", *place.where],
                               env=clean_env(KSI_MODELS="{not json"), capture_output=True, text=True, timeout=TIMEOUT)
-    assert unparsed.returncode == 2 and unparsed.stderr.count("\n") == 1 and "models" in unparsed.stderr
+    assert unparsed.returncode == 2 and unparsed.stderr.count("\n") == 1 and "KSI_MODELS" in unparsed.stderr
+    assert "expected a JSON object" in unparsed.stderr

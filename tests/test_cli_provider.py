@@ -244,14 +244,35 @@ async def test_a_failing_cli_is_a_provider_error_and_not_indexed(short_tmp: Path
     assert "claude exited" in caught.value.message
 
 
-async def test_a_missing_cli_is_a_clear_provider_error(cli_daemon: Daemon, monkeypatch: pytest.MonkeyPatch,
-                                                      short_tmp: Path) -> None:
+async def test_a_missing_cli_is_refused_at_once(cli_daemon: Daemon, monkeypatch: pytest.MonkeyPatch,
+                                                short_tmp: Path) -> None:
     monkeypatch.setenv("PATH", str(short_tmp))  # no claude anywhere
     async with connected(cli_daemon) as client:
-        with pytest.raises(KsiError) as caught:
-            await complete(client, model="claude-cli/sonnet", prompt="hello")
-    assert caught.value.code == "provider_error"
-    assert "claude" in caught.value.message and "PATH" in caught.value.message
+        with pytest.raises(KsiError) as caught:  # the ack itself: nothing is queued, nothing written
+            await client.request("completion:async", {"model": "claude-cli/sonnet", "prompt": "hello"})
+        listed = await client.request("conversation:list", {})
+    assert caught.value.code == "provider_unavailable"
+    assert caught.value.details["binary"] == "claude"
+    assert "`claude`" in caught.value.message and "PATH" in caught.value.message
+    assert listed["total"] == 0
+
+
+async def test_a_cli_missing_when_called_is_not_retried(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
+    from ksi_daemon.providers.base import ProviderCall, ProviderFailure
+    from ksi_daemon.providers.litellm_provider import LiteLLMProvider
+    from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
+    from tests.conftest import make_settings
+
+    monkeypatch.setenv("PATH", str(short_tmp))  # gone after the request was accepted
+    provider = LiteLLMProvider(make_settings(short_tmp))
+    breaker = CircuitBreaker(threshold=1, reset=60)
+    attempts: list[dict[str, Any]] = []
+    call = ProviderCall(model="claude-cli/sonnet", messages=[{"role": "user", "content": "hello"}])
+    with pytest.raises(ProviderFailure) as caught:
+        await with_retries(lambda: provider.complete(call), RetryPolicy(3, 0.01, 0.01), breaker, "claude", attempts)
+    assert caught.value.code == "provider_unavailable" and caught.value.details["binary"] == "claude"
+    assert len(attempts) == 1
+    assert breaker.report() == {}
 
 
 @pytest.mark.parametrize("model", ["claude-cli/sonnet", "gemini-cli/default"])

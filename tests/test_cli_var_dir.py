@@ -48,7 +48,7 @@ def project() -> Iterator[Path]:
 def test_start_marks_the_var_dir_and_a_second_start_is_a_success(project: Path) -> None:
     assert (project / "var" / MARKER_NAME).is_file()
     assert oct((project / "var").stat().st_mode & 0o777) == oct(0o700)
-    again = ksi(project / "src", "daemon", "start")
+    again = ksi(project / "src", "daemon", "start", KSI_LINE_LIMIT="4242")  # the settings it runs with
     assert again.returncode == 0, again.stderr
     assert "already running" in again.stdout
     assert str(project / "var") in again.stdout

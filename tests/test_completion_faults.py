@@ -257,11 +257,12 @@ async def test_client_errors_do_not_open_the_circuit(short_tmp: Path, stub: Any)
     assert len(stub.requests) == 4
 
 
-async def test_an_unknown_provider_is_a_provider_error_without_retries(stub_daemon: Daemon, stub: Any) -> None:
+async def test_an_unknown_provider_is_refused_before_it_is_queued(stub_daemon: Daemon, stub: Any) -> None:
     async with connected(stub_daemon) as client:
-        error, status = await failing(client, prompt="hi", model="nosuch/model")
-    assert error.code == "provider_error"
-    assert error.details["status"] == 400
-    assert len(response_of(stub_daemon, status["response_id"])[-1]["attempts"]) == 1
-    assert status["response_id"].startswith("nosuch-model-")
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:async", {"prompt": "hi", "model": "nosuch/model"})
+        listed = await client.request("conversation:list", {})
+    assert caught.value.code == "model_not_found"
+    assert caught.value.details["model"] == "nosuch/model"
+    assert listed["total"] == 0
     assert stub.requests == []

@@ -175,12 +175,13 @@ async def test_nothing_is_written_outside_the_var_dir(short_tmp: Path, stub: Stu
     assert sorted(p.name for p in short_tmp.iterdir()) == ["var"]
 
 
-async def test_a_model_the_provider_refuses_is_the_clients_400_not_a_gateway_error(http_daemon: HttpDaemon) -> None:
+async def test_a_model_no_provider_answers_to_is_the_clients_404_not_a_gateway_error(
+        http_daemon: HttpDaemon) -> None:
     async with api(http_daemon) as http:
         reply = await http.post("/v1/responses", json={"input": "hi", "model": "no-such-provider-model"})
-    assert reply.status_code == 400
-    assert reply.json()["error"]["code"] == ErrorCode.PROVIDER_ERROR
-    assert reply.json()["error"]["details"]["status"] == 400
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == ErrorCode.MODEL_NOT_FOUND
+    assert written(http_daemon) == set()
 
 
 async def test_a_stream_whose_provider_fails_ends_with_response_failed(http_daemon: HttpDaemon,

@@ -172,7 +172,10 @@ async def test_a_metadata_write_that_fails_after_the_exchange_waits_and_is_writt
     await store.close()
 
 
-async def test_a_new_conversation_whose_request_failed_exists_after_a_restart(short_tmp: Path, stub: Any) -> None:
+async def test_a_conversation_named_with_create_whose_first_request_failed_exists_after_a_restart(
+        short_tmp: Path, stub: Any) -> None:
+    # the client chose the id and asked for it to be created: it stays, empty (one the daemon named
+    # for the request goes with a failed first turn: test_model_faults)
     stub.enqueue(Reply(status=400, body='{"error": {"message": "refused"}}'))
     settings = stub_settings(stub, retry_attempts=1)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,16 +44,29 @@ class ProviderReply:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+Probe = Callable[[], Awaitable[bool]]
+
+
 class ProviderFailure(KsiError):
-    """A failed model call; `retryable` and `retry_after` steer the daemon's retry policy."""
+    """A failed model call; `retryable` and `retry_after` steer the daemon's retry policy, and
+    `probe` (for a provider that could not be reached) asks cheaply whether it answers again."""
 
     def __init__(self, code: ErrorCode | str, message: str, *, retryable: bool = False,
-                 retry_after: float | None = None, **details: Any) -> None:
+                 retry_after: float | None = None, probe: Probe | None = None, **details: Any) -> None:
         if retry_after is not None:
             details.setdefault("retry_after", retry_after)  # the client's hint as well
         super().__init__(code, message, **details)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.probe = probe
+
+
+class CommandMissing(Exception):
+    """A CLI provider's program is not on the daemon's PATH (raised inside litellm, found by the adapter)."""
+
+    def __init__(self, binary: str) -> None:
+        super().__init__(f"{binary!r} was not found on PATH")
+        self.binary = binary
 
 
 class Provider(Protocol):

@@ -17,7 +17,7 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import Usage
 
-from ksi_daemon.providers.base import SESSION_METADATA_KEY
+from ksi_daemon.providers.base import SESSION_METADATA_KEY, CommandMissing
 from ksi_daemon.providers.base import message_text as _text
 
 
@@ -82,7 +82,7 @@ class CLISession(CustomLLM):
         try:
             code, stdout, stderr = await self._run(self.command(model, prompt, system, session), timeout)
         except FileNotFoundError:
-            raise CustomLLMError(status_code=503, message=f"{self.binary!r} was not found on PATH") from None
+            raise CommandMissing(self.binary) from None
         except TimeoutError:
             raise CustomLLMError(status_code=408, message=f"{self.binary} did not answer within {timeout}s") from None
         if code != 0:

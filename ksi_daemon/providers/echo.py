@@ -12,27 +12,11 @@ from typing import Any
 from litellm import CustomLLM, ModelResponse
 from litellm.types.utils import GenericStreamingChunk, Usage
 
-from ksi_daemon.providers.base import message_text as _text
-
-
-def echo_answer(messages: list[dict[str, Any]]) -> str:
-    """A deterministic reply that shows exactly which history the model was given."""
-    users = [_text(m) for m in messages if m.get("role") == "user"]
-    systems = sum(1 for m in messages if m.get("role") == "system")
-    new_input = users[-1] if users else ""
-    earlier = users[:-1]
-    lines = [f"You said: {new_input}", f"Messages received: {len(messages)} (system: {systems})"]
-    if earlier:
-        lines.append("Earlier user inputs: " + " | ".join(earlier))
-    else:
-        lines.append("Earlier user inputs: none")
-    return "\n".join(lines)
+from ksi_daemon.providers.echo_answer import echo_answer, echo_pieces, echo_usage
 
 
 def _usage(messages: list[dict[str, Any]], answer: str) -> Usage:
-    prompt = sum(len(_text(m).split()) + 4 for m in messages)
-    completion = len(answer.split())
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(**echo_usage(messages, answer))
 
 
 class EchoLLM(CustomLLM):
@@ -57,16 +41,14 @@ class EchoLLM(CustomLLM):
 
     def _chunks(self, messages: list) -> Iterator[GenericStreamingChunk]:
         answer = echo_answer(messages)
-        words = answer.split(" ")
-        for position, word in enumerate(words):
-            last = position == len(words) - 1
-            usage = _usage(messages, answer) if last else None
+        pieces = echo_pieces(answer)
+        for position, piece in enumerate(pieces):
+            last = position == len(pieces) - 1
             yield GenericStreamingChunk(
-                text=word if last else word + " ",
+                text=piece,
                 is_finished=last,
                 finish_reason="stop" if last else "",
-                usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                       "total_tokens": usage.total_tokens} if usage else None,
+                usage=echo_usage(messages, answer) if last else None,  # type: ignore[typeddict-item]
                 index=0,
                 tool_use=None,
             )

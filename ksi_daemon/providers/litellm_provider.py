@@ -6,6 +6,9 @@ import asyncio
 import gc
 import math
 import os
+import re
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,8 +22,11 @@ import structlog
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
+from ksi_daemon.providers.echo_answer import answer_without_litellm
+from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import check_options
-from ksi_daemon.providers.base import SESSION_METADATA_KEY, ProviderCall, ProviderFailure, ProviderReply
+from ksi_daemon.providers.base import (SESSION_METADATA_KEY, CommandMissing, Probe, ProviderCall,
+                                       ProviderFailure, ProviderReply)
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -30,6 +36,16 @@ _OFFLINE_DEFAULTS = {
     "LITELLM_MODE": "PRODUCTION",
     "LITELLM_LOG": "ERROR",
 }
+
+
+# CLI-session providers by model prefix: the program each runs
+CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
+BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
+LOADING_SWITCH_INTERVAL = 0.0005  # seconds; see LiteLLMProvider.load
+KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
+# how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
+_MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
+                          re.IGNORECASE)
 
 
 def provider_of(model: str) -> str:
@@ -47,6 +63,7 @@ class LiteLLMProvider:
         self._windows: dict[str, int] = {}
         self._unpriced: set[str] = set()
         self._encoder: Any = None
+        self._known: set[str] = set()  # model names litellm routes (see check)
 
     # -- loading ------------------------------------------------------------
     @property
@@ -60,38 +77,58 @@ class LiteLLMProvider:
         with self._load_lock:
             if self._module is None:
                 started = time.perf_counter()
-                for name, value in _OFFLINE_DEFAULTS.items():
-                    os.environ.setdefault(name, value)
-                import litellm
-
-                litellm.suppress_debug_info = True
-                litellm.disable_hf_tokenizer_download = True
-                litellm.telemetry = False
-                litellm.drop_params = True
-                # calls through the openai SDK (every OpenAI-compatible server) read their answer
-                # through this client, which stops at the size limit; underneath it, litellm's own
-                # transport (aiohttp), which costs less CPU per call than httpx's
-                from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
-
-                litellm.aclient_session = httpx.AsyncClient(
-                    transport=BodyLimitTransport(self.settings.max_response_bytes,
-                                                 AsyncHTTPHandler.create_async_transport()),
-                    follow_redirects=False)
-                litellm.custom_provider_map = [
-                    *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
-                    *self._custom_providers(),
-                ]
-                litellm.utils.custom_llm_setup()
-                # litellm's bundled copy of cl100k: tiktoken itself would download it
-                from litellm.litellm_core_utils.default_encoding import encoding
-
-                self._encoder = encoding
-                self._module = litellm
+                # seconds of pure Python in this thread: with the usual 5 ms switch interval every
+                # request the loop serves meanwhile (the first echo turns) waits up to 5 ms a step
+                switch = sys.getswitchinterval()
+                sys.setswitchinterval(LOADING_SWITCH_INTERVAL)
+                try:
+                    self._module = self._import()
+                finally:
+                    sys.setswitchinterval(switch)
                 # litellm leaves ~400k long-lived objects; without this every full collection
                 # walks them again, a measurable share of the daemon's CPU per completion
                 gc.freeze()
                 log.info("litellm_loaded", seconds=round(time.perf_counter() - started, 3))
         return self._module
+
+    def _import(self) -> ModuleType:
+        for name, value in _OFFLINE_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        import litellm
+
+        litellm.suppress_debug_info = True
+        litellm.disable_hf_tokenizer_download = True
+        litellm.telemetry = False
+        litellm.drop_params = True
+        # calls through the openai SDK (every OpenAI-compatible server) read their answer
+        # through this client, which stops at the size limit; underneath it, litellm's own
+        # transport (aiohttp), which costs less CPU per call than httpx's
+        from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+
+        litellm.aclient_session = httpx.AsyncClient(
+            transport=BodyLimitTransport(self.settings.max_response_bytes,
+                                         AsyncHTTPHandler.create_async_transport()),
+            follow_redirects=False)
+        litellm.custom_provider_map = [
+            *[p for p in litellm.custom_provider_map if p["provider"] not in self._custom_names()],
+            *self._custom_providers(),
+        ]
+        litellm.utils.custom_llm_setup()
+        # litellm's bundled copy of cl100k: tiktoken itself would download it
+        from litellm.litellm_core_utils.default_encoding import encoding
+
+        self._encoder = encoding
+        self._warm_up(litellm)
+        return litellm
+
+    @staticmethod
+    def _warm_up(litellm: ModuleType) -> None:
+        """One echo call here, in the loading thread: litellm's first call imports more of it
+        (0.7 s of CPU measured), which would otherwise block the event loop on the first turn."""
+        try:
+            litellm.completion(model="echo/warm-up", messages=[{"role": "user", "content": "warm up"}])
+        except Exception:  # only a warm-up: the first real call pays instead
+            log.warning("litellm_warm_up_failed", exc_info=True)
 
     async def ensure_loaded(self) -> ModuleType:
         if self._module is not None:
@@ -113,8 +150,68 @@ class LiteLLMProvider:
             {"provider": "gemini-cli", "custom_handler": GeminiCLI(timeout)},
         ]
 
+    # -- model names ----------------------------------------------------------
+    async def check(self, model: str, _inline: dict[str, Any] | None) -> None:
+        """Refuse, before a request is queued, a model no provider answers to and a CLI model
+        whose program is missing: `model_not_found` or `provider_unavailable`, never retried."""
+        if model.startswith("echo/") or model in self._known:
+            return
+        for prefix, program in CLI_PROGRAMS.items():
+            if model.startswith(prefix):
+                if shutil.which(program) is None:
+                    raise missing_command(program, model)
+                return
+        litellm = await self.ensure_loaded()
+        try:
+            litellm.get_llm_provider(model)
+        except Exception:
+            raise unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm)) from None
+        if len(self._known) >= KNOWN_KEPT:
+            self._known.clear()
+        self._known.add(model)
+
+    def own_model_names(self) -> list[str]:
+        """The names this daemon offers: the default, the configured and the built-in ones."""
+        configured = [name for name in self.settings.models if not any(c in name for c in "*?[")]
+        return [self.settings.default_model, *configured, *BUILTIN_NAMES]
+
+    @staticmethod
+    def litellm_model_names(litellm: ModuleType) -> list[str]:
+        return [name for name in litellm.model_cost if name != "sample_spec"]
+
+    def _key_variables(self, litellm: ModuleType, model: str) -> list[str]:
+        """The variables that would hold the missing key: the configured one, else litellm's."""
+        configured = self.settings.model_settings(model).api_key_env
+        if configured:
+            return [configured]
+        try:
+            missing = litellm.validate_environment(model).get("missing_keys") or []
+        except Exception:
+            return []
+        return [str(name) for name in missing if str(name).endswith(("_KEY", "_TOKEN"))]
+
+    def _map(self, litellm: ModuleType, exc: Exception, model: str, url: str | None) -> ProviderFailure:
+        """A litellm exception as a ProviderFailure; configuration faults in KSI's words."""
+        program = _cause(exc, CommandMissing)
+        if program is not None:
+            return missing_command(program.binary, model)
+        errors = litellm.exceptions
+        said = self.redact(str(getattr(exc, "message", None) or exc))[:2000]
+        if isinstance(exc, errors.BadRequestError) and "LLM Provider NOT provided" in said:
+            return unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm))
+        if isinstance(exc, errors.NotFoundError):
+            return unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm),
+                                 provider_said=said)
+        if _MISSING_KEY.search(said) and not isinstance(exc, errors.RateLimitError):
+            return missing_key(model, self._key_variables(litellm, model))
+        return map_error(litellm, exc, self.redact, url=url)
+
     # -- model facts --------------------------------------------------------
-    async def ready(self) -> None:
+    async def ready(self, model: str) -> None:
+        """Ready to count a turn of `model` exactly; an echo turn does not wait for litellm (its
+        counts are estimates until litellm is loaded)."""
+        if self._module is None and model.startswith("echo/"):
+            return
         await self.ensure_loaded()
 
     def count_tokens(self, text: str) -> int:
@@ -135,9 +232,9 @@ class LiteLLMProvider:
             return override
         if model in self._windows:
             return self._windows[model]
-        litellm = await self.ensure_loaded()
         window = self.settings.default_context_window
         if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+            litellm = await self.ensure_loaded()
             try:
                 # ollama models make get_model_info call the local server: keep it off the loop
                 info = await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0)
@@ -181,6 +278,11 @@ class LiteLLMProvider:
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
+        if self._module is None and call.model.startswith("echo/"):
+            # the first echo turns after a start do not wait seconds for litellm's import: the
+            # same answer, in the same shape, as its custom provider gives once it is loaded
+            check_options(call.model, call.options, self.settings.model_settings(call.model).allow_options)
+            return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
         try:
@@ -192,7 +294,7 @@ class LiteLLMProvider:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise map_error(litellm, exc, self.redact, url=kwargs.get("api_base")) from None
+            raise self._map(litellm, exc, call.model, kwargs.get("api_base")) from None
         return self._reply(litellm, call, response)
 
     async def _stream(self, litellm: ModuleType, call: ProviderCall, kwargs: dict[str, Any]) -> ProviderReply:
@@ -326,6 +428,43 @@ def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
 KEYLESS_PLACEHOLDER = "no-key"
 
 
+def _cause(exc: BaseException, kind: type[CommandMissing]) -> CommandMissing | None:
+    """The exception of `kind` behind `exc` (litellm wraps what its custom providers raise)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def reach_probe(url: str) -> Probe | None:
+    """Whether anything accepts a connection at `url`'s host and port: a local server that was
+    not up yet closes its circuit the moment it is (see CircuitBreaker.check)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not host:
+        return None
+
+    async def answers() -> bool:
+        try:
+            async with asyncio.timeout(0.5):
+                _reader, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    return answers
+
+
 def _connection_failed(exc: BaseException) -> bool:
     """True when the provider could not be reached: litellm wraps that in other errors (a 500)."""
     seen: set[int] = set()
@@ -358,7 +497,7 @@ def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] 
     if isinstance(exc, errors.APIConnectionError) or _connection_failed(exc):
         where = url or "the provider's default URL"  # a connection error says where it tried
         return ProviderFailure(ErrorCode.PROVIDER_ERROR, f"cannot connect to {where}: {message}", retryable=True,
-                               status=status, reason="connection", url=url)
+                               probe=reach_probe(url) if url else None, status=status, reason="connection", url=url)
     retryable = isinstance(status, int) and (status >= 500 or status in (408, 409, 429))
     return ProviderFailure(ErrorCode.PROVIDER_ERROR, message, retryable=retryable,
                            retry_after=_retry_after(exc) if retryable else None, status=status)

@@ -63,6 +63,8 @@ class MonitorService:
         return len(self.subscriptions)
 
     async def subscribe(self, data: SubscribeData, context: EventContext) -> dict[str, Any]:
+        for pattern in data.patterns:
+            self.router.check_pattern(pattern)
         subscription_id = new_id("sub-")
         origin = context.origin
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import structlog
 
 from ksi_common.errors import ErrorCode
-from ksi_daemon.providers.base import ProviderFailure
+from ksi_daemon.providers.base import Probe, ProviderFailure
 
 T = TypeVar("T")
 log = structlog.get_logger("ksi.resilience")
@@ -37,6 +37,9 @@ class Circuit:
     failures: int = 0
     opened_at: float | None = None
     trips: int = 0
+    # how to ask whether the provider answers again (a local server that was not up yet), from
+    # the last failure that could tell; an open circuit closes as soon as it says yes
+    probe: Probe | None = None
 
 
 @dataclass
@@ -48,12 +51,12 @@ class CircuitBreaker:
     clock: Callable[[], float] = time.monotonic
     circuits: dict[str, Circuit] = field(default_factory=dict)
 
-    def check(self, key: str) -> None:
+    async def check(self, key: str) -> None:
         circuit = self.circuits.get(key)
         if circuit is None or circuit.opened_at is None:
             return
         waited = self.clock() - circuit.opened_at
-        if waited < self.reset:
+        if waited < self.reset and not (circuit.probe is not None and await circuit.probe()):
             raise ProviderFailure(
                 ErrorCode.PROVIDER_UNAVAILABLE,
                 f"provider {key} is failing; circuit open for another {self.reset - waited:.1f}s",
@@ -73,10 +76,11 @@ class CircuitBreaker:
         circuit.opened_at = None
         return recovering
 
-    def failure(self, key: str) -> bool:
+    def failure(self, key: str, probe: Probe | None = None) -> bool:
         """Record a failure; True when it opened the circuit."""
         circuit = self.circuits.setdefault(key, Circuit())
         circuit.failures += 1
+        circuit.probe = probe
         if circuit.failures >= self.threshold and circuit.opened_at is None:
             circuit.opened_at = self.clock()
             circuit.trips += 1
@@ -110,13 +114,15 @@ async def with_retries(
     conversation, model), so `ksi logs --level warning` shows what went wrong."""
     fields = log_fields or {}
     for attempt in range(1, policy.attempts + 1):
-        breaker.check(key)
+        await breaker.check(key)
         started = time.perf_counter()
         try:
             result = await call()
         except ProviderFailure as failure:
+            # a fault of the configuration (unknown model, missing key, bad request) is not retryable
+            # and says nothing about the provider's health: only retryable failures count
             counts_against_provider = failure.retryable
-            if counts_against_provider and breaker.failure(key):
+            if counts_against_provider and breaker.failure(key, failure.probe):
                 log.warning("circuit_opened", provider=key, code=failure.code, reset_seconds=breaker.reset, **fields)
             entry: dict[str, Any] = {
                 "attempt": attempt, "ok": False, "code": failure.code, "message": failure.message[:500],

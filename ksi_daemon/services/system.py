@@ -65,6 +65,10 @@ class SystemService:
 
     async def discover(self, data: DiscoverData, _context: EventContext) -> dict[str, Any]:
         events = {route.name: route.description for route in self.router.events(data.namespace)}
+        if data.namespace and not events:  # a misspelt namespace lists nothing: say which was meant
+            similar = self.router.similar_namespaces(data.namespace.rstrip(":*"))
+            if similar:
+                return {"events": events, "count": 0, "similar": similar}
         return {"events": events, "count": len(events)}
 
     async def help(self, data: HelpData, _context: EventContext) -> dict[str, Any]:

@@ -125,6 +125,12 @@ class ConversationStore(StoredReader, Protocol):
         are untouched (they are named by response id)."""
         ...
 
+    async def discard_unused(self, conversation_id: str) -> bool:
+        """Remove a conversation that holds no exchange (made for a request that failed before
+        any was stored), its response records left as they are; False, and nothing removed, when
+        it holds one (another writer's, perhaps)."""
+        ...
+
     async def delete(self, conversation_id: str) -> list[str]:
         """Delete the index, the metadata and the response records that belong to the
         conversation and to no other index. Returns what was removed, as names of the stored

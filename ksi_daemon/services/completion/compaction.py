@@ -94,7 +94,7 @@ class Compactor:
         self.calls = 0  # summariser calls made, for health
 
     def register(self) -> list[Unregister]:
-        return [self.router.listen("completion:result", self._on_result)]
+        return [self.router.listen("completion:result", self._on_result), self.router.emits("conversation:summarised")]
 
     async def stop(self, timeout: float) -> None:
         for handle in self._retries.values():

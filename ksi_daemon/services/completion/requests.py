@@ -34,6 +34,9 @@ class RequestState:
     result: dict[str, Any] | None = None
     error: KsiError | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # the conversation was made for this request under an id of the daemon's: should the request
+    # fail before anything is stored there, no empty conversation is left behind
+    made_conversation: bool = False
 
     def finish(self, status: str, result: dict[str, Any] | None = None, error: KsiError | None = None) -> None:
         self.status, self.result, self.error = status, result, error

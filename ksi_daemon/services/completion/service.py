@@ -73,7 +73,7 @@ BUILTIN_MODEL = "echo/demo"  # the built-in echo provider answers every `echo/..
 class ModelFacts(Protocol):
     """What the service needs to know about models to budget tokens."""
 
-    async def ready(self) -> None: ...
+    async def ready(self, model: str) -> None: ...
 
     def count_tokens(self, text: str) -> int: ...
 
@@ -106,7 +106,8 @@ class NoAgents:
 
 @runtime_checkable
 class ChecksUpFront(Protocol):
-    """An answerer that can refuse a model before the request is queued (an unknown consortium)."""
+    """An answerer that can refuse a model before the request is queued (an unknown consortium,
+    a model name no provider answers to)."""
 
     async def check(self, model: str, inline: dict[str, Any] | None) -> None: ...
 
@@ -158,7 +159,7 @@ class CompletionService:
         self.facts = facts
         self.answerers = answerers or {}  # model prefix -> answerer (e.g. "consortium/")
         # found once: an isinstance check against a Protocol costs tens of microseconds per request
-        self._up_front = {id(a): a for a in self.answerers.values() if isinstance(a, ChecksUpFront)}
+        self._up_front = {id(a): a for a in [provider, *self.answerers.values()] if isinstance(a, ChecksUpFront)}
         self.agents: AgentDirectory = agents or NoAgents()
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
@@ -183,6 +184,7 @@ class CompletionService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [*self.compactor.register(),
+            r.emits("completion:result", "completion:error", "completion:cancelled", "completion:chunk"),
             r.register("completion:async", self.handle_async, CompletionAsync,
                        "Queue a completion in a conversation; the outcome is emitted as completion:result."),
             r.register("completion:wait", self.handle_wait, CompletionWait,
@@ -375,9 +377,9 @@ class CompletionService:
             data = data.model_copy(update={"files": await self.attachments.check(data.files)})
         agent = await self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
-        if chosen is not None:
-            await self._check_answerer(chosen, data)  # before a new conversation is written
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
+        if chosen is not None or conversation_id is None:  # before a new conversation is written
+            await self._check_answerer(chosen or self.settings.default_model, data)
         memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
         if memory.meta.turn_cap is not None:
@@ -387,7 +389,7 @@ class CompletionService:
                                f"conversation {memory.conversation_id} reached its cap of {memory.meta.turn_cap} exchanges",
                                conversation_id=memory.conversation_id, turn_cap=memory.meta.turn_cap)
         model = chosen or self._last_model(memory) or self.settings.default_model
-        if chosen is None:
+        if chosen is None and conversation_id is not None:
             await self._check_answerer(model, data)
         self._check_options(model, data)
         if (agent is not None and agent.system and memory.conversation_id != agent.conversation_id
@@ -400,7 +402,7 @@ class CompletionService:
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
             # known from the ack on, so a client can name the response before it exists (a stream's first event)
-            response_id=new_response_id(model),
+            response_id=new_response_id(model), made_conversation=conversation_id is None,
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
@@ -530,16 +532,19 @@ class CompletionService:
         except asyncio.CancelledError:
             error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
             await self._log_failure(state, inputs, error, attempts)
+            await self._discard_if_unused(state)
             self._finish(state, "cancelled", error=error)
             return
         except KsiError as error:
             await self._log_failure(state, inputs, error, attempts)
+            await self._discard_if_unused(state)
             self._finish(state, "failed", error=error)
             return
         except Exception as exc:
             log.exception("completion_failed", request_id=state.request_id)
             error = KsiError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
             await self._log_failure(state, inputs, error, attempts)
+            await self._discard_if_unused(state)
             self._finish(state, "failed", error=error)
             return
         self._finish(state, "done", result=result)
@@ -581,7 +586,7 @@ class CompletionService:
 
     async def _prepare(self, state: RequestState) -> Prepared:
         data = state.request
-        await self.facts.ready()
+        await self.facts.ready(state.model)
         memory = await self.cache.require(state.conversation_id)
         self._check_open(memory)
         inputs = records.input_lines(state)
@@ -724,6 +729,23 @@ class CompletionService:
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
+
+    async def _discard_if_unused(self, state: RequestState) -> None:
+        """A conversation the daemon made for this request goes when the request failed before
+        anything was stored there (the failure's record stays under responses/); one the client
+        named, or that another request uses, stays."""
+        memory = self._held.get(state.request_id)
+        if (not state.made_conversation or memory is None or memory.total
+                or self.requests.count_live(state.conversation_id) > 1):
+            return
+        try:
+            async with memory.lock:
+                discarded = not memory.total and await self.cache.store.discard_unused(state.conversation_id)
+        except Exception:  # kept, empty: listed with no exchanges, as before
+            log.exception("discard_failed", conversation_id=state.conversation_id)
+            return
+        if discarded:
+            self.cache.forget(state.conversation_id)
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:

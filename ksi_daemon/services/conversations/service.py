@@ -106,6 +106,7 @@ class ConversationService:
                        "A conversation as markdown, json or jsonl."),
             r.register("conversation:import", self.handle_import, ConversationImport,
                        "A new conversation from a json or jsonl export, with fresh response ids."),
+            r.emits("conversation:changed"),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
             r.register("conversation:append", self.handle_append, ConversationAppend,

@@ -519,6 +519,19 @@ class JsonlConversations(JsonlReader):
                     break
         return owned
 
+    async def discard_unused(self, conversation_id: str) -> bool:
+        def work() -> bool:
+            self._heads.pop(conversation_id, None)  # asked of the file itself: another writer may have appended
+            if self._head(conversation_id):
+                return False
+            self._forget(conversation_id)
+            for path in (self.layout.index_file(conversation_id), self.layout.meta_file(conversation_id)):
+                path.unlink(missing_ok=True)
+            self._heads.pop(conversation_id, None)
+            return True
+
+        return await self._write(work)
+
     async def delete(self, conversation_id: str) -> list[str]:
         await self.checkpoint()  # a replay must never bring its exchanges back
         return await asyncio.to_thread(self._delete, conversation_id)

@@ -244,6 +244,14 @@ class PostgresConversations(PostgresReader):
         self._versions.pop(new_id, None)
         return await self.database.run(work, retry=False)
 
+    async def discard_unused(self, conversation_id: str) -> bool:
+        gone = await self.database.run(lambda c: c.fetchval(
+            "DELETE FROM ksi_conversations WHERE conversation_id = $1 AND head = 0 AND NOT EXISTS "
+            "(SELECT 1 FROM ksi_exchanges WHERE conversation_id = $1) RETURNING 1", conversation_id), retry=False)
+        if gone:
+            self._versions.pop(conversation_id, None)
+        return bool(gone)
+
     async def delete(self, conversation_id: str) -> list[str]:
         async def work(conn: asyncpg.Connection) -> list[str]:
             async with conn.transaction():

@@ -41,6 +41,7 @@ _STATUS: dict[str, int] = {
     "storage_full": 503,
     "storage_error": 503,
     "storage_unavailable": 503,
+    "api_key_missing": 503,  # the daemon's configuration, not the request, is at fault
 }
 
 _TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
