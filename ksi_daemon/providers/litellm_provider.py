@@ -8,7 +8,6 @@ import math
 import os
 import re
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,6 @@ _OFFLINE_DEFAULTS = {
 # CLI-session providers by model prefix: the program each runs
 CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
 BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
-LOADING_SWITCH_INTERVAL = 0.0005  # seconds; see LiteLLMProvider.load
 KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
@@ -77,14 +75,7 @@ class LiteLLMProvider:
         with self._load_lock:
             if self._module is None:
                 started = time.perf_counter()
-                # seconds of pure Python in this thread: with the usual 5 ms switch interval every
-                # request the loop serves meanwhile (the first echo turns) waits up to 5 ms a step
-                switch = sys.getswitchinterval()
-                sys.setswitchinterval(LOADING_SWITCH_INTERVAL)
-                try:
-                    self._module = self._import()
-                finally:
-                    sys.setswitchinterval(switch)
+                self._module = self._import()
                 # litellm leaves ~400k long-lived objects; without this every full collection
                 # walks them again, a measurable share of the daemon's CPU per completion
                 gc.freeze()
