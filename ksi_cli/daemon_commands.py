@@ -91,18 +91,19 @@ def stop(var_dir: str | None, socket_path: str | None, timeout: float) -> None:
 @location_options
 @http_option
 def restart(var_dir: str | None, socket_path: str | None, http_addr: str | None) -> None:
-    """Check the new settings and HTTP address, then stop the daemon if it runs and start it.
+    """Check the new settings, HTTP address and database, then stop the daemon if it runs and start it.
 
-    Settings that do not fit, or an address another program holds, leave the running daemon as
-    it is (exit 2).
+    Settings that do not fit, an address another program holds or a database that cannot be
+    opened leave the running daemon as it is (exit 2).
     """
     from ksi_cli import daemon_control
-    from ksi_cli.daemon_settings import http_unavailable
+    from ksi_cli.daemon_settings import database_unreachable, http_unavailable
     location = locate(var_dir, socket_path)
     running = daemon_control.running_config(location)
     pid = (daemon_control.health(location) or {}).get("pid") if running is not None else None
     wanted = _wanted(location, http_addr, pid)
-    problem = http_unavailable(wanted.get("http_addr"), (running or {}).get("http_addr"))
+    problem = (http_unavailable(wanted.get("http_addr"), (running or {}).get("http_addr"))
+               or database_unreachable(location.var_dir, location.socket, http_addr))
     if problem is not None:
         kept = f"; the running daemon (pid {pid}) was left as it is" if pid else ""
         _fail(problem + kept, EXIT_USAGE)

@@ -20,6 +20,34 @@ def wanted_settings(var_dir: Any, socket_path: Any, http_addr: str | None) -> di
         overrides["http_addr"] = http_addr
     return load_settings(**overrides).public_view()
 
+def database_unreachable(var_dir: Any, socket_path: Any, http_addr: str | None) -> str | None:
+    """Why a daemon started here could not open its database, or None (also for JSONL): a
+    restart asks before it stops the running daemon. asyncpg is imported only for PostgreSQL."""
+    from ksi_common.dburl import mask_urls_in, url_password
+    from ksi_common.settings import load_settings
+
+    settings = load_settings(var_dir=var_dir, socket_path=socket_path, **({"http_addr": http_addr} if http_addr else {}))
+    if settings.storage != "postgres" or settings.database_url is None:
+        return None  # JSONL, or a missing URL, which the settings check already refused
+    import asyncio
+
+    import asyncpg
+
+    url = settings.database_url.get_secret_value()
+
+    async def probe() -> None:
+        connection = await asyncpg.connect(url, timeout=5.0)
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        said = mask_urls_in(f"cannot open the database {url}: {exc}")
+        password = url_password(url)
+        return said.replace(password, "***") if password else said
+    return None
+
+
 def http_address(addr: str | None) -> tuple[str, int] | None:
     """`[HOST:]PORT` as the daemon reads it (the host defaults to 127.0.0.1); None when off or unreadable."""
     if not addr:

@@ -74,3 +74,16 @@ def test_a_restart_checks_settings_and_port_before_it_stops_the_daemon(started: 
     assert f"cannot serve HTTP on 127.0.0.1:{port}" in held.stderr and "left as it is" in held.stderr
     assert "daemon stopped" not in held.stdout
     assert running_pid(where) == pid  # the old daemon still serves
+
+
+def test_a_restart_onto_a_database_it_cannot_open_leaves_the_daemon_running(started: tuple[Place, int]) -> None:
+    where, pid = started
+    closed, port = held_port()
+    closed.close()  # a port nobody listens on: the connection is refused at once
+    url = f"postgresql://ksi:secret-pw-4711@127.0.0.1:{port}/ksi"
+    moved = where.ksi("daemon", "restart", *where.where, env=clean_env(KSI_STORAGE="postgres", KSI_DATABASE_URL=url))
+    assert moved.returncode == 2, moved.stdout + moved.stderr
+    assert "cannot open the database" in moved.stderr and "left as it is" in moved.stderr
+    assert "secret-pw-4711" not in moved.stdout + moved.stderr
+    assert "daemon stopped" not in moved.stdout
+    assert running_pid(where) == pid
