@@ -36,7 +36,7 @@ from ksi_daemon.services.completion.models import (
     CompletionWait,
 )
 from ksi_daemon.services.completion.calibration import Calibration, NoCalibrationStore
-from ksi_daemon.services.completion.compaction import Compactor, NoSummaries, summary_block
+from ksi_daemon.services.completion.compaction import Compactor, NoSummaries
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -595,14 +595,14 @@ class CompletionService:
             )
         memory = await self.cache.widen(memory, budget)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
-        summary = await self.compactor.for_turn(memory, state.model) if history.omitted else None
-        if summary is not None and summary.tokens < budget:
-            # exchanges must be left out: the summary stands in for 1..upto, history follows it
-            budget -= summary.tokens
-            history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, summary.upto)
+        stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
+        if stand_in is not None and stand_in.tokens < budget:
+            # exchanges must be left out: summaries (or the fallback) stand in for 1..upto, history follows
+            budget -= stand_in.tokens
+            history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, stand_in.upto)
         else:
-            summary = None  # none ready (the note says what was left out), or too big to help
-        after = summary.upto if summary is not None else 0
+            stand_in = None  # compaction off (the note says what was left out), or too big to help
+        after = stand_in.upto if stand_in is not None else 0
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
@@ -611,15 +611,16 @@ class CompletionService:
             attached = attached.kept_for(history.exchanges)
         inputs = attached.record_in(inputs)
         messages = build_messages(sent_system, history, attached.prepend(user_messages),
-                                  summary_block(summary) if summary is not None else None)
+                                  stand_in.text() if stand_in is not None else None)
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = (history.tokens + attached.tokens + input_tokens
                     + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
         stats = {**history.stats(), **attached.stats(),
                  "prompt_tokens_estimate": round(estimate * self.calibration.ratio(state.model)),
                  "calibration_ratio": round(self.calibration.ratio(state.model), 4)}
-        if summary is not None:
-            stats["summary_upto"] = summary.upto
+        if stand_in is not None:
+            stats["summary_upto"] = stand_in.upto
+            stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
         options = dict(data.options)
         if data.extra_body:
             options["extra_body"] = data.extra_body
@@ -633,7 +634,7 @@ class CompletionService:
                      "consortium": data.consortium},
         )
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
-                           summary)
+                           stand_in.to_record() if stand_in is not None else None)
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.records import IndexEntry
-from ksi_common.summaries import Summary
 from ksi_common.transcripts import fork_chain as walk_fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
@@ -122,10 +121,12 @@ def system_notes(omitted: int, entries: list[IndexEntry], summary: str | None = 
     return [note for note in notes if note]
 
 
-def sent_record(history: History, files: list[dict[str, Any]], summary: Summary | None) -> dict[str, Any]:
+def sent_record(history: History, files: list[dict[str, Any]], stand_in: list[dict[str, Any]] | None
+                ) -> dict[str, Any]:
     """What a request sent beyond its own input, compact enough for its response file: the
-    exchanges shown (as runs of numbers), how many were left out, the summary that stood in for
-    them and the files. The notes follow from these and the index, so they are not stored."""
+    exchanges shown (as runs of numbers), how many were left out, what stood in for them (stored
+    summaries by owner and range; a fallback made for the turn with its text) and the files. The
+    notes follow from these and the index, so they are not stored."""
     runs: list[list[int]] = []
     for entry in history.entries:
         if runs and runs[-1][1] == entry.n - 1:
@@ -133,8 +134,8 @@ def sent_record(history: History, files: list[dict[str, Any]], summary: Summary 
         else:
             runs.append([entry.n, entry.n])
     record: dict[str, Any] = {"history": runs, "omitted": history.omitted}
-    if summary is not None:
-        record["summary"] = {"conversation_id": summary.conversation_id, "upto": summary.upto}
+    if stand_in:
+        record["stand_in"] = stand_in
     if files:
         record["files"] = files
     return record

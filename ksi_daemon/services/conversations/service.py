@@ -406,6 +406,7 @@ class ConversationService:
             cancelled = await self.cancel_requests(conversation_id)
             async with memory.lock:
                 removed = await self.store.delete(conversation_id)
+                memory.retired = True
         except BaseException:
             memory.meta = previous
             raise
