@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     STORAGE_ERROR = "storage_error"
     STORAGE_FULL = "storage_full"  # no space (or quota) left where the backend writes
     CONVERSATION_EXISTS = "conversation_exists"
+    PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

@@ -17,7 +17,7 @@ DOCUMENT = "ksi.conversation"  # the `format` marker of json and jsonl exports
 
 # conversation fields an export carries (the rest is bookkeeping of the var dir it came from)
 CONVERSATION_FIELDS = ("conversation_id", "title", "tags", "status", "agent_id", "system", "created",
-                       "last_activity", "ttl", "turn_cap", "parent_id", "fork_at", "models")
+                       "last_activity", "ttl", "turn_cap", "parent_id", "fork_at", "models", "pins")
 
 
 def export_document(transcript: dict[str, Any]) -> dict[str, Any]:

@@ -81,6 +81,7 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "metadata": dict((meta.get("extra") or {}).get("metadata") or {}),
         "cost": float(meta.get("cost") or 0.0),
         "external_ids": dict((meta.get("extra") or {}).get("external_ids") or {}),
+        "pins": [int(n) for n in meta.get("pins") or [] if isinstance(n, int)],
     }
 
 

@@ -41,6 +41,7 @@ from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
+    pinned_exchanges,
     select_history,
     sent_record,
 )
@@ -594,6 +595,10 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.widen(memory, budget)
+        # pinned exchanges take their share first; the rest of history and the summaries, what is left
+        pinned = await pinned_exchanges(self.cache, memory, int(budget * self.settings.pins_share),
+                                        self.settings.max_fork_depth)
+        budget -= pinned.tokens
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
         stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
         if stand_in is not None and stand_in.tokens < budget:
@@ -609,6 +614,7 @@ class CompletionService:
             history = await select_history(self.cache, memory, budget - attached.tokens,
                                            self.settings.max_fork_depth, after)
             attached = attached.kept_for(history.exchanges)
+        pinned.add_to(history)
         inputs = attached.record_in(inputs)
         messages = build_messages(sent_system, history, attached.prepend(user_messages),
                                   stand_in.text() if stand_in is not None else None)
@@ -651,6 +657,13 @@ class CompletionService:
         system_tokens = self.facts.count_tokens(system) + MESSAGE_OVERHEAD if system else 0
         usable = int((window - reserve) / self.calibration.ratio(model))
         return usable - system_tokens - input_tokens - NOTE_RESERVE
+
+    async def pins_budget(self, meta: ConversationMeta) -> int:
+        """The tokens a conversation's pinned exchanges may take: their share of the history budget
+        of a turn of its latest model with an empty input."""
+        model = meta.models[-1] if meta.models else self.settings.default_model
+        budget = await self.history_budget(model, meta.system, 0, None)
+        return max(0, int(budget * self.settings.pins_share))
 
     @staticmethod
     def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:

@@ -76,6 +76,49 @@ async def select_history(
     return history
 
 
+@dataclass(slots=True)
+class Pinned:
+    """Exchanges pinned to stay verbatim in every turn's history, oldest first."""
+
+    entries: list[IndexEntry] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
+    tokens: int = 0
+
+    def add_to(self, history: History) -> None:
+        """Those the history does not show already go before it (they are older than all it shows)."""
+        shown = {entry.n for entry in history.entries}
+        missing = [(e, x) for e, x in zip(self.entries, self.exchanges, strict=True) if e.n not in shown]
+        history.entries[:0] = [e for e, _x in missing]
+        history.exchanges[:0] = [x for _e, x in missing]
+        history.tokens += sum(e.tokens_in + e.tokens_out for e, _x in missing)
+
+
+async def pinned_exchanges(cache: ConversationCache, memory: ConversationMemory, budget: int,
+                           max_depth: int) -> Pinned:
+    """The conversation's pinned exchanges along its fork chain, the newest first within `budget`
+    tokens (pinning refuses more than the share; a smaller model's window may still hold fewer)."""
+    pins = set(memory.meta.pins)
+    pinned = Pinned()
+    if not pins:
+        return pinned
+    found: list[tuple[ConversationMemory, IndexEntry]] = []
+    for member, upto in await fork_chain(cache, memory, max_depth):
+        if not member.complete:
+            await cache.load_all(member)
+        found.extend((member, e) for e in member.entries
+                     if e.n in pins and not e.is_feedback and (upto is None or e.n <= upto))
+    kept: list[tuple[ConversationMemory, IndexEntry]] = []
+    for member, entry in sorted(found, key=lambda pair: -pair[1].n):
+        cost = entry.tokens_in + entry.tokens_out
+        if pinned.tokens + cost <= budget:
+            kept.append((member, entry))
+            pinned.tokens += cost
+    for member, entry in sorted(kept, key=lambda pair: pair[1].n):
+        pinned.entries.append(entry)
+        pinned.exchanges.extend(await cache.texts(member, [entry]))
+    return pinned
+
+
 def omitted_note(count: int, summarised: bool = False) -> str:
     noun = "exchange was" if count == 1 else "exchanges were"
     where = "after the summary " if summarised else ""

@@ -32,6 +32,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationFork,
     ConversationImport,
     ConversationList,
+    ConversationPin,
     ConversationSent,
     ConversationShow,
     ConversationStats,
@@ -49,6 +50,12 @@ from ksi_daemon.storage.ports import ConversationExists
 log = structlog.get_logger("ksi.conversation")
 
 CancelRequests = Callable[[str], Awaitable[int]]
+# (conversation) -> the tokens its pinned exchanges may take in a turn of its current model
+PinsBudget = Callable[[ConversationMeta], Awaitable[int]]
+
+
+async def _no_pin_limit(_meta: ConversationMeta) -> int:
+    return 1 << 30
 
 
 async def _no_requests(_conversation_id: str) -> int:
@@ -72,7 +79,9 @@ class ConversationService:
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
         calibration: Callable[[list[str]], dict[str, Any]] = lambda _models: {},
+        pins_budget: PinsBudget = _no_pin_limit,
     ) -> None:
+        self.pins_budget = pins_budget
         self.calibration = calibration  # model -> learned token-count ratio, for stats
         self.settings = settings
         self.router = router
@@ -98,6 +107,10 @@ class ConversationService:
                        "Change a conversation's title, tags, TTL, turn cap or status."),
             r.register("conversation:archive", self.handle_archive, ConversationArchive,
                        "Archive a conversation: it refuses new requests until set active again."),
+            r.register("conversation:pin", self.handle_pin, ConversationPin,
+                       "Keep exchanges verbatim in every turn's history, within their share of the budget."),
+            r.register("conversation:unpin", self.handle_unpin, ConversationPin,
+                       "Let pinned exchanges be left out (or summarised) like any other again."),
             r.register("conversation:fork", self.handle_fork, ConversationFork,
                        "A new conversation sharing the history up to an exchange, without copying it."),
             r.register("conversation:export", self.handle_export, ConversationExport,
@@ -189,6 +202,46 @@ class ConversationService:
         self._changed(data.conversation_id, "archived", context)
         return {"conversation": self._summary(meta)}
 
+    # -- pins -----------------------------------------------------------------
+    async def handle_pin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
+        memory = await self.cache.require(data.conversation_id)
+        chain = await fork_chain(self.cache, memory, self.settings.max_fork_depth)
+        entries = {}
+        for member, upto in chain:
+            await self.cache.load_all(member)
+            entries.update({e.n: e for e in member.entries if upto is None or e.n <= upto})
+        unknown = [n for n in data.n if n not in entries or entries[n].is_feedback]
+        if unknown:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"conversation {data.conversation_id} has no exchange {unknown[0]} to pin "
+                           "(feedback is never in history)",
+                           fields={"n": f"no history exchange {unknown[0]}"}, exchanges=memory.next_n - 1)
+        async with memory.lock:
+            pins = sorted(set(memory.meta.pins) | set(data.n))
+            tokens = sum(entries[n].tokens_in + entries[n].tokens_out for n in pins if n in entries)
+            allowed = await self.pins_budget(memory.meta)
+            if tokens > allowed:
+                raise KsiError(ErrorCode.PINS_OVER_BUDGET,
+                               f"the pinned exchanges would take about {tokens} tokens of every turn; their share "
+                               f"of this conversation's history budget is {allowed}",
+                               pins=pins, tokens=tokens, allowed=allowed)
+            meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        log.info("conversation_pinned", conversation_id=data.conversation_id, pins=pins)
+        self._changed(data.conversation_id, "pinned", context)
+        return {"conversation_id": data.conversation_id, "pins": pins, "tokens": tokens, "allowed": allowed}
+
+    async def handle_unpin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
+        memory = await self.cache.require(data.conversation_id)
+        async with memory.lock:
+            pins = [n for n in memory.meta.pins if n not in data.n]
+            meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        self._changed(data.conversation_id, "unpinned", context)
+        return {"conversation_id": data.conversation_id, "pins": pins}
+
     # -- fork -----------------------------------------------------------------
     async def handle_fork(self, data: ConversationFork, context: EventContext) -> dict[str, Any]:
         parent = await self.cache.require(data.conversation_id)
@@ -209,6 +262,7 @@ class ConversationService:
             tags=list(parent.meta.tags), agent_id=parent.meta.agent_id, system=system_at(parent.meta, at),
             ttl=parent.meta.ttl, turn_cap=parent.meta.turn_cap,
             models=[model] if model else [],  # so the fork continues with the model it branched from
+            pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
         )
         try:
             await self.store.create(meta)
@@ -269,11 +323,13 @@ class ConversationService:
         tokens_in = tokens_out = 0
         cost = 0.0
         skipped = 0
-        for exchange in document.exchanges:
+        renumbered: dict[int, int] = {}  # the document's exchange numbers -> the new ones (for pins)
+        for position, exchange in enumerate(document.exchanges, start=1):
             reply = exchange.reply
             if reply is None:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
+            renumbered[position] = len(exchanges) + 1
             model = exchange.model or reply.model or "imported"
             response_id = new_response_id(model)
             ts = exchange.ts or reply.ts or now
@@ -315,7 +371,7 @@ class ConversationService:
             title=title if title is not None else source.title,
             tags=list(source.tags), agent_id=source.agent_id, system=source.system,
             ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
-            cost=cost, models=[],
+            cost=cost, models=[], pins=sorted({renumbered[n] for n in source.pins if n in renumbered}),
             extra={"imported_from": source.conversation_id, "imported_at": now, "imported_models": named},
         )
         return meta, exchanges, skipped
