@@ -37,9 +37,11 @@ TOOLS: list[dict[str, Any]] = [
         "status": {"type": "string", "enum": ["active", "archived", "expired"]},
         "limit": {"type": "integer", "minimum": 1, "maximum": 200},
     }, []),
-    _tool("conversation", "A conversation's transcript.", {
+    _tool("conversation", "A conversation's transcript; pin/unpin keep exchanges verbatim in every turn or stop.", {
         "continuation_id": _ID,
         "format": {"type": "string", "enum": ["markdown", "json"]},
+        "pin": {"type": "array", "items": {"type": "integer"}, "description": "exchange numbers to pin"},
+        "unpin": {"type": "array", "items": {"type": "integer"}, "description": "exchange numbers to unpin"},
     }, ["continuation_id"]),
     _tool("fork", "A new conversation sharing the first `at` exchanges of another.", {
         "continuation_id": _ID,
@@ -60,8 +62,10 @@ def _problem(spec: dict[str, Any], value: Any) -> str | None:
     kind = spec["type"]
     if not isinstance(value, _TYPES[kind]) or isinstance(value, bool):
         return f"must be {'an' if kind[0] in 'ai' else 'a'} {kind}"
-    if kind == "array" and not all(isinstance(item, str) for item in value):
-        return "must be a list of strings"
+    item_kind = spec.get("items", {}).get("type", "string")
+    if kind == "array" and not all(isinstance(item, _TYPES[item_kind]) and not isinstance(item, bool)
+                                   for item in value):
+        return f"must be a list of {item_kind}s"
     if "enum" in spec and value not in spec["enum"]:
         return f"must be one of {', '.join(spec['enum'])}"
     if "minimum" in spec and value < spec["minimum"]:

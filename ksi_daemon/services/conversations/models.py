@@ -88,7 +88,7 @@ class ConversationPin(ConversationRef):
     @field_validator("n", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, int) else value
+        return [value] if isinstance(value, int | str) else value  # one number (a form posts text)
 
 
 class ConversationDelete(ConversationRef):
