@@ -5,12 +5,14 @@ its budget never has its answer stored or sent back to it. On every storage back
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ksi_common.doctor import check
+from ksi_common.layout import VarLayout
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon
 from tests.stored import stored_meta, stored_reader
@@ -111,3 +113,16 @@ async def test_a_summariser_ignoring_its_budget_never_has_its_answer_stored(
     assert all(len(str(c["messages"])) < 60_000 for c in summariser_calls(stub))
     assert all(len(str(c["messages"])) < 20_000 for c in turn_calls(stub))
     assert all(part in sent_text(turn_calls(stub)[-1]) for part in FACT_PARTS)
+
+
+def test_doctor_reports_summaries_and_metadata_left_without_an_index(short_tmp: Path) -> None:
+    layout = VarLayout(short_tmp / "var")
+    layout.summaries_file("ghost").parent.mkdir(parents=True)
+    layout.summaries_file("ghost").write_text(json.dumps({"v": 1, "type": "summary", "conversation_id": "ghost",
+                                                          "upto": 2, "text": "gone"}) + "\n")
+    layout.meta_file("ghost").parent.mkdir(parents=True)
+    layout.meta_file("ghost").write_text(json.dumps({"conversation_id": "ghost", "status": "archived",
+                                                     "exchanges": 0, "extra": {"compaction": {"summaries": 1}}}))
+    layout.meta_file("fresh").write_text(json.dumps({"conversation_id": "fresh", "exchanges": 0}))  # not yet used
+    found = {(p.kind, Path(p.path).name) for p in check(layout.root).problems if p.kind.endswith("_without_index")}
+    assert found == {("summary_without_index", "ghost.jsonl"), ("metadata_without_index", "ghost.json")}
