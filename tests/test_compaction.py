@@ -205,6 +205,7 @@ async def test_a_good_summariser_is_used_merged_past_its_share_and_bounded(short
     # calls and tokens per turn stay bounded: a chunk once every few turns
     assert len(calls) <= len(results) // 2
     assert all(c["max_tokens"] <= 512 for c in calls)
+    assert all(len(str(c["messages"])) < 4 * 1200 for c in calls)  # a prompt within about the window
     assert all(c.get("temperature") == 0 for c in calls)  # sampled deterministically
     stored = read_summaries(summaries_file(short_tmp, "good"))
     assert all(s.first >= 1 and s.upto >= s.first for s in stored)
