@@ -31,6 +31,7 @@ import asyncio
 import math
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -235,6 +236,7 @@ async def run_ksi(policy: str, items: list[Conversation], model: str | None, out
             return daemon.litellm.count_tokens
         finally:
             await daemon.shutdown()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def settle(daemon: Daemon) -> None:
