@@ -17,8 +17,9 @@ KSI runs are a real daemon in this process on the local stub, measured from what
 received (checked against `conversation:sent` on each conversation's last turn). Reported per
 policy: the share of planted facts present, tokens sent per turn, summariser calls and tokens
 per turn, each with a 95 % interval over the conversations. With `--model` (any model KSI
-serves) the KSI policies also ask one probe question per fact at the end of each conversation
-and score exact-match answers.
+serves) the KSI policies answer with that model (in its own window; the summariser stays the
+stub of each policy) and also ask one probe question per fact, each in a fork of the finished
+conversation, scoring exact-match answers.
 
 Goal: ksi_bad at 1.0 (every planted fact present at every later turn), against drop_oldest
 measured in the same run.
@@ -219,14 +220,15 @@ async def run_ksi(policy: str, items: list[Conversation], model: str | None, out
         if kind == "bad":  # one summariser call in six fails outright
             stub.model_script["stub-summariser"] = deque(
                 Reply(status=500) if i % 6 == 5 else Reply() for i in range(20_000))
-        models: dict[str, Any] = {f"openai/stub-w{w}": {"api_base": stub.api_base, "context_window": w,
-                                                         "output_reserve": OUTPUT_RESERVE} for w in WINDOWS}
+        models: dict[str, Any] = dict(Settings(_env_file=None).models)  # a --model's own settings, if any
+        models.update({f"openai/stub-w{w}": {"api_base": stub.api_base, "context_window": w,
+                                             "output_reserve": OUTPUT_RESERVE} for w in WINDOWS})
         models[SUMMARISER] = {"api_base": stub.api_base}
         root = Path(tempfile.mkdtemp(prefix="ksi-continuity-", dir="/tmp"))
         settings = Settings(_env_file=None, var_dir=root / "var", socket_path=root / "d.sock", litellm_preload=False,
                             models=models, calibration=False, fsync="never", summary_retry_delay=0.05,
                             summary_retry_max_delay=0.5,
-                            summariser="off" if kind == "off" else (model or SUMMARISER))
+                            summariser="off" if kind == "off" else SUMMARISER)  # the stubs, with --model too
         daemon = Daemon(settings)
         await daemon.start()
         try:
