@@ -16,7 +16,6 @@ chunk covers yet are represented by the fallback, computed for that turn.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,10 +35,9 @@ from ksi_daemon.services.completion.salience import (
     check_candidate,
     exchange_items,
     fallback_text,
-    salient_items,
-    self_statements,
     text_items,
 )
+from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.storage.ports import SummaryStore
@@ -60,12 +58,6 @@ MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation 
 EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange the summariser is shown
 MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
 GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
-DIGEST_ITEMS = 40
-# what summaries and fallbacks add around their content: exchange numbers, list marks, headings
-_MARKUP = re.compile(r"^(?:\s*(?:[-*#>]+\s*|\[\d+\] (?:User|Assistant): |Summary of exchanges [\d-]+:|"
-                     r"The user said: |Items named: ))+", re.MULTILINE)
-
-
 class NoSummaries:
     """Summaries kept for the life of the process only."""
 
@@ -102,59 +94,6 @@ class _Job:
     again: bool = False  # another turn completed while it ran: look once more when done
 
 
-@dataclass(slots=True)
-class Block:
-    """One part of what stands in for left-out exchanges first..upto on the system message."""
-
-    first: int
-    upto: int
-    kind: str  # "summary", "fallback" (stored, written without a model), "digest" (a stored one cut
-    # to its salient items to fit), "recent" (this turn's fallback for exchanges no summary covers yet)
-    text: str
-    owner: str | None = None  # the conversation a stored summary belongs to
-
-    def render(self) -> str:
-        span = f"{self.first}-{self.upto}" if self.first != self.upto else f"{self.first}"
-        head = {
-            "summary": f"[Summary of exchanges {span} of this conversation, which are left out below:]",
-            "fallback": f"[Exchanges {span}, left out below: the user's words and the items named]",
-            "digest": f"[Exchanges {span}, left out below: the items named]",
-            "recent": f"[Exchanges {span}, left out below (not summarised yet): the user's words and the items named]",
-        }[self.kind]
-        return f"{head}\n{self.text}"
-
-    def to_record(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"first": self.first, "upto": self.upto, "kind": self.kind}
-        if self.owner is not None and self.kind in ("summary", "fallback"):
-            record["conversation_id"] = self.owner  # the text is read back from the stored summary
-        else:
-            record["text"] = self.text  # made for that turn: kept with its record
-        return record
-
-
-@dataclass(slots=True)
-class StandIn:
-    """What stands in for exchanges 1..upto in one turn, oldest first."""
-
-    blocks: list[Block] = field(default_factory=list)
-    tokens: int = 0
-
-    @property
-    def upto(self) -> int:
-        return self.blocks[-1].upto if self.blocks else 0
-
-    def text(self) -> str:
-        return "\n\n".join(block.render() for block in self.blocks)
-
-    def to_record(self) -> list[dict[str, Any]]:
-        return [block.to_record() for block in self.blocks]
-
-
-def summary_block(summary: Summary) -> Block:
-    return Block(summary.first, summary.upto, "fallback" if summary.fallback else "summary", summary.text,
-                 summary.conversation_id)
-
-
 def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
     lines = []
     for offset, exchange in enumerate(exchanges):
@@ -162,43 +101,6 @@ def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
         for message in exchange.inputs:
             lines.append(f"[{n}] User: {str(message['content'])[:EXCHANGE_TEXT_LIMIT]}")
         lines.append(f"[{n}] Assistant: {exchange.reply[:EXCHANGE_TEXT_LIMIT]}")
-    return "\n".join(lines)
-
-
-def cover(found: list[tuple[Summary, int | None]]) -> list[Summary]:
-    """Consecutive summaries from exchange 1 on: at each start the one reaching furthest (a merge
-    over its chunks), the newest on a tie. `found` pairs each summary with the last exchange its
-    owner shares with the conversation (None: its own), so a fork never uses a parent's summary
-    of turns after the fork."""
-    by_first: dict[int, Summary] = {}
-    for summary, limit in found:
-        if limit is not None and summary.upto > limit:
-            continue
-        best = by_first.get(summary.first)
-        if best is None or summary.upto >= best.upto:
-            by_first[summary.first] = summary
-    chosen: list[Summary] = []
-    start = 1
-    while start in by_first:
-        chosen.append(by_first[start])
-        start = chosen[-1].upto + 1
-    return chosen
-
-
-def digest(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
-    """The salient items of a summary's text (the user's statements first, then the items they do
-    not already hold), in order, within `limit` tokens."""
-    text = _MARKUP.sub("", text)
-    statements = self_statements(text)
-    items = [*statements, *(i for i in salient_items(text) if not any(i in s for s in statements))]
-    lines: list[str] = []
-    used = 0
-    for item in list(dict.fromkeys(items))[:DIGEST_ITEMS]:
-        cost = count_tokens(item) + 2
-        if used + cost > limit:
-            continue  # a shorter one further on may still fit
-        lines.append(f"- {item}")
-        used += cost
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import Transcripts
-from ksi_daemon.services.completion.compaction import Block, summary_block
+from ksi_daemon.services.completion.stand_ins import Block, summary_block
 from ksi_daemon.services.conversations.history import system_notes
 
 FILES_PLACEHOLDER = "[attached files were embedded here; their content is read at send time and not stored]"
