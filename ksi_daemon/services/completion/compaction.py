@@ -179,14 +179,11 @@ class Compactor:
         left_out = kept.entries[0].n - 1 if kept.entries else memory.next_n - 1
         stored = await self._cover(memory)
         covered = stored[-1].upto if stored else 0
-        recent: Block | None = None
-        if left_out > covered:
-            exchanges = await self._numbered(memory, max(covered, left_out - GAP_EXCHANGES), left_out)
-            room = max(share - sum(s.tokens for s in stored), share // 3)
-            text = fallback_text(exchanges, room, self.count_tokens)
-            if text:
-                recent = Block(covered + 1, left_out, "recent", text)
-        room = share - (self.count_tokens(recent.render()) if recent is not None else 0)
+        # exchanges no summary covers yet: their items are kept first, their inputs get what is left
+        gap = await self._numbered(memory, max(covered, left_out - GAP_EXCHANGES), left_out) \
+            if left_out > covered else []
+        essential = Block(covered + 1, left_out, "recent", fallback_text(gap, share // 2, self.count_tokens, False))
+        room = share - (self.count_tokens(essential.render()) if gap else 0)
         blocks = [summary_block(s) for s in stored]
         costs = [self.count_tokens(b.render()) for b in blocks]
         for i, block in enumerate(blocks):  # the oldest give way first, to their items
@@ -195,11 +192,17 @@ class Compactor:
             blocks[i] = Block(block.first, block.upto, "digest", digest(block.text, room, self.count_tokens),
                               block.owner)
             costs[i] = self.count_tokens(blocks[i].render())
-        if sum(costs) > room:  # too many even as items: the items of them all, the oldest first
+        if stored and sum(costs) > room:  # too many even as items: the items of them all, the oldest first
             whole = Block(1, covered, "digest", "")
             whole.text = digest("\n".join(s.text for s in stored), room - self.count_tokens(whole.render()),
                                 self.count_tokens)
             blocks = [whole]
+            costs = [self.count_tokens(whole.render())]
+        recent: Block | None = None
+        if gap:
+            header = self.count_tokens(Block(covered + 1, left_out, "recent", "").render())
+            text = fallback_text(gap, share - sum(costs) - header, self.count_tokens)
+            recent = Block(covered + 1, left_out, "recent", text if len(text) > len(essential.text) else essential.text)
         stand_in = StandIn(blocks + ([recent] if recent is not None else []))
         if not stand_in.blocks:
             return None

@@ -25,7 +25,8 @@ _FILE = r"\b[\w-]+\.(?:py|js|ts|json|jsonl|md|txt|csv|yaml|yml|toml|sql|sh|html|
 _EMAIL = r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"
 _DATE = (r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
          r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.? \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b")
-_IDENT = r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w]+(?:[-_][\w]+)+\b|\b[a-z]+_[a-z_]+\b|\b[A-Z]{2,}\d+\b"
+_IDENT = (r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w]+(?:[-_][\w]+)+\b|\b[a-z]+_[a-z_]+\b|"
+          r"\b(?=\w*\d)(?=\w*[A-Za-z])\w{2,}\b")  # ids with dashes, snake_case, letters and digits mixed
 _NUMBER = r"(?<![\w.])[$€£]?\d+(?:[.,:]\d+)*%?(?![\w.])"
 _QUOTED = r"\"([^\"\n]{2,80})\"|“([^”\n]{2,80})”"
 _NAME = r"\b[A-Z][a-z]+(?:[ -][A-Z][a-z]+)*\b"
@@ -208,10 +209,11 @@ def check_candidate(candidate: str, items: Items, source_tokens: int, limit: int
     return verdict
 
 
-def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_tokens: Callable[[str], int]) -> str:
+def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_tokens: Callable[[str], int],
+                  inputs: bool = True) -> str:
     """What stands in for exchanges without a usable summary: the salient items of the whole range
-    first (the user's own statements, then names, numbers, ...), then each user input, shortened,
-    newest first, as far as `limit` tokens allow."""
+    first (the user's own statements, then names, numbers, ...), then (`inputs`) each user input,
+    shortened, newest first, as far as `limit` tokens allow."""
     items = exchange_items([exchange for _n, exchange in exchanges])
     lines: list[str] = []
     used = 0
@@ -236,7 +238,7 @@ def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_token
         for fact in facts[1:]:
             if not add(f"- {fact}"):
                 break
-    for n, exchange in reversed(exchanges):
+    for n, exchange in reversed(exchanges if inputs else []):
         for message in exchange.inputs:
             room = (limit - used - 8) * 3  # characters: a shortened input where a whole one no longer fits
             if room < 40:
