@@ -260,6 +260,10 @@ async def one_conversation(daemon: Daemon, client: KsiClient, log: list[list[dic
         result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 120})
         await settle(daemon)
         tokens += result["history"]["prompt_tokens_estimate"]
+        if model is not None:  # the turn went to the model, not the stub: what the daemon says it sent
+            shown = await client.request("conversation:sent", {"conversation_id": conversation.cid,
+                                                               "n": result["exchange"]})
+            sent[turn] = "\n".join(str(m["content"]) for m in shown["messages"] if m["part"] != "input")
         for messages in log:
             if is_summariser(messages):
                 calls += 1
