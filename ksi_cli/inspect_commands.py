@@ -1,5 +1,6 @@
 """Inspection commands that read storage directly and work with the daemon stopped:
-`ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`.
+`ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`
+(and `ksi conversation pin|unpin`, which ask the daemon).
 
 They read through the daemon's own read port (`ksi_common.reading`, the backend named by
 `KSI_STORAGE`). Standard library, click and ksi_common readers only (no pydantic, no daemon code);
@@ -20,6 +21,7 @@ from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
 from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
+from ksi_cli.pins import pin, unpin
 from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
@@ -129,6 +131,10 @@ def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_
             handle.write(text)
     else:
         click.echo(text, nl=False)
+
+
+conversation.add_command(pin)
+conversation.add_command(unpin)
 
 
 @click.group(name="response")

@@ -184,6 +184,30 @@ def check_numbering(index: Path, entries: list[IndexEntry], forked_from: set[str
                    {"repeated": repeated, "not_increasing": going_back, "forked": forked})
 
 
+def check_leftovers(layout: VarLayout) -> list[Finding]:
+    """Summaries, or metadata that went through exchanges, of a conversation without an index: a
+    background write that outlived its conversation's delete (the id can never be created again)."""
+    findings: list[Finding] = []
+    for path in _jsonl_files(layout.summaries_dir):
+        if not layout.index_file(path.stem).exists():
+            findings.append(Finding("summary_without_index", str(path),
+                                    f"summaries of conversation {path.stem}, which has no index",
+                                    extra={"conversation_id": path.stem}))
+    directory = layout.conversation_meta_dir
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        if layout.index_file(path.stem).exists():
+            continue
+        try:
+            raw = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict) and (raw.get("exchanges") or (raw.get("extra") or {}).get("compaction")):
+            findings.append(Finding("metadata_without_index", str(path),
+                                    f"conversation {path.stem} counts exchanges or summaries but has no index",
+                                    extra={"conversation_id": path.stem}))
+    return findings
+
+
 def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     """Every check of the var dir; the files are only read."""
     layout = VarLayout(Path(var_dir))
@@ -192,6 +216,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     report.problems.extend(check_permissions(layout))
     report.problems.extend(check_http_token(layout))
     report.problems.extend(check_links(layout))
+    report.problems.extend(check_leftovers(layout))
 
     journal = layout.requests_file
     journal_files = [journal] if journal.is_file() and not journal.is_symlink() else []

@@ -17,7 +17,7 @@ DOCUMENT = "ksi.conversation"  # the `format` marker of json and jsonl exports
 
 # conversation fields an export carries (the rest is bookkeeping of the var dir it came from)
 CONVERSATION_FIELDS = ("conversation_id", "title", "tags", "status", "agent_id", "system", "created",
-                       "last_activity", "ttl", "turn_cap", "parent_id", "fork_at", "models")
+                       "last_activity", "ttl", "turn_cap", "parent_id", "fork_at", "models", "pins")
 
 
 def export_document(transcript: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +101,9 @@ def render_markdown(transcript: dict[str, Any]) -> str:
     out += facts + [""]
     if conversation.get("system"):
         out += ["**System prompt**", "", str(conversation["system"]), ""]
-    summaries = {int(s["upto"]): s for s in transcript.get("summaries") or []}
+    summaries: dict[int, list[dict[str, Any]]] = {}
+    for found in transcript.get("summaries") or []:
+        summaries.setdefault(int(found["upto"]), []).append(found)
     for exchange in transcript["exchanges"]:
         answerer = exchange.get("model") or "unknown model"
         if exchange.get("agent_id"):
@@ -126,11 +128,14 @@ def render_markdown(transcript: dict[str, Any]) -> str:
             out += ["*(no reply recorded: the response file is missing or incomplete)*", ""]
         else:
             out += ["**Assistant**", "", str(reply.get("content") or ""), ""]
-        summary = summaries.get(exchange["n"])
-        if summary is not None:
-            out += [f"> **Summary of exchanges 1-{summary['upto']}** (a summary written by "
-                    f"{summary.get('model') or 'the summariser'}, standing in for those exchanges when they no "
-                    "longer fit the history)", ">"]
+        for summary in summaries.get(exchange["n"], []):
+            span = f"{int(summary.get('first') or 1)}-{summary['upto']}"
+            if summary.get("kind") == "fallback":
+                written = "the fallback written without a model, as no summary passed its checks"
+            else:
+                written = f"a summary written by {summary.get('model') or 'the summariser'}"
+            out += [f"> **Summary of exchanges {span}** ({written}, standing in for those exchanges when they "
+                    "no longer fit the history)", ">"]
             out += [f"> {line}" if line else ">" for line in str(summary.get("text") or "").splitlines()]
             out += [""]
     return "\n".join(out).rstrip("\n") + "\n"

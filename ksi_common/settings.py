@@ -56,6 +56,7 @@ class ModelSettings(BaseModel):
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
+    summary_temperature: float | None = Field(default=None, ge=0)  # this model as a summariser (None: 0)
 
 
 class ModelOverrides:
@@ -137,7 +138,10 @@ class Settings(BaseSettings):
     # own model; "off": only the note saying how many were left out)
     summariser: str | None = None
     compaction_step: int = Field(default=4, ge=1)  # summarise this many exchanges ahead, so once per step turns
-    summary_max_tokens: int = Field(default=512, gt=0)
+    summary_max_tokens: int = Field(default=512, gt=0)  # one summariser answer at most
+    summary_share: float = Field(default=0.3, gt=0, le=0.8)  # of a turn's history budget, for summaries
+    summary_max_levels: int = Field(default=3, ge=1)  # merges of merges, at most this deep
+    pins_share: float = Field(default=0.3, gt=0, le=0.8)  # of a turn's history budget, for pinned exchanges
     summary_retry_delay: float = Field(default=30.0, gt=0)
     summary_retry_max_delay: float = Field(default=600.0, gt=0)
     # learn per model how the provider's prompt token counts compare to the daemon's estimates

@@ -87,6 +87,7 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "metadata": dict((meta.get("extra") or {}).get("metadata") or {}),
         "cost": float(meta.get("cost") or 0.0),
         "external_ids": dict((meta.get("extra") or {}).get("external_ids") or {}),
+        "pins": [int(n) for n in meta.get("pins") or [] if isinstance(n, int)],
     }
 
 
@@ -158,6 +159,12 @@ def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
         "tokens_in": sum(int((x.get("usage") or {}).get("prompt_tokens") or 0) for x in summaries),
         "tokens_out": sum(int((x.get("usage") or {}).get("completion_tokens") or 0) for x in summaries),
         "cost": sum(float(x.get("cost") or 0.0) for x in summaries),
+        "fallbacks": sum(1 for x in summaries if x.get("kind") == "fallback"),
+        # per summary: what it covers, whether the fallback stood in, and the checks that decided it
+        "parts": [{"conversation_id": x.get("conversation_id"), "first": int(x.get("first") or 1),
+                   "upto": int(x["upto"]), "kind": x.get("kind") or "summary", "level": int(x.get("level") or 0),
+                   "fallback": x.get("kind") == "fallback", "tokens": int(x.get("tokens") or 0),
+                   "model": x.get("model"), "checks": x.get("checks") or {}} for x in summaries],
     }
     return {
         "compaction": compaction,

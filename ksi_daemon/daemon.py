@@ -110,6 +110,7 @@ class Daemon:
             settings, self.router, self.cache, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
             calibration=self.completion.calibration.report,
+            pins_budget=self.completion.pins_budget,
         )
         self.agents = AgentService(
             settings, self.router, self.completion, self.cache, self.agent_registry,

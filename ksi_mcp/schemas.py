@@ -72,12 +72,14 @@ TOOLS: list[dict[str, Any]] = [
           }, [], _output({"conversations": {"type": "array", "items": {
               "type": "object", "properties": {"continuation_id": _STR}, "required": ["continuation_id"]}},
               "total": _INT}, ["conversations", "total"]), read_only=True),
-    _tool("conversation", "Read a conversation", "A conversation's transcript.", {
+    _tool("conversation", "Read a conversation", "A conversation's transcript; pin/unpin keep exchanges "
+          "verbatim in every turn or stop.", {
         "continuation_id": _ID,
         "format": {"type": "string", "enum": ["markdown", "json"]},
+        "pin": {"type": "array", "items": {"type": "integer"}, "description": "exchange numbers to pin"},
+        "unpin": {"type": "array", "items": {"type": "integer"}, "description": "exchange numbers to unpin"},
     }, ["continuation_id"], _output({"continuation_id": _STR, "format": _STR, "exchanges": _INT,
-                                     "cut": {"type": "boolean"}}, ["continuation_id", "exchanges"]),
-        read_only=True),
+                                     "cut": {"type": "boolean"}}, ["continuation_id", "exchanges"])),
     _tool("fork", "Fork a conversation", "A new conversation sharing the first `at` exchanges of another.", {
         "continuation_id": _ID,
         "at": {"type": "integer", "minimum": 0},
@@ -99,8 +101,10 @@ def _problem(spec: dict[str, Any], value: Any) -> str | None:
     kind = spec["type"]
     if not isinstance(value, _TYPES[kind]) or isinstance(value, bool):
         return f"must be {'an' if kind[0] in 'ai' else 'a'} {kind}"
-    if kind == "array" and not all(isinstance(item, str) for item in value):
-        return "must be a list of strings"
+    item_kind = spec.get("items", {}).get("type", "string")
+    if kind == "array" and not all(isinstance(item, _TYPES[item_kind]) and not isinstance(item, bool)
+                                   for item in value):
+        return f"must be a list of {item_kind}s"
     if "enum" in spec and value not in spec["enum"]:
         return f"must be one of {', '.join(spec['enum'])}"
     if "minimum" in spec and value < spec["minimum"]:

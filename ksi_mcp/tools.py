@@ -241,6 +241,9 @@ class Tools:
 
     async def conversation(self, args: dict[str, Any]) -> Reply:
         conversation_id = args["continuation_id"]
+        for key in ("pin", "unpin"):
+            if args.get(key):
+                await self.caller.request(f"conversation:{key}", {"conversation_id": conversation_id, "n": args[key]})
         export = await self.caller.request("conversation:export", {"conversation_id": conversation_id,
                                                                    "format": args.get("format", "markdown")})
         text = cut(export["content"], self.output_limit, conversation_id)

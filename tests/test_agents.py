@@ -418,9 +418,9 @@ async def test_concurrent_spawns_of_one_id(client: KsiClient) -> None:
 
 async def test_summaries_go_with_their_conversation_on_reset_and_on_delete(short_tmp: Path, stub: Any,
                                                                             backend: dict[str, Any]) -> None:
-    from tests.test_compaction import SMALL, answer, prompt, settings, settled
+    from tests.test_compaction import SMALL, answering, good, prompt, settings, settled
 
-    stub.answer = answer
+    stub.answer = answering(good)
     async with running_daemon(short_tmp, **settings(stub), **backend) as daemon, connected(daemon) as client:
         await client.request("agent:spawn", {"agent_id": "ann", "model": SMALL})
         for turn in range(1, 13):

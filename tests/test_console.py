@@ -202,6 +202,22 @@ async def test_a_turn_shows_what_was_sent_and_a_fork_continues_from_the_page(con
     await page.close()
 
 
+async def test_the_pin_button_pins_an_exchange_and_what_was_sent_shows_it(console: Console) -> None:
+    client = console.client
+    for prompt in ("remember the code 4817", "second", "third"):
+        await complete(client, prompt=prompt, conversation_id="pinning", create=True)
+    page = await console.page("/conversations/pinning")
+    await page.click("button[data-pin='1']")
+    await expect(page.locator("button[data-pin='1']")).to_have_text("Unpin", timeout=WAIT_MS)
+    shown = await client.request("conversation:show", {"conversation_id": "pinning"})
+    assert shown["conversation"]["pins"] == [1]
+    await page.click("button[data-pin='1']")
+    await expect(page.locator("button[data-pin='1']")).to_have_text("Pin", timeout=WAIT_MS)
+    shown = await client.request("conversation:show", {"conversation_id": "pinning"})
+    assert shown["conversation"]["pins"] == []
+    await page.close()
+
+
 async def test_a_consortium_runs_page_shows_members_and_confidence(console: Console) -> None:
     await console.client.request("consortium:save", {
         "name": "pair", "members": ["openai/stub-a", "openai/stub-b"], "arbiter": "openai/judge"})

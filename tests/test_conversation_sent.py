@@ -4,12 +4,14 @@ what the (stub) provider received: system with notes, history shown, new input."
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ksi_common.errors import KsiError
+from ksi_daemon.services.completion.compaction import SUMMARISER_SYSTEM
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import StubOpenAI, default_answer
 
@@ -66,8 +68,9 @@ async def test_sent_matches_what_the_provider_received(short_tmp: Path, stub: An
 
 
 def short_summaries(messages: list[dict[str, Any]]) -> str:
-    if "running summary" in str(messages[0].get("content")):
-        return "the user counted turns"
+    if str(messages[0].get("content")).startswith(SUMMARISER_SYSTEM[:40]):
+        turns = re.findall(r"\] User: turn (\d+)", str(messages[-1]["content"]))
+        return f"the user counted turns {', '.join(turns)}"
     return default_answer(messages)
 
 
@@ -91,6 +94,6 @@ async def sent_with_a_small_window(short_tmp: Path, stub: StubOpenAI) -> None:
         for n in range(2, 7):
             shown = await client.request("conversation:sent", {"conversation_id": "long", "n": n})
             assert as_sent(shown) == received(stub, prompts[n - 1])
-            assert shown["omitted"] > 0 or shown["summary"] is not None or shown["history"] == list(range(1, n))
-        assert 1 not in shown["history"] and shown["summary"] is not None
-        assert shown["messages"][0]["content"].startswith("[Summary of exchanges 1-")
+            assert shown["omitted"] > 0 or shown["stand_in"] or shown["history"] == list(range(1, n))
+        assert 1 not in shown["history"] and shown["stand_in"][0]["first"] == 1
+        assert re.match(r"\[(Summary of e|E)xchanges 1\b", shown["messages"][0]["content"])

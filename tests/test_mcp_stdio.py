@@ -123,7 +123,8 @@ async def test_tools_carry_titles_annotations_and_output_schemas(short_tmp: Path
         assert tool.title and tool.annotations is not None and tool.annotations.destructive_hint is False
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
         jsonschema.Draft202012Validator.check_schema(tool.output_schema)
-    assert {t.name for t in listed if t.annotations.read_only_hint} == {"conversations", "conversation"}
+    # `conversation` pins and unpins too, so only the listing is read-only
+    assert {t.name for t in listed if t.annotations.read_only_hint} == {"conversations"}
     assert {t.name for t in listed if t.annotations.open_world_hint} == {"chat", "consensus", "agent_message"}
     # what each tool returns is checked against these schemas by `call` and `refused` in every test here
 

@@ -76,9 +76,9 @@ async def test_a_summary_due_on_one_daemon_is_not_written_over_a_conversation_re
     """A compactor decides on the conversation as its daemon holds it (no query per turn); one that
     is about to summarise asks the database first, so it never summarises exchanges another daemon
     has since deleted into a conversation that now has the same id."""
-    stub.answer = compaction.answer
+    stub.answer = compaction.answering(compaction.good)
     stub.model_script[compaction.WRITER_AT_STUB] = deque([Reply(status=500)])  # A's first summary fails
-    shared = {"storage": "postgres", "database_url": pg_url, "summary_retry_delay": 600}
+    shared = {"storage": "postgres", "database_url": pg_url, "summary_retry_delay": 600, "summary_retry_max_delay": 600}
     (short_tmp / "a").mkdir()
     (short_tmp / "b").mkdir()
     async with running_daemon(short_tmp / "a", **compaction.settings(stub, summariser=compaction.WRITER, **shared)) as a, \

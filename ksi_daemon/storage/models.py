@@ -48,6 +48,7 @@ class ConversationMeta(BaseModel):
     tokens_out: int = 0
     cost: float = 0.0
     models: list[str] = Field(default_factory=list)
+    pins: list[int] = Field(default_factory=list)  # exchanges kept verbatim in every turn's history
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def same_but_tallies(self, other: ConversationMeta) -> bool:

@@ -225,6 +225,8 @@ class AgentService:
                 await self.store.save(record)
                 forks = await self.cache.store.move(conversation_id, previous,
                                                     {"reset_from": conversation_id, "reset_at": utc_now()})
+                if memory is not None:
+                    memory.retired = True
             self.cache.forget(conversation_id)
             for fork in forks:
                 self.cache.forget(fork)

@@ -1,17 +1,23 @@
-"""Compaction: a summary stands in for the exchanges a long conversation's history leaves out.
+"""Compaction: summaries stand in for the exchanges a long conversation's history leaves out.
 
-After a turn completes, a background job asks which exchanges the next turn will have to leave
-out. When that prefix grew past the newest summary, the summariser model is sent the old
-summary plus only the newly left-out exchanges, and the extended summary is stored as a record
-of its own. Turns never wait for it: a turn uses the newest summary ready, and where none covers
-what it leaves out it falls back to the note saying how many exchanges were left out.
+After a turn completes, a background job asks which exchanges the next turn will leave out with
+the summaries' share of the budget reserved. When that reaches past what the stored summaries
+cover, the summariser is sent only the newly left-out exchanges (a chunk, a step ahead) and its
+answer is stored beside the earlier chunks; nothing is ever rewritten from an earlier summary
+alone. A candidate is checked before it is stored (salience.check_candidate); one that fails is
+asked for once more with what it dropped, then replaced by a fallback written without a model.
+When the chunks together outgrow their share they are merged, section by section, from the
+chunks themselves (merges of merges at most `summary_max_levels` deep).
+
+Turns never wait for any of it: a turn uses the chunks stored, and exchanges left out that no
+chunk covers yet are represented by the fallback, computed for that turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -23,21 +29,35 @@ from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion.salience import (
+    Items,
+    Verdict,
+    check_candidate,
+    exchange_items,
+    fallback_text,
+    text_items,
+)
+from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.storage.ports import SummaryStore
 
 log = structlog.get_logger("ksi.compaction")
 
+SECTIONS = ("User and goals", "Facts and figures", "Decisions", "Open questions and tasks",
+            "Tool calls and results", "Files")
 SUMMARISER_SYSTEM = (
-    "You keep the running summary of a conversation between a user and an assistant, so that it "
-    "can go on after its older exchanges are dropped. Keep every fact, name, number, decision, "
-    "preference and open question; drop greetings and repetition. Write terse plain text, at most "
-    "about {words} words. Answer with the summary only."
+    "You summarise part of a conversation between a user and an assistant, so that it can go on "
+    "after these exchanges are dropped. Keep every name, number, date, identifier, path, URL, quoted "
+    "string, and everything the user said about themselves, their goals and their decisions, in "
+    "their own words where short. Drop greetings and repetition; do not copy the transcript. Answer "
+    "with these sections only, each a few terse lines or 'none':\n" + "\n".join(f"## {s}" for s in SECTIONS)
+    + "\nAt most about {words} words."
 )
+MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation into one, section by section."
 EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange the summariser is shown
-
-
+MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
+GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
 class NoSummaries:
     """Summaries kept for the life of the process only."""
 
@@ -55,15 +75,23 @@ class NoSummaries:
 BudgetFor = Callable[[str, str | None, int, int | None], Awaitable[int]]
 
 
+class ConversationGone(Exception):
+    """The conversation was deleted or reset while a summary of it was being written."""
+
+
+@dataclass(slots=True)
+class Rejected:
+    """The candidates a summariser gave that failed their checks, and what they cost."""
+
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    cost: float = 0.0
+
+
 @dataclass(slots=True)
 class _Job:
     task: asyncio.Task[None]
     again: bool = False  # another turn completed while it ran: look once more when done
-
-
-def summary_block(summary: Summary) -> str:
-    """The summary as the rebuilt history shows it, at the head of the history."""
-    return f"[Summary of exchanges 1-{summary.upto} of this conversation, which are left out below:]\n{summary.text}"
 
 
 def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
@@ -77,7 +105,7 @@ def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
 
 
 class Compactor:
-    """Summaries per conversation: found for a turn, extended in the background."""
+    """Summaries per conversation: found for a turn, written in the background."""
 
     def __init__(self, settings: Settings, router: Router, cache: ConversationCache, store: SummaryStore,
                  provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor) -> None:
@@ -92,6 +120,7 @@ class Compactor:
         self._failures: dict[str, int] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self.calls = 0  # summariser calls made, for health
+        self.fallbacks = 0  # fallbacks stored where no candidate passed its checks
 
     def register(self) -> list[Unregister]:
         return [self.router.listen("completion:result", self._on_result), self.router.emits("conversation:summarised")]
@@ -107,14 +136,22 @@ class Compactor:
             await asyncio.wait(jobs, timeout=timeout)
 
     def summariser(self, model: str) -> str | None:
-        """The model that writes this model's conversations' summaries; None when compaction is off."""
+        """The model that writes this model's conversations' summaries; None when none does."""
         chosen = self.settings.model_settings(model).summariser or self.settings.summariser
         if chosen == "off" or (not chosen and model.startswith(("consortium/", "claude-cli/", "gemini-cli/"))):
             return None  # answerers with their own memory (or no single model) need an explicit summariser
         return chosen or model
 
+    def off(self, model: str) -> bool:
+        """Compaction switched off: only the note says what was left out (no fallback either)."""
+        return (self.settings.model_settings(model).summariser or self.settings.summariser) == "off"
+
     def health(self) -> dict[str, Any]:
-        return {"running": len(self._jobs), "retrying": len(self._retries), "calls": self.calls}
+        return {"running": len(self._jobs), "retrying": len(self._retries), "calls": self.calls,
+                "fallbacks": self.fallbacks}
+
+    def share(self, budget: int) -> int:
+        return max(MIN_SUMMARY_TOKENS, int(budget * self.settings.summary_share))
 
     # -- reading ------------------------------------------------------------
     async def summaries(self, memory: ConversationMemory) -> list[Summary]:
@@ -123,23 +160,65 @@ class Compactor:
             memory.summaries = await self.store.read(memory.conversation_id)
         return memory.summaries
 
-    async def for_turn(self, memory: ConversationMemory, model: str) -> Summary | None:
-        """The newest summary this conversation may use: its own, or an ancestor's that covers only
-        the prefix the fork shares (a fork at k never sees a summary of the parent's later turns)."""
-        if self.summariser(model) is None:
-            return None
-        return await self._newest(memory)
+    async def _cover(self, memory: ConversationMemory) -> list[Summary]:
+        found: list[tuple[Summary, int | None]] = []
+        for member, upto in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
+            found.extend((summary, upto) for summary in await self.summaries(member))
+        return cover(found)
 
-    async def _newest(self, memory: ConversationMemory) -> Summary | None:
-        best: Summary | None = None
-        for member, upto in await fork_chain(self.cache, memory, self.settings.max_fork_depth):
-            for summary in reversed(await self.summaries(member)):
-                if upto is not None and summary.upto > upto:
-                    continue
-                if best is None or summary.upto > best.upto:
-                    best = summary
+    async def for_turn(self, memory: ConversationMemory, model: str, budget: int) -> StandIn | None:
+        """What stands in for the exchanges this turn leaves out: the stored summaries covering
+        them from exchange 1, then this turn's fallback for those no summary covers yet, within
+        the summaries' share of `budget` (a stored summary that does not fit is cut to its items)."""
+        if self.off(model):
+            return None
+        share = self.share(budget)
+        kept = await select_history(self.cache, memory, budget - share, self.settings.max_fork_depth)
+        if not kept.omitted:
+            return None
+        left_out = kept.entries[0].n - 1 if kept.entries else memory.next_n - 1
+        stored = await self._cover(memory)
+        covered = stored[-1].upto if stored else 0
+        # exchanges no summary covers yet: their items are kept first, their inputs get what is left
+        gap = await self._numbered(memory, max(covered, left_out - GAP_EXCHANGES), left_out) \
+            if left_out > covered else []
+        essential = Block(covered + 1, left_out, "recent", fallback_text(gap, share // 2, self.count_tokens, False))
+        room = share - (self.count_tokens(essential.render()) if gap else 0)
+        blocks = [summary_block(s) for s in stored]
+        costs = [self.count_tokens(b.render()) for b in blocks]
+        for i, block in enumerate(blocks):  # the oldest give way first, to their items
+            if sum(costs) <= room:
                 break
-        return best
+            blocks[i] = Block(block.first, block.upto, "digest", digest(block.text, room, self.count_tokens),
+                              block.owner)
+            costs[i] = self.count_tokens(blocks[i].render())
+        if stored and sum(costs) > room:  # too many even as items: the items of them all, the oldest first
+            whole = Block(1, covered, "digest", "")
+            whole.text = digest("\n".join(s.text for s in stored), room - self.count_tokens(whole.render()),
+                                self.count_tokens)
+            blocks = [whole]
+            costs = [self.count_tokens(whole.render())]
+        recent: Block | None = None
+        if gap:
+            header = self.count_tokens(Block(covered + 1, left_out, "recent", "").render())
+            text = fallback_text(gap, share - sum(costs) - header, self.count_tokens)
+            recent = Block(covered + 1, left_out, "recent", text if len(text) > len(essential.text) else essential.text)
+        stand_in = StandIn(blocks + ([recent] if recent is not None else []))
+        if not stand_in.blocks:
+            return None
+        stand_in.tokens = sum(self.count_tokens(b.render()) + 2 for b in stand_in.blocks)
+        return stand_in
+
+    async def _numbered(self, memory: ConversationMemory, after: int, upto: int) -> list[tuple[int, Exchange]]:
+        """Exchanges after < n <= upto with their numbers, oldest first, along the fork chain."""
+        picked: list[tuple[int, Exchange]] = []
+        for member, limit in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
+            if not member.complete:
+                await self.cache.load_all(member)
+            entries = member.eligible_between(after, upto if limit is None else min(upto, limit))
+            texts = await self.cache.texts(member, entries)
+            picked.extend((entry.n, text) for entry, text in zip(entries, texts, strict=True))
+        return picked
 
     # -- writing ------------------------------------------------------------
     def _on_result(self, _name: str, data: dict[str, Any], _context: EventContext) -> None:
@@ -170,6 +249,8 @@ class Compactor:
                     self._failures.pop(conversation_id, None)
                 except asyncio.CancelledError:
                     raise
+                except ConversationGone:
+                    return  # deleted or reset while its summary was written: nothing more to do
                 except Exception as exc:
                     self._retry_later(conversation_id, model, exc)
                     return
@@ -195,7 +276,8 @@ class Compactor:
         self._retries[conversation_id] = asyncio.get_running_loop().call_later(delay, retry)
 
     async def extend(self, conversation_id: str, model: str) -> Summary | None:
-        """Extend the conversation's summary if the next turn would leave out more than it covers."""
+        """Summarise the exchanges the next turn leaves out beyond what is covered (a step ahead),
+        then merge when the summaries outgrow their share."""
         summariser = self.summariser(model)
         # Most looks find nothing to do, so they look at the conversation as this daemon holds it
         # (no query to a shared store); a look that will pay a summariser checks first.
@@ -204,81 +286,172 @@ class Compactor:
             return None
         last = memory.entries[-1]
         budget = await self.budget_for(model, memory.meta.system, last.tokens_in, None)
-        current = await self._newest(memory)
-        covered = current.upto if current is not None else 0
-        reserve = self.settings.summary_max_tokens + MESSAGE_OVERHEAD
-        history = await select_history(self.cache, memory, budget - reserve, self.settings.max_fork_depth, covered)
-        if not history.omitted:
-            return None  # everything after the summary still fits
-        first_kept = history.entries[0].n if history.entries else memory.next_n
-        # summarise a few exchanges ahead, so the summariser runs once every `compaction_step` turns
-        target = min(first_kept - 1 + self.settings.compaction_step - 1, memory.next_n - 2)
-        if target <= covered:
-            return None
+        share = self.share(budget)
+        kept = await select_history(self.cache, memory, budget - share, self.settings.max_fork_depth)
+        if not kept.omitted:
+            return None  # nothing is about to be left out
+        left_out = kept.entries[0].n - 1 if kept.entries else memory.next_n - 1
+        stored = await self._cover(memory)
+        covered = stored[-1].upto if stored else 0
+        if left_out <= covered:
+            return await self._merge(memory, summariser, stored, share)
+        # a step ahead, so the summariser runs once every `compaction_step` turns (never the newest)
+        target = max(left_out, min(left_out + self.settings.compaction_step - 1, memory.next_n - 2))
         if self.cache.store.shared and not await self.cache.fresh(memory):
             return await self.extend(conversation_id, model)  # another daemon moved it: decide again
-        exchanges = await self._exchanges(memory, covered, target)
-        summary = await self._summarise(memory.conversation_id, summariser, current, covered + 1, exchanges, target)
-        known = await self.summaries(memory)
-        now_cached = self.cache.cached(conversation_id)
-        if now_cached is not None and now_cached is not memory:
-            return None  # reset meanwhile: this summary is of the conversation that moved away
-        await self.store.append(summary)
-        known.append(summary)
-        log.info("summary_written", conversation_id=conversation_id, upto=target, previous_upto=covered,
-                 model=summariser, tokens=summary.tokens)
-        self.router.emit("conversation:summarised", {
-            "conversation_id": conversation_id, "upto": target, "previous_upto": covered,
-            "model": summariser, "tokens": summary.tokens, "cost": summary.cost,
-        }, EventContext.root())
-        await self._count_usage(memory, summary)
+        exchanges = await self._numbered(memory, covered, target)
+        while len(exchanges) > 1 and self._tokens(exchanges) > budget:
+            exchanges.pop()  # the summariser's prompt must fit: a long stretch goes in several chunks
+        if not exchanges:
+            return None
+        guard = not self._failures.get(conversation_id)  # a summariser failing again gives way to the fallback
+        chunk = await self._chunk(memory, summariser, exchanges, share, guard)
+        await self._store(memory, chunk)
+        return await self._merge(memory, summariser, [*stored, chunk], share) or chunk
+
+    def _tokens(self, exchanges: list[tuple[int, Exchange]]) -> int:
+        return self.count_tokens(transcript_lines(exchanges[0][0], [x for _n, x in exchanges]))
+
+    def _limit(self, share: int, part: int) -> int:
+        return max(MIN_SUMMARY_TOKENS, min(self.settings.summary_max_tokens, share // part))
+
+    async def _chunk(self, memory: ConversationMemory, summariser: str, exchanges: list[tuple[int, Exchange]],
+                     share: int, guard: bool) -> Summary:
+        first, upto = exchanges[0][0], exchanges[-1][0]
+        texts = [x for _n, x in exchanges]
+        source = transcript_lines(first, texts)
+        limit = self._limit(share, 3)
+        request = f"Exchanges {first}-{upto}:\n{source}\n\nWrite the summary of exchanges {first}-{upto}."
+        summary, rejected = await self._candidate(memory, summariser, request, exchange_items(texts),
+                                                  self.count_tokens(source), limit, first, upto, 0, guard)
+        if summary is None:
+            text = fallback_text(exchanges, limit, self.count_tokens)
+            summary = self._fallback(memory, first, upto, 0, text, rejected)
         return summary
 
-    async def _exchanges(self, memory: ConversationMemory, after: int, upto: int) -> list[Exchange]:
-        """The history-eligible exchanges after < n <= upto along the fork chain, oldest first."""
-        picked: list[Exchange] = []
-        for member, limit in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
-            if not member.complete:
-                await self.cache.load_all(member)
-            entries = member.eligible_between(after, upto if limit is None else min(upto, limit))
-            picked.extend(await self.cache.texts(member, entries))
-        return picked
+    async def _merge(self, memory: ConversationMemory, summariser: str, stored: list[Summary],
+                     share: int) -> Summary | None:
+        """Merge the oldest summaries (all but the newest, none already at the deepest level)
+        once together they outgrow their share."""
+        if sum(self.count_tokens(summary_block(s).render()) for s in stored) <= share:
+            return None
+        start = max((i + 1 for i, s in enumerate(stored) if s.level >= self.settings.summary_max_levels), default=0)
+        parts = stored[start:-1]
+        if len(parts) < 2:
+            return None
+        first, upto, level = parts[0].first, parts[-1].upto, max(s.level for s in parts) + 1
+        source = "\n\n".join(f"Summary of exchanges {s.first}-{s.upto}:\n{s.text}" for s in parts)
+        items = Items()
+        for part in parts:
+            found = text_items(part.text)
+            items.user.extend(found.user)
+            items.facts.extend(found.facts)
+        items.user, items.facts = list(dict.fromkeys(items.user)), list(dict.fromkeys(items.facts))
+        limit = self._limit(share, 2)
+        request = f"{source}\n\n{MERGE_REQUEST} Write the summary of exchanges {first}-{upto}."
+        merged, rejected = await self._candidate(memory, summariser, request, items, self.count_tokens(source),
+                                                 limit, first, upto, level, guard=False)
+        if merged is None:
+            merged = self._fallback(memory, first, upto, level, digest(source, limit, self.count_tokens), rejected)
+        await self._store(memory, merged)
+        return merged
 
-    async def _summarise(self, conversation_id: str, summariser: str, current: Summary | None, first: int,
-                         exchanges: list[Exchange], upto: int) -> Summary:
-        words = max(50, int(self.settings.summary_max_tokens * 0.6))
-        parts = []
-        if current is not None:
-            parts.append(f"Summary of exchanges 1-{current.upto}:\n{current.text}")
-        parts.append(f"Exchanges {first}-{upto}:\n{transcript_lines(first, exchanges)}")
-        parts.append(f"Write the summary of exchanges 1-{upto}.")
+    async def _candidate(self, memory: ConversationMemory, summariser: str, request: str, items: Items,
+                         source_tokens: int, limit: int, first: int, upto: int, level: int,
+                         guard: bool) -> tuple[Summary | None, Rejected]:
+        """A checked summary, asked for at most twice (the second time with what the first
+        dropped); None when neither passes. A failing summariser raises on a chunk (`guard`: it
+        is retried later) and gives way to the fallback on a merge."""
+        verdicts: list[Verdict] = []
+        usage: dict[str, int] = {}
+        cost = 0.0
+        for _attempt in range(2):
+            prompt = request
+            if verdicts:
+                prompt += (f"\n\nYour previous answer could not be used ({', '.join(verdicts[-1].reasons)}). "
+                           f"Answer with the summary only, under {limit} tokens.")
+                if verdicts[-1].missing:
+                    prompt += " It must keep these items: " + "; ".join(verdicts[-1].missing[:40])
+            try:
+                text, used, spent = await self._ask(memory.conversation_id, summariser, prompt, limit)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if guard and not verdicts:
+                    raise
+                verdicts.append(Verdict(False, [f"error:{getattr(exc, 'code', type(exc).__name__)}"]))
+                break
+            for key, value in used.items():
+                usage[key] = usage.get(key, 0) + int(value or 0)
+            cost += spent
+            verdict = check_candidate(text, items, source_tokens, limit, self.count_tokens)
+            verdicts.append(verdict)
+            if verdict.ok:
+                return Summary(conversation_id=memory.conversation_id, upto=upto, text=text.strip(),
+                               model=summariser, tokens=self.count_tokens(text.strip()) + MESSAGE_OVERHEAD,
+                               usage=usage, cost=cost, ts=utc_now(), first=first, level=level,
+                               checks={"candidates": [v.to_record() for v in verdicts]}), Rejected()
+        log.info("summary_rejected", conversation_id=memory.conversation_id, first=first, upto=upto,
+                 reasons=[v.reasons for v in verdicts])
+        return None, Rejected([v.to_record() for v in verdicts], usage, cost)
+
+    async def _ask(self, conversation_id: str, summariser: str, prompt: str, limit: int
+                   ) -> tuple[str, dict[str, int], float]:
+        words = max(30, int(limit * 0.6))
         call = ProviderCall(
             model=summariser,
-            messages=[{"role": "system", "content": SUMMARISER_SYSTEM.format(words=words)},
-                      {"role": "user", "content": "\n\n".join(parts)}],
-            max_tokens=self.settings.summary_max_tokens, timeout=self.settings.request_timeout,
+            messages=[{"role": "system", "content": SUMMARISER_SYSTEM.replace("{words}", str(words))},
+                      {"role": "user", "content": prompt}],
+            temperature=self.temperature(summariser),
+            max_tokens=min(self.settings.summary_max_tokens, limit * 2),
+            timeout=self.settings.request_timeout,
             request={"conversation_id": conversation_id, "purpose": "summary"},
         )
         self.calls += 1
         reply = await self.provider.complete(call)
-        text = reply.content.strip()
-        if not text:
-            raise ValueError("the summariser answered with nothing")
-        return Summary(conversation_id=conversation_id, upto=upto, text=text, model=summariser,
-                       tokens=self.count_tokens(text) + MESSAGE_OVERHEAD, previous_upto=current.upto if current else 0,
-                       usage=dict(reply.usage), cost=float(reply.cost or 0.0), ts=utc_now())
+        return reply.content, dict(reply.usage), float(reply.cost or 0.0)
 
-    async def _count_usage(self, memory: ConversationMemory, summary: Summary) -> None:
-        """A summary's tokens and cost are the conversation's usage too."""
+    def temperature(self, summariser: str) -> float:
+        """Summaries are sampled deterministically unless the summariser's settings say otherwise."""
+        chosen = self.settings.model_settings(summariser).summary_temperature
+        return 0.0 if chosen is None else chosen
+
+    def _fallback(self, memory: ConversationMemory, first: int, upto: int, level: int, text: str,
+                  rejected: Rejected) -> Summary:
+        self.fallbacks += 1
+        return Summary(conversation_id=memory.conversation_id, upto=upto, text=text, model=None,
+                       tokens=self.count_tokens(text) + MESSAGE_OVERHEAD, usage=rejected.usage,
+                       cost=rejected.cost, ts=utc_now(), first=first, kind="fallback", level=level,
+                       checks={"candidates": rejected.candidates})
+
+    async def _store(self, memory: ConversationMemory, summary: Summary) -> None:
+        """Stored only while the conversation is the one it summarises: under its lock, and never
+        after it was deleted or reset meanwhile (that write would bring back a ghost of it)."""
+        conversation_id = memory.conversation_id
         async with memory.lock:
+            if memory.retired or self.cache.cached(conversation_id) is not memory:
+                log.info("summary_dropped", conversation_id=conversation_id, upto=summary.upto)
+                raise ConversationGone(conversation_id)
+            await self.store.append(summary)
+            known = await self.summaries(memory)
+            known.append(summary)
             meta = memory.meta.model_copy(deep=True)
             meta.tokens_in += summary.usage.get("prompt_tokens", 0)
             meta.tokens_out += summary.usage.get("completion_tokens", 0)
             meta.cost += summary.cost
             compaction = dict(meta.extra.get("compaction") or {})
             compaction["summaries"] = int(compaction.get("summaries", 0)) + 1
-            compaction["covered"] = summary.upto
+            compaction["covered"] = max(int(compaction.get("covered", 0)), summary.upto)
             compaction["cost"] = float(compaction.get("cost", 0.0)) + summary.cost
+            if summary.fallback:
+                compaction["fallbacks"] = int(compaction.get("fallbacks", 0)) + 1
             meta.extra["compaction"] = compaction
             await self.cache.store.save_meta(meta)
             memory.meta = meta
+        log.info("summary_written", conversation_id=conversation_id, first=summary.first, upto=summary.upto,
+                 kind=summary.kind, level=summary.level, tokens=summary.tokens)
+        self.router.emit("conversation:summarised", {
+            "conversation_id": conversation_id, "first": summary.first, "upto": summary.upto,
+            "kind": summary.kind, "level": summary.level, "model": summary.model, "tokens": summary.tokens,
+            "cost": summary.cost,
+        }, EventContext.root())

@@ -37,11 +37,12 @@ from ksi_daemon.services.completion.models import (
     CompletionWait,
 )
 from ksi_daemon.services.completion.calibration import Calibration, NoCalibrationStore
-from ksi_daemon.services.completion.compaction import Compactor, NoSummaries, summary_block
+from ksi_daemon.services.completion.compaction import Compactor, NoSummaries
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
     build_messages,
+    pinned_exchanges,
     select_history,
     sent_record,
 )
@@ -609,32 +610,38 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.widen(memory, budget)
+        # pinned exchanges take their share first; the rest of history and the summaries, what is left
+        pinned = await pinned_exchanges(self.cache, memory, int(budget * self.settings.pins_share),
+                                        self.settings.max_fork_depth)
+        budget -= pinned.tokens
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
-        summary = await self.compactor.for_turn(memory, state.model) if history.omitted else None
-        if summary is not None and summary.tokens < budget:
-            # exchanges must be left out: the summary stands in for 1..upto, history follows it
-            budget -= summary.tokens
-            history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, summary.upto)
+        stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
+        if stand_in is not None and stand_in.tokens < budget:
+            # exchanges must be left out: summaries (or the fallback) stand in for 1..upto, history follows
+            budget -= stand_in.tokens
+            history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth, stand_in.upto)
         else:
-            summary = None  # none ready (the note says what was left out), or too big to help
-        after = summary.upto if summary is not None else 0
+            stand_in = None  # compaction off (the note says what was left out), or too big to help
+        after = stand_in.upto if stand_in is not None else 0
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
             history = await select_history(self.cache, memory, budget - attached.tokens,
                                            self.settings.max_fork_depth, after)
             attached = attached.kept_for(history.exchanges)
+        pinned.add_to(history)
         inputs = attached.record_in(inputs)
         messages = build_messages(sent_system, history, attached.prepend(user_messages),
-                                  summary_block(summary) if summary is not None else None)
+                                  stand_in.text() if stand_in is not None else None)
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = (history.tokens + attached.tokens + input_tokens
                     + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
         stats = {**history.stats(), **attached.stats(),
                  "prompt_tokens_estimate": round(estimate * self.calibration.ratio(state.model)),
                  "calibration_ratio": round(self.calibration.ratio(state.model), 4)}
-        if summary is not None:
-            stats["summary_upto"] = summary.upto
+        if stand_in is not None:
+            stats["summary_upto"] = stand_in.upto
+            stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
         options = dict(data.options)
         if data.extra_body:
             options["extra_body"] = data.extra_body
@@ -648,7 +655,7 @@ class CompletionService:
                      "consortium": data.consortium},
         )
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
-                           summary)
+                           stand_in.to_record() if stand_in is not None else None)
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
@@ -665,6 +672,13 @@ class CompletionService:
         system_tokens = self.facts.count_tokens(system) + MESSAGE_OVERHEAD if system else 0
         usable = int((window - reserve) / self.calibration.ratio(model))
         return usable - system_tokens - input_tokens - NOTE_RESERVE
+
+    async def pins_budget(self, meta: ConversationMeta) -> int:
+        """The tokens a conversation's pinned exchanges may take: their share of the history budget
+        of a turn of its latest model with an empty input."""
+        model = meta.models[-1] if meta.models else self.settings.default_model
+        budget = await self.history_budget(model, meta.system, 0, None)
+        return max(0, int(budget * self.settings.pins_share))
 
     @staticmethod
     def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:

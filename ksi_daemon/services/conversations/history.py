@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.records import IndexEntry
-from ksi_common.summaries import Summary
 from ksi_common.transcripts import fork_chain as walk_fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
@@ -77,6 +76,49 @@ async def select_history(
     return history
 
 
+@dataclass(slots=True)
+class Pinned:
+    """Exchanges pinned to stay verbatim in every turn's history, oldest first."""
+
+    entries: list[IndexEntry] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
+    tokens: int = 0
+
+    def add_to(self, history: History) -> None:
+        """Those the history does not show already go before it (they are older than all it shows)."""
+        shown = {entry.n for entry in history.entries}
+        missing = [(e, x) for e, x in zip(self.entries, self.exchanges, strict=True) if e.n not in shown]
+        history.entries[:0] = [e for e, _x in missing]
+        history.exchanges[:0] = [x for _e, x in missing]
+        history.tokens += sum(e.tokens_in + e.tokens_out for e, _x in missing)
+
+
+async def pinned_exchanges(cache: ConversationCache, memory: ConversationMemory, budget: int,
+                           max_depth: int) -> Pinned:
+    """The conversation's pinned exchanges along its fork chain, the newest first within `budget`
+    tokens (pinning refuses more than the share; a smaller model's window may still hold fewer)."""
+    pins = set(memory.meta.pins)
+    pinned = Pinned()
+    if not pins:
+        return pinned
+    found: list[tuple[ConversationMemory, IndexEntry]] = []
+    for member, upto in await fork_chain(cache, memory, max_depth):
+        if not member.complete:
+            await cache.load_all(member)
+        found.extend((member, e) for e in member.entries
+                     if e.n in pins and not e.is_feedback and (upto is None or e.n <= upto))
+    kept: list[tuple[ConversationMemory, IndexEntry]] = []
+    for member, entry in sorted(found, key=lambda pair: -pair[1].n):
+        cost = entry.tokens_in + entry.tokens_out
+        if pinned.tokens + cost <= budget:
+            kept.append((member, entry))
+            pinned.tokens += cost
+    for member, entry in sorted(kept, key=lambda pair: pair[1].n):
+        pinned.entries.append(entry)
+        pinned.exchanges.extend(await cache.texts(member, [entry]))
+    return pinned
+
+
 def omitted_note(count: int, summarised: bool = False) -> str:
     noun = "exchange was" if count == 1 else "exchanges were"
     where = "after the summary " if summarised else ""
@@ -122,10 +164,12 @@ def system_notes(omitted: int, entries: list[IndexEntry], summary: str | None = 
     return [note for note in notes if note]
 
 
-def sent_record(history: History, files: list[dict[str, Any]], summary: Summary | None) -> dict[str, Any]:
+def sent_record(history: History, files: list[dict[str, Any]], stand_in: list[dict[str, Any]] | None
+                ) -> dict[str, Any]:
     """What a request sent beyond its own input, compact enough for its response file: the
-    exchanges shown (as runs of numbers), how many were left out, the summary that stood in for
-    them and the files. The notes follow from these and the index, so they are not stored."""
+    exchanges shown (as runs of numbers), how many were left out, what stood in for them (stored
+    summaries by owner and range; a fallback made for the turn with its text) and the files. The
+    notes follow from these and the index, so they are not stored."""
     runs: list[list[int]] = []
     for entry in history.entries:
         if runs and runs[-1][1] == entry.n - 1:
@@ -133,8 +177,8 @@ def sent_record(history: History, files: list[dict[str, Any]], summary: Summary 
         else:
             runs.append([entry.n, entry.n])
     record: dict[str, Any] = {"history": runs, "omitted": history.omitted}
-    if summary is not None:
-        record["summary"] = {"conversation_id": summary.conversation_id, "upto": summary.upto}
+    if stand_in:
+        record["stand_in"] = stand_in
     if files:
         record["files"] = files
     return record

@@ -119,6 +119,7 @@ class ImportedConversation(_Part):
     last_activity: Time | None = None
     ttl: Annotated[float, Field(gt=0, le=MAX_TTL)] | None = None
     turn_cap: Annotated[int, Field(gt=0, le=MAX_TURN_CAP)] | None = None
+    pins: Annotated[list[Annotated[int, Field(gt=0)]], Field(max_length=MAX_EXCHANGES)] = Field(default_factory=list)
 
 
 class ImportedDocument(_Part):

@@ -68,6 +68,8 @@ class ConversationMemory:
         self.users = 0  # requests queued or running on it: it is not evicted meanwhile
         # summaries standing in for left-out exchanges, oldest first; None until first needed
         self.summaries: list[Summary] | None = None
+        # deleted, or moved away by a reset: a background writer holding it writes nothing more
+        self.retired = False
 
     @property
     def in_use(self) -> bool:

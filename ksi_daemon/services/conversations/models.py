@@ -84,6 +84,15 @@ class ConversationArchive(ConversationRef):
     pass
 
 
+class ConversationPin(ConversationRef):
+    n: list[int] = Field(min_length=1, max_length=256, description="the exchanges (numbers) to pin or unpin")
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int | str) else value  # one number (a form posts text)
+
+
 class ConversationDelete(ConversationRef):
     pass
 

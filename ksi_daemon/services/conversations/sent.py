@@ -13,9 +13,8 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
 from ksi_common.records import IndexEntry
-from ksi_common.summaries import Summary
 from ksi_common.transcripts import Transcripts
-from ksi_daemon.services.completion.compaction import summary_block
+from ksi_daemon.services.completion.stand_ins import Block, summary_block
 from ksi_daemon.services.conversations.history import system_notes
 
 FILES_PLACEHOLDER = "[attached files were embedded here; their content is read at send time and not stored]"
@@ -49,13 +48,29 @@ def _numbers(runs: list[Any]) -> list[int]:
     return shown
 
 
-async def _summary(reader: Transcripts, ref: Any) -> Summary | None:
-    """The summary a turn used in place of its earliest exchanges, by owner and coverage."""
-    if not isinstance(ref, dict) or not isinstance(ref.get("conversation_id"), str) or not is_safe_id(
-            ref["conversation_id"]):
-        return None
-    found = [s for s in await reader.reader.summaries(ref["conversation_id"]) if s.upto == ref.get("upto")]
-    return found[-1] if found else None
+async def _stand_in(reader: Transcripts, sent: dict[str, Any]) -> list[Block]:
+    """What stood in for the earliest exchanges: stored summaries by owner and range (read back),
+    a fallback or digest made for that turn from the text kept with the record. A record written
+    before chunks names one running summary of 1..upto."""
+    refs = sent.get("stand_in")
+    if not isinstance(refs, list):
+        old = sent.get("summary")
+        refs = [{**old, "first": 1, "kind": "summary"}] if isinstance(old, dict) else []
+    blocks: list[Block] = []
+    for ref in refs:
+        if not isinstance(ref, dict) or not isinstance(ref.get("upto"), int):
+            continue
+        first, upto, kind = int(ref.get("first") or 1), ref["upto"], str(ref.get("kind") or "summary")
+        if isinstance(ref.get("text"), str):
+            blocks.append(Block(first, upto, kind if kind in ("digest", "recent") else "recent", ref["text"]))
+            continue
+        owner = ref.get("conversation_id")
+        if not isinstance(owner, str) or not is_safe_id(owner):
+            continue
+        found = [s for s in await reader.reader.summaries(owner) if s.upto == upto and s.first == first]
+        if found:
+            blocks.append(summary_block(found[-1]))
+    return blocks
 
 
 async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: float) -> dict[str, Any]:
@@ -80,8 +95,8 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
     # the same notes the daemon appended, rebuilt from the exchanges shown
     entries = [IndexEntry(n=k, response_id=exchanges[k]["response_id"], model=exchanges[k].get("model"),
                           agent_id=exchanges[k].get("agent_id")) for k in shown]
-    summary = await _summary(reader, sent.get("summary")) if recorded else None
-    notes = system_notes(omitted, entries, summary_block(summary) if summary is not None else None)
+    stand_in = await _stand_in(reader, sent) if recorded else []
+    notes = system_notes(omitted, entries, "\n\n".join(b.render() for b in stand_in) if stand_in else None)
     instructions = outcome.get("instructions")  # a system prompt for that request alone
     system = instructions if isinstance(instructions, str) else _system_in_force(
         await reader.require_meta(exchange["conversation_id"]), n)
@@ -111,7 +126,9 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
         "history": shown,
         "omitted": omitted,
         "notes": notes,
-        "summary": {"conversation_id": summary.conversation_id, "upto": summary.upto} if summary else None,
+        # which summary (or fallback made for the turn) stood for which range
+        "stand_in": [{"first": b.first, "upto": b.upto, "kind": b.kind,
+                      **({"conversation_id": b.owner} if b.owner else {})} for b in stand_in],
         "files": files,
         "messages": messages,
         "reply": reply.get("content"),

@@ -33,6 +33,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationFork,
     ConversationImport,
     ConversationList,
+    ConversationPin,
     ConversationSent,
     ConversationShow,
     ConversationStats,
@@ -51,6 +52,12 @@ log = structlog.get_logger("ksi.conversation")
 IMPORTED_ON_THE_LOOP = 200  # exchanges of an import checked and built on the loop; more go to a thread
 
 CancelRequests = Callable[[str], Awaitable[int]]
+# (conversation) -> the tokens its pinned exchanges may take in a turn of its current model
+PinsBudget = Callable[[ConversationMeta], Awaitable[int]]
+
+
+async def _no_pin_limit(_meta: ConversationMeta) -> int:
+    return 1 << 30
 
 
 async def _no_requests(_conversation_id: str) -> int:
@@ -74,7 +81,9 @@ class ConversationService:
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
         calibration: Callable[[list[str]], dict[str, Any]] = lambda _models: {},
+        pins_budget: PinsBudget = _no_pin_limit,
     ) -> None:
+        self.pins_budget = pins_budget
         self.calibration = calibration  # model -> learned token-count ratio, for stats
         self.settings = settings
         self.router = router
@@ -100,6 +109,10 @@ class ConversationService:
                        "Change a conversation's title, tags, TTL, turn cap or status."),
             r.register("conversation:archive", self.handle_archive, ConversationArchive,
                        "Archive a conversation: it refuses new requests until set active again."),
+            r.register("conversation:pin", self.handle_pin, ConversationPin,
+                       "Keep exchanges verbatim in every turn's history, within their share of the budget."),
+            r.register("conversation:unpin", self.handle_unpin, ConversationPin,
+                       "Let pinned exchanges be left out (or summarised) like any other again."),
             r.register("conversation:fork", self.handle_fork, ConversationFork,
                        "A new conversation sharing the history up to an exchange, without copying it."),
             r.register("conversation:export", self.handle_export, ConversationExport,
@@ -192,6 +205,46 @@ class ConversationService:
         self._changed(data.conversation_id, "archived", context)
         return {"conversation": self._summary(meta)}
 
+    # -- pins -----------------------------------------------------------------
+    async def handle_pin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
+        memory = await self.cache.require(data.conversation_id)
+        chain = await fork_chain(self.cache, memory, self.settings.max_fork_depth)
+        entries = {}
+        for member, upto in chain:
+            await self.cache.load_all(member)
+            entries.update({e.n: e for e in member.entries if upto is None or e.n <= upto})
+        unknown = [n for n in data.n if n not in entries or entries[n].is_feedback]
+        if unknown:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"conversation {data.conversation_id} has no exchange {unknown[0]} to pin "
+                           "(feedback is never in history)",
+                           fields={"n": f"no history exchange {unknown[0]}"}, exchanges=memory.next_n - 1)
+        async with memory.lock:
+            pins = sorted(set(memory.meta.pins) | set(data.n))
+            tokens = sum(entries[n].tokens_in + entries[n].tokens_out for n in pins if n in entries)
+            allowed = await self.pins_budget(memory.meta)
+            if tokens > allowed:
+                raise KsiError(ErrorCode.PINS_OVER_BUDGET,
+                               f"the pinned exchanges would take about {tokens} tokens of every turn; their share "
+                               f"of this conversation's history budget is {allowed}",
+                               pins=pins, tokens=tokens, allowed=allowed)
+            meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        log.info("conversation_pinned", conversation_id=data.conversation_id, pins=pins)
+        self._changed(data.conversation_id, "pinned", context)
+        return {"conversation_id": data.conversation_id, "pins": pins, "tokens": tokens, "allowed": allowed}
+
+    async def handle_unpin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
+        memory = await self.cache.require(data.conversation_id)
+        async with memory.lock:
+            pins = [n for n in memory.meta.pins if n not in data.n]
+            meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        self._changed(data.conversation_id, "unpinned", context)
+        return {"conversation_id": data.conversation_id, "pins": pins}
+
     # -- fork -----------------------------------------------------------------
     async def handle_fork(self, data: ConversationFork, context: EventContext) -> dict[str, Any]:
         parent = await self.cache.require(data.conversation_id)
@@ -213,6 +266,7 @@ class ConversationService:
             ttl=parent.meta.ttl, turn_cap=parent.meta.turn_cap,
             models=[model] if model else [],  # so the fork continues with the model it branched from
             origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
+            pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
         )
         try:
             await self.store.create(meta)
@@ -283,11 +337,13 @@ class ConversationService:
         tokens_in = tokens_out = 0
         cost = 0.0
         skipped = 0
-        for exchange in document.exchanges:
+        renumbered: dict[int, int] = {}  # the document's exchange numbers -> the new ones (for pins)
+        for position, exchange in enumerate(document.exchanges, start=1):
             reply = exchange.reply
             if reply is None:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
+            renumbered[position] = len(exchanges) + 1
             model = exchange.model or reply.model or "imported"
             response_id = new_response_id(model)
             ts = exchange.ts or reply.ts or now
@@ -329,7 +385,7 @@ class ConversationService:
             title=title if title is not None else source.title,
             tags=list(source.tags), agent_id=source.agent_id, system=source.system,
             ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
-            cost=cost, models=[],
+            cost=cost, models=[], pins=sorted({renumbered[n] for n in source.pins if n in renumbered}),
             extra={"imported_from": source.conversation_id, "imported_at": now, "imported_models": named},
             preview=next((preview_of(line["content"]) for _entry, lines in exchanges[:1] for line in lines
                           if line["type"] in ("user", "feedback")), None),
@@ -424,6 +480,7 @@ class ConversationService:
             cancelled = await self.cancel_requests(conversation_id)
             async with memory.lock:
                 removed = await self.store.delete(conversation_id)
+                memory.retired = True
         except BaseException:
             memory.meta = previous
             raise

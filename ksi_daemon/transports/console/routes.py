@@ -66,6 +66,7 @@ class Console:
             Route("/conversations/{conversation_id}/send", self.conversation_send, methods=["POST"]),
             Route("/conversations/{conversation_id}/fork", self.fork, methods=["POST"]),
             Route("/conversations/{conversation_id}/archive", self.archive, methods=["POST"]),
+            Route("/conversations/{conversation_id}/pin", self.pin, methods=["POST"]),
             Route("/conversations/{conversation_id}/export", self.export),
             Route("/consortium", self.consortium_runs_page),
             Route("/consortium/{run_id}", self.consortium_page),
@@ -218,6 +219,20 @@ class Console:
         except KsiError as error:
             return self.failure(error)
         return RedirectResponse(f"{self.root}/conversations/{conversation_id}", status_code=303)
+
+    async def pin(self, request: Request) -> Response:
+        """The pin button of an exchange: `conversation:pin`, or `unpin` when the form says so."""
+        refused = _cross_site(request)
+        if refused is not None:
+            return refused
+        conversation_id = request.path_params["conversation_id"]
+        form = await request.form()
+        event = "conversation:unpin" if form.get("unpin") else "conversation:pin"
+        try:
+            await self.act(event, {"conversation_id": conversation_id, "n": str(form.get("n") or "").strip()})
+        except KsiError as error:
+            return self.failure(error)
+        return RedirectResponse(f"/conversations/{conversation_id}#turn-{form.get('n')}", status_code=303)
 
     async def export(self, request: Request) -> Response:
         conversation_id = request.path_params["conversation_id"]

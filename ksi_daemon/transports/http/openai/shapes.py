@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ksi_common.errors import ErrorCode, KsiError
+
 from ksi_common.timefmt import parse_ts
 
 
@@ -89,9 +91,23 @@ def input_items(response_id: str, inputs: list[dict[str, Any]]) -> list[dict[str
     ]
 
 
+PINS_KEY = "ksi_pins"  # a metadata field: the pinned exchanges' numbers, comma-separated
+
+
+def pins_field(value: str) -> set[int]:
+    """The exchange numbers of a `ksi_pins` metadata value ("" unpins all)."""
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"{PINS_KEY} must be exchange numbers separated by commas",
+                       fields={f"metadata.{PINS_KEY}": "exchange numbers separated by commas, e.g. 1,4"})
+    return {int(part) for part in parts}
+
+
 def conversation_object(conversation: dict[str, Any]) -> dict[str, Any]:
-    """A KSI conversation summary as a Conversation object."""
-    metadata = conversation.get("metadata") or {}
+    """A KSI conversation summary as a Conversation object (its pins as a metadata field)."""
+    metadata = dict(conversation.get("metadata") or {})
+    if conversation.get("pins"):
+        metadata[PINS_KEY] = ",".join(str(n) for n in conversation["pins"])
     return {"id": conversation["conversation_id"], "object": "conversation",
             "created_at": _epoch(conversation.get("created")), "metadata": metadata}
 

@@ -1,0 +1,108 @@
+"""What stands in for a turn's left-out exchanges: stored summaries (or fallbacks) by range, a
+fallback made for the turn, and a summary cut to its salient items to fit; how a conversation's
+summaries are chosen to cover exchanges 1..n, and how each shows on the system message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ksi_common.summaries import Summary
+from ksi_daemon.services.completion.salience import salient_items, self_statements
+
+DIGEST_ITEMS = 40
+# what summaries and fallbacks add around their content: exchange numbers, list marks, headings
+_MARKUP = re.compile(r"^(?:\s*(?:[-*#>]+\s*|\[\d+\] (?:User|Assistant): |Summary of exchanges [\d-]+:|"
+                     r"The user said: |Items named: ))+", re.MULTILINE)
+
+
+@dataclass(slots=True)
+class Block:
+    """One part of what stands in for left-out exchanges first..upto on the system message."""
+
+    first: int
+    upto: int
+    kind: str  # "summary", "fallback" (stored, written without a model), "digest" (a stored one cut
+    # to its salient items to fit), "recent" (this turn's fallback for exchanges no summary covers yet)
+    text: str
+    owner: str | None = None  # the conversation a stored summary belongs to
+
+    def render(self) -> str:
+        span = f"{self.first}-{self.upto}" if self.first != self.upto else f"{self.first}"
+        head = {
+            "summary": f"[Summary of exchanges {span} of this conversation, which are left out below:]",
+            "fallback": f"[Exchanges {span}, left out below: the user's words and the items named]",
+            "digest": f"[Exchanges {span}, left out below: the items named]",
+            "recent": f"[Exchanges {span}, left out below (not summarised yet): the user's words and the items named]",
+        }[self.kind]
+        return f"{head}\n{self.text}"
+
+    def to_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"first": self.first, "upto": self.upto, "kind": self.kind}
+        if self.owner is not None and self.kind in ("summary", "fallback"):
+            record["conversation_id"] = self.owner  # the text is read back from the stored summary
+        else:
+            record["text"] = self.text  # made for that turn: kept with its record
+        return record
+
+
+@dataclass(slots=True)
+class StandIn:
+    """What stands in for exchanges 1..upto in one turn, oldest first."""
+
+    blocks: list[Block] = field(default_factory=list)
+    tokens: int = 0
+
+    @property
+    def upto(self) -> int:
+        return self.blocks[-1].upto if self.blocks else 0
+
+    def text(self) -> str:
+        return "\n\n".join(block.render() for block in self.blocks)
+
+    def to_record(self) -> list[dict[str, Any]]:
+        return [block.to_record() for block in self.blocks]
+
+
+def summary_block(summary: Summary) -> Block:
+    return Block(summary.first, summary.upto, "fallback" if summary.fallback else "summary", summary.text,
+                 summary.conversation_id)
+
+
+def cover(found: list[tuple[Summary, int | None]]) -> list[Summary]:
+    """Consecutive summaries from exchange 1 on: at each start the one reaching furthest (a merge
+    over its chunks), the newest on a tie. `found` pairs each summary with the last exchange its
+    owner shares with the conversation (None: its own), so a fork never uses a parent's summary
+    of turns after the fork."""
+    by_first: dict[int, Summary] = {}
+    for summary, limit in found:
+        if limit is not None and summary.upto > limit:
+            continue
+        best = by_first.get(summary.first)
+        if best is None or summary.upto >= best.upto:
+            by_first[summary.first] = summary
+    chosen: list[Summary] = []
+    start = 1
+    while start in by_first:
+        chosen.append(by_first[start])
+        start = chosen[-1].upto + 1
+    return chosen
+
+
+def digest(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
+    """The salient items of a summary's text (the user's statements first, then the items they do
+    not already hold), in order, within `limit` tokens."""
+    text = _MARKUP.sub("", text)
+    statements = self_statements(text)
+    items = [*statements, *(i for i in salient_items(text) if not any(i in s for s in statements))]
+    lines: list[str] = []
+    used = 0
+    for item in list(dict.fromkeys(items))[:DIGEST_ITEMS]:
+        cost = count_tokens(item) + 2
+        if used + cost > limit:
+            continue  # a shorter one further on may still fit
+        lines.append(f"- {item}")
+        used += cost
+    return "\n".join(lines)
