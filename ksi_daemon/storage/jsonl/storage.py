@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from ksi_common.settings import Settings
@@ -15,7 +16,7 @@ from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
-from ksi_daemon.storage.ports import LocalOnly
+from ksi_daemon.storage.ports import LocalOnly, SoleDaemon
 
 
 class JsonlStorage:
@@ -32,6 +33,7 @@ class JsonlStorage:
         self.summaries = JsonlSummaries(layout, fsync)
         self.calibration = JsonlCalibration(layout)
         self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
+        self.daemons = SoleDaemon(time.time)
 
     async def open(self) -> None:
         layout = self.layout

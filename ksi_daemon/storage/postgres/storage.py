@@ -14,6 +14,7 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
+from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
@@ -49,6 +50,7 @@ class PostgresStorage:
         self.calibration = PostgresCalibration(self.database)
         self.journal = JsonlJournal(settings.layout)
         self.relay = PostgresRelay(self.database, self.daemon_id)
+        self.daemons = PostgresDaemons(self.database)
 
     async def open(self) -> None:
         await self.database.open()
