@@ -17,7 +17,7 @@ COLUMNS = ["daemon_id", "host", "pid", "version", "started", "heartbeat", "in_fl
 
 def rows(reply: dict[str, Any]) -> list[dict[str, Any]]:
     """Each daemon as a table row: its heartbeat age in seconds, this daemon's state marked."""
-    return [{**daemon, "heartbeat": f"{daemon['heartbeat_age']:.1f} s ago",
+    return [{**daemon, "started": str(daemon["started"])[:19] + "Z", "heartbeat": f"{daemon['heartbeat_age']:.1f} s ago",
              "state": f"{daemon['state']} (this)" if daemon.get("this") else daemon["state"]}
             for daemon in reply.get("daemons", [])]
 

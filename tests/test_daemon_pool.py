@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pexpect
 import pytest
 
 from ksi_common.client import KsiClient
@@ -51,6 +52,17 @@ def states(pool: dict[str, Any]) -> dict[int, str]:
 def ksi_cluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ksi_cli", "cluster", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def ksi_cluster_on_a_terminal(socket: Path) -> list[str]:
+    """`ksi cluster` on a pty (a table); its rows, one per daemon."""
+    child = pexpect.spawn(sys.executable, ["-m", "ksi_cli", "cluster", "--socket", str(socket)], cwd=str(REPO),
+                          env={**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"},
+                          encoding="utf-8", timeout=60, dimensions=(50, 200))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    return [line for line in str(child.before).splitlines() if " s ago" in line]
 
 
 async def test_three_daemons_list_each_other_a_killed_one_turns_stale_a_stopped_one_leaves(
@@ -99,6 +111,10 @@ async def test_three_daemons_list_each_other_a_killed_one_turns_stale_a_stopped_
                 assert next(d for d in pool["daemons"] if d["pid"] == killed)["heartbeat_age"] > 1
             stale = await conn.fetchval("SELECT count(*) FROM ksi_daemons WHERE pid = $1", killed)
             assert stale == 1  # stale, not yet long enough to be pruned
+            table = await asyncio.to_thread(ksi_cluster_on_a_terminal, a.socket)
+            assert len(table) == 3
+            assert any(str(a.process.pid) in row and "alive (this)" in row for row in table)
+            assert any(str(killed) in row and "stale" in row for row in table)
 
             stopped = b.process.pid
             await b.stop()  # a clean stop removes its row
