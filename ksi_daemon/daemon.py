@@ -118,7 +118,7 @@ class Daemon:
         )
         self.monitor = MonitorService(self.router)
         scheduler = self.completion.scheduler
-        self.pool = PoolService(settings, self.router, self.storage.daemons,
+        self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
                                 load=lambda: (scheduler.running, scheduler.queued - scheduler.running))
         self.system = SystemService(
             self.router,

@@ -139,6 +139,7 @@ async def test_a_daemon_keeps_answering_without_its_database_and_registers_again
         assert login.status_code == 303
         health_page = login.headers["location"].rstrip("/") + "/health?fragment=1"
         me = daemon.pool.me.daemon_id
+        assert (await client.request("system:health"))["storage"]["daemon_id"] == me  # one id, relay and pool
         before = (await client.request("system:cluster"))["daemons"]
         assert [(d["daemon_id"], d["pid"], d["state"], d["this"]) for d in before] == [(me, os.getpid(), "alive", True)]
 

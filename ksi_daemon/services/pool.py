@@ -14,7 +14,6 @@ import contextlib
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,7 @@ Load = Callable[[], tuple[int, int]]  # (in flight, queued) requests of this dae
 
 
 class PoolService:
-    def __init__(self, settings: Settings, router: Router, registry: DaemonRegistry, load: Load,
+    def __init__(self, settings: Settings, router: Router, registry: DaemonRegistry, daemon_id: str, load: Load,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.router = router
         self.registry = registry
@@ -45,13 +44,14 @@ class PoolService:
         self.clock = clock
         self.interval = settings.heartbeat_interval
         self.stale_after = settings.heartbeat_stale_after
-        self.me = DaemonInfo(daemon_id=uuid.uuid4().hex[:12], host=socket.gethostname(), pid=os.getpid(),
+        self.me = DaemonInfo(daemon_id=daemon_id, host=socket.gethostname(), pid=os.getpid(),
                              version=__version__)
         self.started = clock()
         self._members: list[PoolMember] = []
         self._read_at: float | None = None  # when `_members` was read (this process's monotonic clock)
         self._error: str | None = None  # why the last beat failed; None once one succeeds
         self._task: asyncio.Task[None] | None = None
+        self._shown: tuple[int, dict[str, Any]] | None = None  # (tenth of a second, section); None: rebuild
 
     def register(self) -> list[Unregister]:
         return [self.router.register("system:cluster", self.cluster, NoData,
@@ -90,7 +90,7 @@ class PoolService:
             message = exc.message if isinstance(exc, KsiError) else "the heartbeat timed out"
             if self._error is None:
                 log.warning("heartbeat_failed", error=message)
-            self._error = message
+            self._error, self._shown = message, None
             return
         if registered and self._read_at is not None:
             log.warning("daemon_registered_again", daemon_id=self.me.daemon_id)
@@ -98,11 +98,19 @@ class PoolService:
             log.info("daemon_registered", daemon_id=self.me.daemon_id, shared=self.registry.shared)
         if self._error is not None:
             log.info("heartbeat_recovered")
-        self._members, self._read_at, self._error = members, self.clock(), None
+        self._members, self._read_at, self._error, self._shown = members, self.clock(), None, None
 
     def health(self) -> dict[str, Any]:
-        """The pool as last read; ages and states carried forward to now on this host's monotonic clock."""
-        since = self.clock() - self._read_at if self._read_at is not None else 0.0
+        """The pool as last read; ages and states carried forward to now on this host's monotonic clock
+        (to a tenth of a second: the section is built once per tenth, not once per health request)."""
+        now = self.clock()
+        tick = int(now * 10)
+        if self._shown is None or self._shown[0] != tick:
+            self._shown = (tick, self._section(now))
+        return self._shown[1]
+
+    def _section(self, now: float) -> dict[str, Any]:
+        since = now - self._read_at if self._read_at is not None else 0.0
         daemons = []
         for member in self._members:
             age = member.heartbeat_age + since

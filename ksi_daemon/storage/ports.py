@@ -366,6 +366,7 @@ class Storage(Protocol):
     calibration: CalibrationStore
     relay: EventRelay
     daemons: DaemonRegistry
+    daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:
         """Connect and prepare (directories, schema); raises `KsiError(storage_unavailable)`."""
