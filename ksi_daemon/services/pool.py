@@ -70,12 +70,15 @@ class PoolService:
         try:
             await asyncio.wait_for(self.registry.leave(self.me.daemon_id), LEAVE_WAIT)
         except (KsiError, TimeoutError) as exc:  # the row goes stale, then is pruned by the others
-            log.warning("pool_leave_failed", error=getattr(exc, "message", type(exc).__name__))
+            log.warning("pool_leave_failed", error=exc.message if isinstance(exc, KsiError) else "timed out")
 
     async def _beating(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            await self.beat()
+            try:
+                await self.beat()
+            except Exception:  # an unforeseen failure must not end the heartbeat for good
+                log.exception("heartbeat_crashed")
 
     async def beat(self) -> None:
         """Record this daemon's heartbeat and load, then read the pool back; a failure is kept for
