@@ -27,7 +27,8 @@ from tests.conftest import connected, running_daemon, running_http_daemon, stub_
 from tests.pg_cluster import ThrowawayCluster
 from tests.test_crash import REPO, DaemonProcess, daemon_env
 
-FAST = {"KSI_HEARTBEAT_INTERVAL": "0.2", "KSI_HEARTBEAT_TIMEOUT": "1", "KSI_LITELLM_PRELOAD": "false"}
+# short, with room for a daemon starved of CPU on a busy machine to still beat in time
+FAST = {"KSI_HEARTBEAT_INTERVAL": "0.25", "KSI_HEARTBEAT_TIMEOUT": "2", "KSI_LITELLM_PRELOAD": "false"}
 
 
 async def cluster_of(socket: Path) -> dict[str, Any]:
@@ -105,22 +106,21 @@ async def test_three_daemons_list_each_other_a_killed_one_turns_stale_a_stopped_
             assert c.process is not None
             killed = c.process.pid
             c.kill()  # SIGKILL: no chance to leave; its heartbeat just stops
+            expected = {a.process.pid: "alive", b.process.pid: "alive", killed: "stale"}
             for process in (a, b):
-                pool = await until(process.socket, lambda pool: states(pool).get(killed) == "stale")
-                assert states(pool) == {a.process.pid: "alive", b.process.pid: "alive", killed: "stale"}
-                assert next(d for d in pool["daemons"] if d["pid"] == killed)["heartbeat_age"] > 1
+                pool = await until(process.socket, lambda pool: states(pool) == expected)
+                assert next(d for d in pool["daemons"] if d["pid"] == killed)["heartbeat_age"] > 2
             stale = await conn.fetchval("SELECT count(*) FROM ksi_daemons WHERE pid = $1", killed)
             assert stale == 1  # stale, not yet long enough to be pruned
             table = await asyncio.to_thread(ksi_cluster_on_a_terminal, a.socket)
             assert len(table) == 3
-            assert any(str(a.process.pid) in row and "alive (this)" in row for row in table)
+            assert any(str(a.process.pid) in row and "(this)" in row for row in table)
             assert any(str(killed) in row and "stale" in row for row in table)
 
             stopped = b.process.pid
             await b.stop()  # a clean stop removes its row
             assert await conn.fetchval("SELECT count(*) FROM ksi_daemons WHERE pid = $1", stopped) == 0
-            pool = await until(a.socket, lambda pool: stopped not in states(pool))
-            assert states(pool) == {a.process.pid: "alive", killed: "stale"}
+            await until(a.socket, lambda pool: states(pool) == {a.process.pid: "alive", killed: "stale"})
         finally:
             await conn.close()
     finally:
