@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("ksi_cli.mcp_command", "mcp"),
     "console": ("ksi_cli.console_command", "console"),
     "storage": ("ksi_cli.storage_commands", "storage"),
+    "cluster": ("ksi_cli.cluster", "cluster"),
 }
 
 

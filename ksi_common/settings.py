@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from ksi_common.dburl import mask_url
@@ -127,6 +127,10 @@ class Settings(BaseSettings):
     storage: Literal["jsonl", "postgres"] = "jsonl"  # the backend, by name (ksi_daemon.storage.backends)
     database_url: SecretStr | None = None  # postgresql://... for storage=postgres; never shown unmasked
     litellm_preload: bool = True
+    # daemons sharing a database: each records itself in it every interval; one whose last record
+    # is older than the timeout (default three intervals) is shown stale by the others
+    heartbeat_interval: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT)
+    heartbeat_timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT)
     cli_timeout: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT)
 
     # conversations
@@ -185,6 +189,20 @@ class Settings(BaseSettings):
     @classmethod
     def _roots_as_written(cls, value: Any) -> Any:
         return plain_list(value, os.pathsep)
+
+    @field_validator("heartbeat_timeout")
+    @classmethod
+    def _timeout_above_interval(cls, timeout: float | None, info: ValidationInfo) -> float | None:
+        # a daemon that beats on time would be shown stale between two beats
+        interval = info.data.get("heartbeat_interval")
+        if timeout is not None and interval is not None and timeout <= interval:
+            raise ValueError(f"must exceed KSI_HEARTBEAT_INTERVAL ({interval} s)")
+        return timeout
+
+    @property
+    def heartbeat_stale_after(self) -> float:
+        """Seconds without a heartbeat after which a daemon is stale."""
+        return self.heartbeat_timeout if self.heartbeat_timeout is not None else 3 * self.heartbeat_interval
 
     @property
     def fsync_enabled(self) -> bool:

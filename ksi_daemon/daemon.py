@@ -30,6 +30,7 @@ from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
+from ksi_daemon.services.pool import PoolService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.storage.backends import build_storage
@@ -117,6 +118,9 @@ class Daemon:
             ProfileLibrary(settings.profiles_dir),
         )
         self.monitor = MonitorService(self.router)
+        scheduler = self.completion.scheduler
+        self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
+                                load=lambda: (scheduler.running, scheduler.queued - scheduler.running))
         self.system = SystemService(
             self.router,
             request_shutdown=self.request_shutdown,
@@ -130,12 +134,14 @@ class Daemon:
                 "http": lambda: self.http.url,
                 "var_dir": lambda: str(settings.var_dir),
                 "storage": self.storage.describe,
+                "cluster": self.pool.health,
             },
             settings_view=settings.public_view,
         )
         self.http = self._http_front()
+        # the pool last: registered once every other part is ready, removed first at a stop
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations]
+                                     self.conversations, self.pool]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

@@ -339,6 +339,12 @@ async def test_the_health_page_shows_in_flight_requests_per_model_and_the_storag
         await expect(in_flight).to_be_visible(timeout=WAIT_MS)
         await expect(page.locator(".card", has_text="storage")).to_contain_text("jsonl")
         await expect(page.locator(".card", has_text="resident memory")).to_contain_text("MB")
+        # the pool: this daemon alone on JSONL storage, alive, with its pid
+        daemons = page.locator("table.daemons tbody tr")
+        await expect(daemons).to_have_count(1)
+        await expect(daemons.first).to_have_attribute("data-state", "alive")
+        await expect(daemons.first).to_contain_text(f"{os.getpid()}")
+        await expect(daemons.first).to_contain_text("(this)")
         await console.shot(page, "health")
         await console.client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
         await expect(in_flight).to_have_count(0, timeout=WAIT_MS)

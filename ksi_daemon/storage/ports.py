@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from ksi_common.reading import StoredReader
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
+from ksi_common.timefmt import format_ts
 from ksi_daemon.storage.models import AgentRecord, ConversationMeta
 
 
@@ -279,6 +280,79 @@ class LocalOnly:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonInfo:
+    """What a daemon says of itself when it registers: fixed for its whole run."""
+
+    daemon_id: str  # random, made at start
+    host: str
+    pid: int
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMember:
+    """One registered daemon as the registry saw it; times by the registry's clock (the database's
+    for a shared one: the hosts' clocks are not compared)."""
+
+    daemon_id: str
+    host: str
+    pid: int
+    version: str
+    started: str  # ISO-8601 UTC
+    heartbeat_age: float  # seconds since its last heartbeat
+    in_flight: int
+    queued: int
+    stale: bool  # no heartbeat for longer than the timeout asked
+
+
+class DaemonRegistry(Protocol):
+    """The daemons serving one backend. A backend no other daemon shares knows only this one."""
+
+    @property
+    def shared(self) -> bool:
+        """True when other daemons may register too."""
+        ...
+
+    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int) -> bool:
+        """Record that `me` is alive now, with its load; registers it (started `uptime` seconds
+        ago) when it is not registered. True when it had to register."""
+        ...
+
+    async def members(self, stale_after: float, prune_after: float) -> list[PoolMember]:
+        """Every registered daemon, earliest started first; those silent for longer than
+        `prune_after` seconds are removed first."""
+        ...
+
+    async def leave(self, daemon_id: str) -> None:
+        """Remove a daemon that stops cleanly."""
+        ...
+
+
+class SoleDaemon:
+    """The registry of a backend no other daemon shares: this daemon, from memory."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock  # wall time: with no database, this host's clock is the only one
+        self._me: PoolMember | None = None
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int) -> bool:
+        first = self._me is None
+        started = self._me.started if self._me is not None else format_ts(self.clock() - uptime)
+        self._me = PoolMember(me.daemon_id, me.host, me.pid, me.version, started, 0.0, in_flight, queued, False)
+        return first
+
+    async def members(self, stale_after: float, prune_after: float) -> list[PoolMember]:
+        return [self._me] if self._me is not None else []
+
+    async def leave(self, daemon_id: str) -> None:
+        self._me = None
+
+
 class Storage(Protocol):
     """One backend: every store, opened and closed together."""
 
@@ -291,6 +365,8 @@ class Storage(Protocol):
     summaries: SummaryStore
     calibration: CalibrationStore
     relay: EventRelay
+    daemons: DaemonRegistry
+    daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:
         """Connect and prepare (directories, schema); raises `KsiError(storage_unavailable)`."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from ksi_common.settings import Settings
+from ksi_common.ids import random_hex
 from ksi_common.privacy import private_dir
 from ksi_daemon.storage.jsonl.agents import JsonlAgents
 from ksi_daemon.storage.jsonl.calibration import JsonlCalibration
@@ -15,7 +17,7 @@ from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
-from ksi_daemon.storage.ports import LocalOnly
+from ksi_daemon.storage.ports import LocalOnly, SoleDaemon
 
 
 class JsonlStorage:
@@ -32,6 +34,8 @@ class JsonlStorage:
         self.summaries = JsonlSummaries(layout, fsync)
         self.calibration = JsonlCalibration(layout)
         self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
+        self.daemon_id = random_hex(12)  # made at each start, as a shared backend's
+        self.daemons = SoleDaemon(time.time)
 
     async def open(self) -> None:
         layout = self.layout

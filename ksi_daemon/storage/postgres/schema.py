@@ -125,6 +125,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "DROP TABLE ksi_request_journal",
     )),
+    Migration(3, "the daemons serving the database, each with its last heartbeat", (
+        # times are the database's own (now()): the daemons' hosts may disagree about the time
+        """
+        CREATE TABLE ksi_daemons (
+            daemon_id text PRIMARY KEY,
+            host text NOT NULL,
+            pid integer NOT NULL,
+            version text NOT NULL,
+            started timestamptz NOT NULL,
+            heartbeat timestamptz NOT NULL,
+            in_flight integer NOT NULL DEFAULT 0,
+            queued integer NOT NULL DEFAULT 0
+        )
+        """,
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -8,12 +8,13 @@ Recovery asks the database whether an interrupted request's exchange was indexed
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import random_hex
 from ksi_common.settings import Settings
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
+from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
@@ -28,18 +29,14 @@ from ksi_daemon.storage.postgres.relay import PostgresRelay
 from ksi_daemon.storage.postgres.schema import SCHEMA_VERSION
 
 
-def daemon_identity(settings: Settings) -> str:
-    """Stable across restarts of one daemon, distinct between daemons sharing the database."""
-    return f"{socket.gethostname()}:{settings.socket.resolve()}"
-
-
 class PostgresStorage:
     def __init__(self, settings: Settings) -> None:
         if settings.database_url is None:
             raise KsiError(ErrorCode.STORAGE_ERROR, "KSI_STORAGE=postgres needs KSI_DATABASE_URL (postgresql://...)",
                            setting="database_url")
         self.database = Database(settings.database_url.get_secret_value())
-        self.daemon_id = daemon_identity(settings)
+        # made at each start: the pool lists this daemon by it, and the relay marks its own events with it
+        self.daemon_id = random_hex(12)
         self.conversations = PostgresConversations(self.database)
         self.responses = PostgresResponses(self.database)
         self.agents = PostgresAgents(self.database)
@@ -49,6 +46,7 @@ class PostgresStorage:
         self.calibration = PostgresCalibration(self.database)
         self.journal = JsonlJournal(settings.layout)
         self.relay = PostgresRelay(self.database, self.daemon_id)
+        self.daemons = PostgresDaemons(self.database)
 
     async def open(self) -> None:
         await self.database.open()
