@@ -56,6 +56,11 @@ class ModelSettings(BaseModel):
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
+    # what the model can do, where litellm's model list does not know it (a local or new model);
+    # None: ask litellm, and pass the option on when it does not know either
+    supports_response_schema: bool | None = None
+    supports_vision: bool | None = None
+    supports_function_calling: bool | None = None
 
 
 class ModelOverrides:
