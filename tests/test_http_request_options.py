@@ -161,3 +161,15 @@ async def test_response_defaults_of_clients_pass(http_daemon: HttpDaemon, stub: 
     assert reply.status_code == 200, reply.text
     assert not {"tools", "tool_choice", "parallel_tool_calls", "background", "response_format", "store",
                 "include", "truncation", "reasoning_effort", "top_logprobs"} & set(stub.requests[-1])
+
+
+async def test_malformed_formats_name_the_clients_field(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+    async with api(http_daemon) as http:
+        chat = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}})
+        response = await http.post("/v1/responses", json={"input": "hi", "text": {"format": {"type": "json_schema"}}})
+    assert (chat.status_code, chat.json()["error"]["code"], chat.json()["error"]["param"]) == (
+        400, ErrorCode.VALIDATION_ERROR, "response_format.json_schema")
+    assert (response.status_code, response.json()["error"]["code"], response.json()["error"]["param"]) == (
+        400, ErrorCode.VALIDATION_ERROR, "text.format")
+    assert stored(http_daemon.daemon) == [] and stub.requests == []

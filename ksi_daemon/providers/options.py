@@ -158,13 +158,23 @@ def check_request_options(options: Mapping[str, Any], where: str = "options.") -
     try:
         SamplingOptions.model_validate(dict(options))
     except ValidationError as exc:
-        fields = {where + ".".join(str(p) for p in error["loc"]): error["msg"]
+        fields = {where + ".".join(str(p) for p in _without_tag(error["loc"])): error["msg"]
                   for error in exc.errors(include_url=False)}
         raise KsiError(ErrorCode.VALIDATION_ERROR,
                        "invalid options: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
                        fields=fields) from None
     return {name: value for name, value in options.items()
             if name not in REFUSED_OPTIONS and not (name in SAMPLING_OPTIONS and value is None)}
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "constrained-str", "function-after"})
+
+
+def _without_tag(location: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A field's path without the union members pydantic names in it (`stop.list[str]`)."""
+    if len(location) > 2 and location[0] == "response_format":
+        location = location[:1] + location[2:]  # the format's type, its union tag
+    return tuple(p for p in location if not (isinstance(p, str) and (p in _TYPE_TAGS or "[" in p)))
 
 
 def asks_for_schema(options: Mapping[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
 
@@ -79,6 +79,12 @@ class TextFormatSpec(Body):
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_named(self) -> TextFormatSpec:
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError("a json_schema format needs its name and schema")
+        return self
 
     def response_format(self) -> dict[str, Any] | None:
         if self.type == "text":
