@@ -13,7 +13,9 @@ import pytest
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.daemon import Daemon
-from tests.conftest import complete, connected, running_daemon, stub_settings
+from ksi_daemon.providers.base import ModelAbilities
+from ksi_daemon.providers.litellm_provider import LiteLLMProvider
+from tests.conftest import complete, connected, make_settings, running_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -36,9 +38,12 @@ def sent(stub: StubOpenAI, names: Any) -> dict[str, Any]:
 
 # -- the socket -----------------------------------------------------------------------------------
 
-async def test_sampling_options_reach_the_provider_through_the_socket(stub_daemon: Daemon, stub: StubOpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_sampling_options_reach_the_provider_through_the_socket(
+        stub_daemon: Daemon, stub: StubOpenAI, stream: bool) -> None:
     async with connected(stub_daemon) as client:
-        await complete(client, prompt="hi", max_tokens=20, options=PASSED)
+        await complete(client, prompt="hi", max_tokens=20, stream=stream, options=PASSED)
+    assert stub.requests[-1].get("stream", False) is stream
     assert sent(stub, PASSED) == PASSED
     assert stub.requests[-1]["max_tokens"] == 20
 
@@ -95,6 +100,18 @@ async def test_malformed_sampling_options_are_validation_errors(
 
 
 # -- the model's abilities --------------------------------------------------------------------------
+
+async def test_abilities_come_from_the_settings_then_from_litellm(short_tmp: Path) -> None:
+    provider = LiteLLMProvider(make_settings(short_tmp, models={
+        "openai/local-*": {"supports_response_schema": True, "supports_vision": False},
+        "gpt-4o-mini": {"supports_response_schema": False}}))
+    # litellm's model list knows gpt-4o; a declaration overrides it, key by key
+    assert await provider.abilities("gpt-4o") == ModelAbilities(True, True, True)
+    assert (await provider.abilities("gpt-4o-mini")).response_schema is False
+    assert (await provider.abilities("gpt-4o-mini")).vision is True
+    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True, False, None)
+    assert await provider.abilities("openai/nobody-knows") == ModelAbilities(None, None, None)
+
 
 async def test_a_schema_to_a_model_declared_unable_is_refused(short_tmp: Path, stub: StubOpenAI) -> None:
     settings = stub_settings(stub, models={"openai/stub-plain": {"api_base": stub.api_base,
