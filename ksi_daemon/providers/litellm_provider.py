@@ -32,7 +32,7 @@ from ksi_daemon.providers.base import (
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
-from ksi_daemon.providers.options import SAMPLING_OPTIONS, asks_for_schema, check_options
+from ksi_daemon.providers.options import SAMPLING_OPTIONS, asks_for_schema, check_options, is_routing_option
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -417,15 +417,19 @@ class LiteLLMProvider:
 
 
 def _undropped(litellm: ModuleType, call: ProviderCall) -> list[str]:
-    """The sampling/format options of `call` that litellm does not list for its model, which it would
-    drop (drop_params): named so it passes them as given, and a provider that does not take one
-    says so itself rather than the option vanishing."""
-    asked = [name for name in call.options if name in SAMPLING_OPTIONS]
+    """The OpenAI options of `call` that litellm does not list for its model and would drop
+    (drop_params): named so it passes them as given, and a provider that does not take one says so
+    itself rather than the option vanishing. Routing options are never named (they are settings)."""
+    openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
+    asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
     if not asked or call.model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
         return []
     try:
-        supported = set(litellm.get_supported_openai_params(model=call.model) or ())
-    except Exception:  # a provider litellm cannot name: it maps nothing, so nothing is dropped either
+        _, provider, _, _ = litellm.get_llm_provider(model=call.model)
+        supported = litellm.get_supported_openai_params(model=call.model, custom_llm_provider=provider)
+    except Exception:  # a provider litellm cannot name: it maps no option, so it drops none either
+        return []
+    if supported is None:
         return []
     return [name for name in asked if name not in supported]
 
