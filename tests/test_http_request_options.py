@@ -173,3 +173,15 @@ async def test_malformed_formats_name_the_clients_field(http_daemon: HttpDaemon,
     assert (response.status_code, response.json()["error"]["code"], response.json()["error"]["param"]) == (
         400, ErrorCode.VALIDATION_ERROR, "text.format")
     assert stored(http_daemon.daemon) == [] and stub.requests == []
+
+
+async def test_a_routing_option_with_a_chat_history_is_refused_before_the_history_is_written(
+        http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+    async with api(http_daemon) as http:
+        reply = await http.post("/v1/chat/completions", json={
+            "model": "openai/stub-model", "base_url": "http://127.0.0.1:9/v1",
+            "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                         {"role": "user", "content": "c"}]})
+    assert reply.status_code == 400
+    assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (ErrorCode.VALIDATION_ERROR, "base_url")
+    assert stored(http_daemon.daemon) == [] and stub.requests == []

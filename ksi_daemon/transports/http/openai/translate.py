@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.providers.options import check_request_options
+from ksi_daemon.providers.options import check_options, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, parse
 
@@ -26,6 +26,13 @@ class Door:
 
     async def body(self, request: Request, model: type[Body]) -> Any:
         return parse(model, await read_json(request, self.settings.line_limit))
+
+    def check_routing(self, model: str | None, options: dict[str, Any]) -> None:
+        """The service's refusal of options that pick a host or credentials, for a request whose
+        door writes something first (a chat history); an agent's model is checked by the service."""
+        if model is None or not model.startswith(AGENT_PREFIX):
+            name = model or self.settings.default_model
+            check_options(name, options, self.settings.model_settings(name).allow_options)
 
 
 def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
