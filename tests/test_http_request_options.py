@@ -128,6 +128,8 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
      "input.0.content.1.type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
      "input.0.content.0.type"),
+    ({"input": [{"role": "user", "content": "go"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "42"}]}, "input.1.type"),
 ])
 async def test_response_refusals(http_daemon: HttpDaemon, stub: StubOpenAI, extra: dict[str, Any],
                                  field: str) -> None:

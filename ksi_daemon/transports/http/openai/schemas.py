@@ -61,6 +61,14 @@ class InputMessage(Body):
         return part_texts(self.content, where)
 
 
+class ToolItem(Body):
+    """An input item of a tool call or its result: a feature KSI lacks, refused by name."""
+
+    type: Literal["function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+                  "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
+                  "mcp_call", "mcp_approval_response", "reasoning", "item_reference"]
+
+
 class ConversationRef(Body):
     id: Id
 
@@ -114,7 +122,7 @@ class Reasoning(Body):
 class ResponseCreate(CreateBody):
     """POST /v1/responses."""
 
-    input: str | list[InputMessage]
+    input: str | list[InputMessage | ToolItem]
     model: str | None = None
     instructions: str | None = None
     previous_response_id: Id | None = None
@@ -139,7 +147,7 @@ class ResponseCreate(CreateBody):
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[InputMessage]) -> str | list[InputMessage]:
+    def _some_input(cls, value: str | list[InputMessage | ToolItem]) -> str | list[InputMessage | ToolItem]:
         if isinstance(value, list) and not value:
             raise ValueError("must hold at least one message")
         return value

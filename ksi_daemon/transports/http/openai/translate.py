@@ -9,9 +9,9 @@ from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.providers.options import check_options, check_request_options
+from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_options, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, parse
+from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
 
 AGENT_PREFIX = "agent/"
 
@@ -114,6 +114,10 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
     else:
         messages = []
         for position, message in enumerate(body.input):
+            if isinstance(message, ToolItem):
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                               f"input.{position} is a {message.type} item: {TOOLS_NOT_STORED}",
+                               fields={f"input.{position}.type": TOOLS_NOT_STORED})
             if message.role == "assistant":
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                "input holds an assistant message: the history comes from previous_response_id "
