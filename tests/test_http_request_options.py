@@ -75,6 +75,22 @@ async def test_chat_completion_refusals(http_daemon: HttpDaemon, stub: StubOpenA
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
 
+async def test_chat_history_with_tool_calls_is_refused_before_it_is_imported(
+        http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    async with api(http_daemon) as http:
+        reply = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "user", "content": "c"}]})
+        tool = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
+            {"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]})
+    assert (reply.status_code, reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
+        400, ErrorCode.UNSUPPORTED_PARAMETER, "messages.1.tool_calls")
+    assert (tool.status_code, tool.json()["error"]["code"], tool.json()["error"]["param"]) == (
+        400, ErrorCode.UNSUPPORTED_PARAMETER, "messages.1.role")
+    assert stored(http_daemon.daemon) == [] and stub.requests == []
+
+
 async def test_chat_completion_refuses_an_image_part_with_the_sdk(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     async with sdk(http_daemon) as client:
         with pytest.raises(openai.BadRequestError) as caught:

@@ -159,6 +159,9 @@ class ResponseCreate(CreateBody):
 class ChatMessage(Body):
     role: Literal["user", "system", "developer", "assistant", "tool", "function"]
     content: str | list[Part] | None = None
+    # an assistant turn's tool calls: refused when there are some (see translate.split_chat)
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)

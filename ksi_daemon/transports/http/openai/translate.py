@@ -161,10 +161,10 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
     for position, message in enumerate(body.messages):
         if message.role in ("tool", "function"):
             # a feature KSI lacks, not a malformed request: refused like the tools themselves
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{message.role} messages are not supported: tool calls are not stored by this "
-                           "version of KSI (an exchange holds text only)",
-                           fields={f"messages.{position}.role": f"{message.role} messages are not supported"})
+            raise _refuse(f"messages.{position}.role", f"{message.role} messages carry tool results: {TOOLS_NOT_STORED}")
+        if message.tool_calls or message.function_call:
+            called = "tool_calls" if message.tool_calls else "function_call"
+            raise _refuse(f"messages.{position}.{called}", TOOLS_NOT_STORED)
         text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
             if conversation_id is not None:
