@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"  # no provider answers to the name (KSI's words, closest names)
     API_KEY_MISSING = "api_key_missing"  # the provider needs a key the daemon's environment lacks
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

@@ -47,6 +47,16 @@ class ProviderReply:
 Probe = Callable[[], Awaitable[bool]]
 
 
+@dataclass(frozen=True, slots=True)
+class ModelAbilities:
+    """What a model is known to do: True or False when the settings or litellm say, None when
+    nobody does (the option is then passed on and the provider's own refusal comes back)."""
+
+    response_schema: bool | None = None
+    vision: bool | None = None
+    function_calling: bool | None = None
+
+
 class ProviderFailure(KsiError):
     """A failed model call; `retryable` and `retry_after` steer the daemon's retry policy, and
     `probe` (for a provider that could not be reached) asks cheaply whether it answers again."""

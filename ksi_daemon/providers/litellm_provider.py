@@ -18,14 +18,21 @@ from typing import Any
 import httpx
 import structlog
 
-from ksi_common.errors import ErrorCode
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.providers.base import (
+    SESSION_METADATA_KEY,
+    CommandMissing,
+    ModelAbilities,
+    Probe,
+    ProviderCall,
+    ProviderFailure,
+    ProviderReply,
+)
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
-from ksi_daemon.providers.options import check_options
-from ksi_daemon.providers.base import (SESSION_METADATA_KEY, CommandMissing, Probe, ProviderCall,
-                                       ProviderFailure, ProviderReply)
+from ksi_daemon.providers.options import SAMPLING_OPTIONS, asks_for_schema, check_options, is_routing_option
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -59,6 +66,7 @@ class LiteLLMProvider:
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
         self._windows: dict[str, int] = {}
+        self._abilities: dict[str, ModelAbilities] = {}
         self._unpriced: set[str] = set()
         self._encoder: Any = None
         self._known: set[str] = set()  # model names litellm routes (see check)
@@ -235,6 +243,37 @@ class LiteLLMProvider:
         self._windows[model] = window
         return window
 
+    async def abilities(self, model: str) -> ModelAbilities:
+        """The model's abilities: each as the settings declare it, else as litellm's model list knows it."""
+        declared = self.settings.model_settings(model)
+        known = self._abilities.get(model)
+        if known is None:
+            info: dict[str, Any] = {}
+            if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+                litellm = await self.ensure_loaded()
+                try:
+                    info = dict(await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0))
+                except Exception:  # a model litellm does not list: nothing is known of it
+                    info = {}
+            known = ModelAbilities(response_schema=info.get("supports_response_schema"),
+                                   vision=info.get("supports_vision"),
+                                   function_calling=info.get("supports_function_calling"))
+            self._abilities[model] = known
+        return ModelAbilities(
+            response_schema=_first_known(declared.supports_response_schema, known.response_schema),
+            vision=_first_known(declared.supports_vision, known.vision),
+            function_calling=_first_known(declared.supports_function_calling, known.function_calling))
+
+    async def check_request(self, model: str, options: dict[str, Any]) -> None:
+        """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose
+        support nobody knows goes to the provider, whose refusal then comes back as provider_error."""
+        if asks_for_schema(options) and (await self.abilities(model)).response_schema is False:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"{model} cannot follow a JSON schema (response_format json_schema); use json_object, "
+                           "or declare supports_response_schema for it in KSI_MODELS if it can",
+                           fields={"options.response_format": "this model cannot follow a JSON schema"},
+                           model=model)
+
     def output_reserve(self, model: str, max_tokens: int | None) -> int:
         if max_tokens:
             return max_tokens
@@ -276,6 +315,8 @@ class LiteLLMProvider:
             return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
+        if forced := _undropped(litellm, call):
+            kwargs["allowed_openai_params"] = forced
         try:
             if call.on_chunk is not None:
                 return await self._stream(litellm, call, kwargs)
@@ -373,6 +414,30 @@ class LiteLLMProvider:
             session_id=session_id,
             session_note=session_note,
         )
+
+
+def _undropped(litellm: ModuleType, call: ProviderCall) -> list[str]:
+    """The OpenAI options of `call` that litellm does not list for its model and would drop
+    (drop_params): named so it passes them as given, and a provider that does not take one says so
+    itself rather than the option vanishing. Routing options are never named (they are settings)."""
+    openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
+    asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
+    if not asked or call.model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+        return []
+    try:
+        _, provider, _, _ = litellm.get_llm_provider(model=call.model)
+        supported = litellm.get_supported_openai_params(model=call.model, custom_llm_provider=provider)
+    except Exception:  # a provider litellm cannot name: it maps no option, so it drops none either
+        return []
+    if supported is None:
+        return []
+    return [name for name in asked if name not in supported]
+
+
+def _first_known(declared: bool | None, listed: Any) -> bool | None:
+    if declared is not None:
+        return declared
+    return listed if isinstance(listed, bool) else None
 
 
 def _usage_dict(usage: Any) -> dict[str, int]:

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, SafeId, Text
+from ksi_daemon.providers.options import check_request_options
 
 
 class InputMessage(EventData):
@@ -34,7 +35,12 @@ class CompletionAsync(EventData):
     is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
-    options: dict[str, Any] = Field(default_factory=dict, description="other provider options (top_p, stop, seed, ...)")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="provider options: the sampling/format ones (seed, stop, top_p, presence_penalty, "
+                    "frequency_penalty, max_tokens, reasoning_effort, response_format, logit_bias, user) are "
+                    "checked in shape; tools, tool_choice, functions, n > 1, logprobs and stream are refused "
+                    "(unsupported_parameter); others go to the provider by name")
     consortium: dict[str, Any] | None = Field(default=None, description="an inline consortium definition")
     external_ids: dict[SafeId, SafeId] = Field(
         default_factory=dict,
@@ -47,10 +53,11 @@ class CompletionAsync(EventData):
     @field_validator("options")
     @classmethod
     def _no_bookkeeping(cls, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = {"model", "messages", "stream", "metadata", "api_key", "api_base"} & set(value)
+        reserved = {"model", "messages", "metadata", "api_key", "api_base"} & set(value)
         if reserved:
             raise ValueError(f"options may not set {sorted(reserved)}")
-        return value
+        # refused options (tools, n > 1, stream, ...) fail with unsupported_parameter, before anything is written
+        return check_request_options(value)
 
     @field_validator("previous_response_id")
     @classmethod

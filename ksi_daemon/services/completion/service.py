@@ -82,6 +82,9 @@ class ModelFacts(Protocol):
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int: ...
 
+    async def check_request(self, model: str, options: dict[str, Any]) -> None:
+        """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
+
 
 @dataclass(slots=True)
 class AgentDefaults:
@@ -381,6 +384,7 @@ class CompletionService:
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
         if chosen is not None or conversation_id is None:  # before a new conversation is written
             await self._check_answerer(chosen or self.settings.default_model, data)
+            await self._check_model_options(chosen or self.settings.default_model, data)
         memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
         if memory.meta.turn_cap is not None:
@@ -392,6 +396,7 @@ class CompletionService:
         model = chosen or self._last_model(memory) or self.settings.default_model
         if chosen is None and conversation_id is not None:
             await self._check_answerer(model, data)
+            await self._check_model_options(model, data)
         self._check_options(model, data)
         if (agent is not None and agent.system and memory.conversation_id != agent.conversation_id
                 and data.system is None and data.instructions is None):
@@ -425,6 +430,10 @@ class CompletionService:
                             limit=self.settings.max_queued)
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
+
+    async def _check_model_options(self, model: str, data: CompletionAsync) -> None:
+        if data.options and self._answerer(model) is self.provider:
+            await self.facts.check_request(model, data.options)
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)

@@ -11,6 +11,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.INVALID_JSON: 400,
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.VALIDATION_ERROR: 400,
+    ErrorCode.UNSUPPORTED_PARAMETER: 400,
     ErrorCode.CONTEXT_WINDOW_EXCEEDED: 400,
     ErrorCode.PATH_NOT_ALLOWED: 400,
     ErrorCode.FORK_CYCLE: 400,

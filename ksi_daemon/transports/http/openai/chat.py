@@ -41,6 +41,7 @@ class ChatCompletions:
         created = int(time.time())
         try:
             if chat.history:  # the client sent its own history: it becomes this new conversation's past
+                self.door.check_routing(body.model, chat.options)  # refused before the history is written
                 imported = await call(self.door.handle_request, "conversation:import",
                                       {"data": history_document(chat), "format": "json", "origin": "http"})
                 conversation_id = imported["conversation_id"]

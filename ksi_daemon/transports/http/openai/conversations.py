@@ -28,7 +28,7 @@ def items_document(items: list[ConversationItem]) -> dict[str, Any]:
     exchanges: list[dict[str, Any]] = []
     pending: list[str] = []
     for position, item in enumerate(items):
-        text = item.text()
+        text = item.text(f"items.{position}.content")
         if item.role in ("system", "developer"):
             if exchanges or pending:
                 raise KsiError(ErrorCode.VALIDATION_ERROR, "system items must come before the first user item",

@@ -1,12 +1,17 @@
 """Request bodies of the OpenAI-compatible door: validated at the boundary (errors name the field),
-and the source of the request schemas in /openapi.json. Fields OpenAI defines that KSI does not
-use (tools, reasoning, ...) are accepted and ignored, so SDK defaults never fail a request."""
+and the source of the request schemas in /openapi.json. Nothing a client asks is dropped: a field
+is mapped onto completion:async (the sampling/format ones onto its `options`, see
+ksi_daemon/providers/options.py), or shapes only KSI's own answer and is honoured here (each says
+why it is not passed on), or is refused with `unsupported_parameter` naming it (tools, n > 1,
+logprobs, image input, ...). A field this door does not declare goes to the provider by name, as
+the socket's `options` do; values an SDK sends by default (`tools: []`, `n: 1`) ask for nothing and
+pass."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
 
@@ -23,39 +28,126 @@ class InputText(Body):
     text: str
 
 
+class MediaPart(Body):
+    """A content part KSI cannot store or send (an exchange holds text): refused by name, not as malformed."""
+
+    type: Literal["input_image", "input_file", "input_audio", "image_url", "file", "image", "audio"]
+
+
+Part = InputText | MediaPart  # not discriminated: a text part may leave out its type
+
+
+def part_texts(content: str | list[InputText | MediaPart] | None, where: str) -> str:
+    """The text of a message's content; an image or file part is refused (unsupported_parameter)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    for position, part in enumerate(content):
+        if isinstance(part, MediaPart):
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"{where}.{position} is a {part.type} part: this version of KSI stores and sends "
+                           "text only",
+                           fields={f"{where}.{position}.type": "only text parts are supported"})
+    return "".join(part.text for part in content if isinstance(part, InputText))
+
+
 class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
+    content: str | list[Part]
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+    def text(self, where: str) -> str:
+        return part_texts(self.content, where)
+
+
+class ToolItem(Body):
+    """An input item of a tool call or its result: a feature KSI lacks, refused by name."""
+
+    type: Literal["function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+                  "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
+                  "mcp_call", "mcp_approval_response", "reasoning", "item_reference"]
 
 
 class ConversationRef(Body):
     id: Id
 
 
-class ResponseCreate(Body):
+class CreateBody(Body):
+    """A create body: fields it does not declare are kept (model_extra) and go to the provider."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TextFormatSpec(Body):
+    """Responses' `text.format`: the answer's form, given flat where Chat Completions nests it."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_named(self) -> TextFormatSpec:
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError("a json_schema format needs its name and schema")
+        return self
+
+    def response_format(self) -> dict[str, Any] | None:
+        if self.type == "text":
+            return None  # plain text is what every answer is without a format
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        spec: dict[str, Any] = {"name": self.name, "schema": self.schema_, "description": self.description,
+                                "strict": self.strict}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+
+
+class TextOptions(Body):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormatSpec | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class Reasoning(Body):
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None  # refused when set (see translate.py): an exchange holds no summary item
+    generate_summary: str | None = None
+
+
+class ResponseCreate(CreateBody):
     """POST /v1/responses."""
 
-    input: str | list[InputMessage]
+    input: str | list[InputMessage | ToolItem]
     model: str | None = None
     instructions: str | None = None
     previous_response_id: Id | None = None
     conversation: Id | ConversationRef | None = None
+    # KSI keeps every exchange, it continues conversations from them: `store: false` changes nothing
+    # (said in the README), so it is accepted rather than refused
     store: bool = True
-    stream: bool = False
+    stream: bool = False  # how KSI answers (streamed or whole), not a provider option
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     max_output_tokens: int | None = Field(default=None, gt=0)
-    metadata: Metadata | None = None
+    metadata: Metadata | None = None  # stored with the request, never sent
+    text: TextOptions | None = None
+    reasoning: Reasoning | None = None
+    user: str | None = None
+    seed: int | None = None
+    # the answer holds only its output text: nothing more can be included (refused unless empty)
+    include: list[str] | None = None
+    # KSI always chooses the history that fits the model's window ("auto"); "disabled" is accepted
+    # because the new input alone never is cut: a request too large fails with context_window_exceeded
+    truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[InputMessage]) -> str | list[InputMessage]:
+    def _some_input(cls, value: str | list[InputMessage | ToolItem]) -> str | list[InputMessage | ToolItem]:
         if isinstance(value, list) and not value:
             raise ValueError("must hold at least one message")
         return value
@@ -65,33 +157,34 @@ class ResponseCreate(Body):
 
 
 class ChatMessage(Body):
-    role: Literal["user", "system", "developer", "assistant", "tool"]
-    content: str | list[InputText] | None = None
+    role: Literal["user", "system", "developer", "assistant", "tool", "function"]
+    content: str | list[Part] | None = None
+    # an assistant turn's tool calls: refused when there are some (see translate.split_chat)
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+    def text(self, where: str) -> str:
+        return part_texts(self.content, where)
 
 
 class StreamOptions(Body):
     include_usage: bool = False
 
 
-class ChatCompletionCreate(Body):
+class ChatCompletionCreate(CreateBody):
     """POST /v1/chat/completions; `conversation_id` and `create` are KSI's (the SDK's extra_body)."""
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream: bool = False  # how KSI answers (streamed or whole), not a provider option
+    stream_options: StreamOptions | None = None  # honoured by KSI's own stream (usage chunk)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
-    metadata: Metadata | None = None
+    metadata: Metadata | None = None  # stored with the request, never sent
+    # OpenAI's stored completions: KSI keeps every exchange anyway (see ResponseCreate.store)
+    store: bool | None = None
     conversation_id: Id | None = None
     create: bool = False
 
@@ -99,12 +192,10 @@ class ChatCompletionCreate(Body):
 class ConversationItem(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
+    content: str | list[Part]
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+    def text(self, where: str) -> str:
+        return part_texts(self.content, where)
 
 
 class ConversationCreate(Body):

@@ -9,8 +9,9 @@ from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_options, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, parse
+from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
 
 AGENT_PREFIX = "agent/"
 
@@ -26,14 +27,23 @@ class Door:
     async def body(self, request: Request, model: type[Body]) -> Any:
         return parse(model, await read_json(request, self.settings.line_limit))
 
+    def check_routing(self, model: str | None, options: dict[str, Any]) -> None:
+        """The service's refusal of options that pick a host or credentials, for a request whose
+        door writes something first (a chat history); an agent's model is checked by the service."""
+        if model is None or not model.startswith(AGENT_PREFIX):
+            name = model or self.settings.default_model
+            check_options(name, options, self.settings.model_settings(name).allow_options)
+
 
 def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
-    """`error` with the fields it names given in the client's terms (`prompt` -> `input`)."""
+    """`error` with the fields it names given in the client's terms (`prompt` -> `input`,
+    `options.response_format` -> `text.format`)."""
     fields = error.details.get("fields")
     if not isinstance(fields, dict):
         return error
     mapped = {}
     for key, value in fields.items():
+        key = key.removeprefix("options.")  # the door's options are the body's own fields
         head, dot, rest = key.partition(".")
         mapped[names.get(head, head) + dot + rest] = value
     message = error.message
@@ -43,7 +53,8 @@ def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
 
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
-                   "conversation_id": "conversation", "agent_id": "model", "data": "input"}
+                   "conversation_id": "conversation", "agent_id": "model", "data": "input",
+                   "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
 CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages"}
 
 
@@ -54,27 +65,71 @@ def _model_fields(payload: dict[str, Any], model: str | None) -> None:
         payload["model"] = model
 
 
+def _extra_fields(body: ResponseCreate | ChatCompletionCreate) -> dict[str, Any]:
+    """Fields the door does not declare: they go to the provider by name, like the socket's options
+    (refused ones, such as tools or n > 1, are refused by the same rule there)."""
+    return {name: value for name, value in (body.model_extra or {}).items() if value is not None}
+
+
+def _checked(options: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """`options` under the one rule of every door, before anything is written (a chat history is
+    imported before its completion is asked for); errors name the client's fields."""
+    try:
+        return check_request_options(options, where="options.")
+    except KsiError as error:
+        raise renamed(error, names) from None
+
+
+def _refuse(field_name: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{field_name} is not supported: {why}",
+                    fields={field_name: why})
+
+
+def response_options(body: ResponseCreate) -> dict[str, Any]:
+    """The provider options of a Responses request: its sampling and format fields mapped onto
+    completion:async's `options`, what it refuses refused."""
+    if body.include:
+        raise _refuse("include", "a KSI response holds only its output text")
+    if body.reasoning is not None and (body.reasoning.summary is not None or body.reasoning.generate_summary):
+        raise _refuse("reasoning.summary", "a KSI exchange holds no reasoning summary")
+    if body.text is not None and body.text.verbosity is not None:
+        # litellm's chat call has no such parameter and would drop it
+        raise _refuse("text.verbosity", "the chat call KSI makes has no verbosity parameter")
+    options = _extra_fields(body)
+    text_format = body.text.format if body.text is not None else None
+    for key, value in (("top_p", body.top_p), ("seed", body.seed), ("user", body.user),
+                       ("response_format", text_format.response_format() if text_format else None),
+                       ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None)):
+        if value is not None:
+            options[key] = value
+    return _checked(options, RESPONSE_FIELDS)
+
+
 def response_payload(body: ResponseCreate) -> dict[str, Any]:
     """POST /v1/responses as completion:async data."""
     payload: dict[str, Any] = {"origin": "http"}
+    options = response_options(body)
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
         messages = []
         for position, message in enumerate(body.input):
+            if isinstance(message, ToolItem):
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                               f"input.{position} is a {message.type} item: {TOOLS_NOT_STORED}",
+                               fields={f"input.{position}.type": TOOLS_NOT_STORED})
             if message.role == "assistant":
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                "input holds an assistant message: the history comes from previous_response_id "
                                "or conversation, the input is only what is new",
                                fields={f"input.{position}.role": "assistant messages are not new input"})
-            text = message.text()
+            text = message.text(f"input.{position}.content")
             if not text.strip():
                 raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
                                fields={f"input.{position}.content": "must not be empty"})
             messages.append({"role": "user" if message.role == "user" else "system", "content": text})
         payload["messages"] = messages
     _model_fields(payload, body.model)
-    options = {"top_p": body.top_p} if body.top_p is not None else {}
     for key, value in (("instructions", body.instructions), ("previous_response_id", body.previous_response_id),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
                        ("max_tokens", body.max_output_tokens), ("metadata", body.metadata),
@@ -92,17 +147,25 @@ class ChatInput:
     system: str | None
     history: list[tuple[list[str], str]]  # (user texts, assistant reply) per earlier exchange
     new: list[dict[str, str]]
+    options: dict[str, Any]  # checked before the history is imported
 
 
 def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatInput:
     system = None
     history: list[tuple[list[str], str]] = []
     pending: list[dict[str, str]] = []
+    options = _extra_fields(body)  # seed, stop, response_format, n, tools, ...: OpenAI's names are the options'
+    if body.top_p is not None:
+        options["top_p"] = body.top_p
+    options = _checked(options, CHAT_FIELDS)
     for position, message in enumerate(body.messages):
-        if message.role == "tool":
-            raise KsiError(ErrorCode.VALIDATION_ERROR, "tool messages are not supported",
-                           fields={f"messages.{position}.role": "tool messages are not supported"})
-        text = message.text()
+        if message.role in ("tool", "function"):
+            # a feature KSI lacks, not a malformed request: refused like the tools themselves
+            raise _refuse(f"messages.{position}.role", f"{message.role} messages carry tool results: {TOOLS_NOT_STORED}")
+        if message.tool_calls or message.function_call:
+            called = "tool_calls" if message.tool_calls else "function_call"
+            raise _refuse(f"messages.{position}.{called}", TOOLS_NOT_STORED)
+        text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
             if conversation_id is not None:
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
@@ -121,7 +184,7 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
     if not any(m["role"] == "user" for m in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR, "the last messages must include a user message (the new input)",
                        fields={"messages": "no new user message after the last assistant message"})
-    return ChatInput(system, history, pending)
+    return ChatInput(system, history, pending, options)
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
@@ -134,11 +197,10 @@ def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: s
     if chat.system is not None and not chat.history:
         payload["system"] = chat.system  # with history, the imported conversation carries it
     max_tokens = body.max_completion_tokens or body.max_tokens
-    for key, value in (("temperature", body.temperature), ("max_tokens", max_tokens), ("metadata", body.metadata)):
-        if value is not None:
+    for key, value in (("temperature", body.temperature), ("max_tokens", max_tokens), ("metadata", body.metadata),
+                       ("options", chat.options)):
+        if value is not None and value != {}:
             payload[key] = value
-    if body.top_p is not None:
-        payload["options"] = {"top_p": body.top_p}
     return payload
 
 
