@@ -263,6 +263,7 @@ async def _interruptible_reply(client: KsiClient, target: Target, message: str, 
 
     loop = asyncio.get_running_loop()
     interrupt = asyncio.Event()
+    before = signal.getsignal(signal.SIGINT)  # asyncio.run's own: it ends the chat at the prompt
     try:
         loop.add_signal_handler(signal.SIGINT, interrupt.set)
     except (ValueError, RuntimeError):  # not the main thread: Ctrl-C stays KeyboardInterrupt
@@ -270,7 +271,8 @@ async def _interruptible_reply(client: KsiClient, target: Target, message: str, 
     try:
         return await _reply(client, target, message, stream, timeout, turn, interrupt)
     finally:
-        loop.remove_signal_handler(signal.SIGINT)  # back to KeyboardInterrupt: at the prompt Ctrl-C ends the chat
+        loop.remove_signal_handler(signal.SIGINT)  # that leaves Python's default, not the one before
+        signal.signal(signal.SIGINT, before)
 
 
 async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:

@@ -87,11 +87,18 @@ def chmod_unlinked(path: Path, mode: int) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
-    except PermissionError:  # a file its owner may not read: lstat says it is no link
-        if path.is_symlink():
+    except PermissionError:  # a file its owner may not read: a descriptor that only names it
+        try:
+            named = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
             return False
-        path.chmod(mode)
-        return True
+        try:
+            if stat.S_ISLNK(os.fstat(named).st_mode):
+                return False
+            os.chmod(f"/proc/self/fd/{named}", mode)  # the file named, not a link put there since
+            return True
+        finally:
+            os.close(named)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return False

@@ -30,9 +30,14 @@ def front_access(location: Location, need_daemon: bool = False) -> FrontAccess:
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: KSI_HTTP_TOKEN: {reason}",
                        fields={"KSI_HTTP_TOKEN": reason})
     url = _served_url(location, need_daemon)
+    if url is None and need_daemon:  # the daemon serves no HTTP: no token to show, none to write
+        return FrontAccess(explicit or "", None)
     if url is None:  # no daemon serves HTTP now: the token its next start will read
         return FrontAccess(explicit or _stored_or_new(location), None)
-    token = explicit or http_token.read(location.layout)
+    try:
+        token = explicit or http_token.read(location.layout)
+    except http_token.TokenFileError as exc:
+        raise KsiError(ErrorCode.STORAGE_ERROR, str(exc)) from None
     if token is None:
         raise KsiError(ErrorCode.UNAUTHORIZED, f"the token file {location.layout.http_token_file} is missing or "
                        "damaged while the daemon serves HTTP: restart the daemon (it writes a new one)")

@@ -31,11 +31,11 @@ def code_nonce(token: str, code: str, now: float) -> tuple[str, float] | None:
     None for any other code. Whether the nonce was already spent is the caller's to remember."""
     issued_text, _, rest = code.partition(".")
     nonce, _, signature = rest.partition(".")
-    if not issued_text.isdigit() or not nonce or len(issued_text) > 12:
+    if not (issued_text.isascii() and issued_text.isdigit()) or not nonce or len(issued_text) > 12:
         return None
     issued = int(issued_text)
     if not issued - CLOCK_SKEW <= now <= issued + CODE_LIFETIME:
         return None
-    if not hmac.compare_digest(signature, _signature(token, issued, nonce)):
+    if not hmac.compare_digest(signature.encode(), _signature(token, issued, nonce).encode()):
         return None
     return nonce, issued + CODE_LIFETIME

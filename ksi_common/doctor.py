@@ -130,8 +130,11 @@ def check_permissions(layout: VarLayout) -> list[Finding]:
 def check_http_token(layout: VarLayout) -> list[Finding]:
     """A token file left empty or cut (a full disk): the HTTP front would need a new token."""
     path = layout.http_token_file
-    if not path.is_file() or http_token.read(layout) is not None:
-        return []
+    try:
+        if not path.is_file() or http_token.read(layout) is not None:
+            return []
+    except http_token.TokenFileError as exc:
+        return [Finding("http_token_unusable", str(path), f"{exc}; the daemon cannot start its HTTP front")]
     empty = path.stat().st_size == 0
     return [Finding("http_token_unusable", str(path),
                     ("empty" if empty else "not a usable token") + "; the daemon writes a new one at its next "

@@ -44,6 +44,9 @@ def read(layout: VarLayout) -> str | None:
         text = layout.http_token_file.read_text(encoding="ascii", errors="replace").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:  # unreadable, or a directory in its place: say so, not a traceback
+        raise TokenFileError(f"cannot read the HTTP token file {layout.http_token_file}: {exc.strerror or exc}",
+                             False) from None
     return text if weakness(text) is None else None
 
 

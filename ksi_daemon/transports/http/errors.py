@@ -41,6 +41,7 @@ _STATUS: dict[str, int] = {
     "too_many_connections": 503,
     "storage_full": 503,
     "storage_error": 503,
+    "storage_symlink": 503,  # the daemon's own var dir is wrong, not the request
     "storage_unavailable": 503,
     "api_key_missing": 503,  # the daemon's configuration, not the request, is at fault
 }

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, get_route_path
 
 from ksi_common import http_token
 from ksi_common.errors import ErrorCode, KsiError
@@ -70,7 +70,8 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
 
 
 async def _internal_error(request: Request, _exc: Exception) -> Response:
-    log.exception("http_handler_failed", path=request.url.path)
+    # the route's path: the session prefix before it is what keeps the cookie from other ports
+    log.exception("http_handler_failed", path=get_route_path(request.scope))
     return error_response(KsiError(ErrorCode.INTERNAL_ERROR, "internal error; see the daemon log"))
 
 
