@@ -204,8 +204,23 @@ def test_a_login_code_is_taken_once_and_only_as_signed() -> None:
     code = make_code(HTTP_TOKEN)
     issued, nonce, signature = code.split(".")
     forged = [f"{int(issued) + 1}.{nonce}.{signature}", f"{issued}.other.{signature}", f"{issued}.{nonce}.{'0' * 64}",
-              "", "...", f"{issued}.{nonce}", "x" * 200]
+              "", "...", f"{issued}.{nonce}", "x" * 200,
+              f"{issued[:-1]}\u00b2.{nonce}.{signature}",  # a digit to str.isdigit, not to int()
+              f"{issued}.{nonce}.{signature[:-1]}\u00e9"]  # a signature that is not ASCII
     assert not any(sessions.spend(HTTP_TOKEN, wrong) for wrong in forged)
     assert not sessions.spend("another-token-0123456789", code)
     assert sessions.spend(HTTP_TOKEN, code)
     assert not sessions.spend(HTTP_TOKEN, code)
+
+
+async def test_a_cookie_planted_by_another_local_server_does_not_hide_the_session(served: HttpDaemon) -> None:
+    """Cookies are shared by every port of a host: a page elsewhere can set one named like ours."""
+    root = served.daemon.http.sessions.root
+    async with logged_in(served) as http:
+        real = http.cookies.get("ksi_session")
+        assert real
+        for planted in (f"ksi_session=planted; ksi_session={real}", f"ksi_session={real}; ksi_session=planted"):
+            reply = await http.get(root + "/conversations", headers={"Cookie": planted})
+            assert reply.status_code == 200, planted
+        only_planted = await http.get(root + "/conversations", headers={"Cookie": "ksi_session=planted"})
+        assert only_planted.status_code == 401
