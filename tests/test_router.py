@@ -340,7 +340,7 @@ async def test_discover_filters_by_namespace(client: KsiClient) -> None:
     assert set(reply["events"]) == {"monitor:subscribe", "monitor:unsubscribe"}
     assert reply["count"] == 2
     system = await client.request("system:discover", {"namespace": "system:*"})
-    assert set(system["events"]) == {"system:health", "system:discover", "system:help", "system:config",
+    assert set(system["events"]) == {"system:health", "system:discover", "system:help", "system:config", "system:cluster",
                                       "system:shutdown"}
     assert (await client.request("system:discover", {"namespace": "nothing"}))["count"] == 0
 
