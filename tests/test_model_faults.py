@@ -32,6 +32,7 @@ async def listed(client: KsiClient) -> int:
 
 async def test_a_wrong_model_name_is_model_not_found_with_the_closest_names(short_tmp: Path) -> None:
     async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        await daemon.litellm.ensure_loaded()  # loaded: the ack itself refuses the name
         for wrong in ("ecko/demo", "echo-demo"):
             with pytest.raises(KsiError) as caught:
                 await client.request("completion:async", {"prompt": "hi", "model": wrong})
@@ -46,6 +47,18 @@ async def test_a_wrong_model_name_is_model_not_found_with_the_closest_names(shor
         with pytest.raises(KsiError) as caught:
             await client.request("completion:async", {"prompt": "hi", "model": "gpt-4oo"})
         assert caught.value.code == "model_not_found" and "gpt-4o" in caught.value.details["suggestions"]
+
+
+async def test_before_litellm_is_loaded_the_ack_does_not_wait_for_it_and_the_call_refuses_the_name(
+        short_tmp: Path) -> None:
+    async with running_daemon(short_tmp, litellm_preload=False) as daemon, connected(daemon) as client:
+        ack = await client.request("completion:async", {"prompt": "hi", "model": "ecko/demo"})
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        assert caught.value.code == "model_not_found"
+        assert "did you mean echo/demo?" in caught.value.message
+        assert await listed(client) == 0
+        assert stored(daemon) == set()
 
 
 async def test_a_wrong_model_name_at_the_http_door(short_tmp: Path, stub: StubOpenAI) -> None:

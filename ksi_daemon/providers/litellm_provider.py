@@ -160,7 +160,11 @@ class LiteLLMProvider:
                 if shutil.which(program) is None:
                     raise missing_command(program, model)
                 return
-        litellm = await self.ensure_loaded()
+        litellm = self._module
+        if litellm is None:
+            # the ack must not wait seconds for litellm's import: the call itself answers
+            # model_not_found for a name no provider routes
+            return
         try:
             litellm.get_llm_provider(model)
         except Exception:
