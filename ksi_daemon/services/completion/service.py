@@ -183,7 +183,7 @@ class CompletionService:
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
                                    facts.count_tokens, self.history_budget)
         self._calibration_saved = time.monotonic()
-        self._background: set[asyncio.Task[None]] = set()  # calibration saves under way
+        self._background: set[asyncio.Task[None]] = set()  # calibration saves, discards under way
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -404,6 +404,9 @@ class CompletionService:
             # turn only: the conversation keeps its own (as `instructions` does)
             data = data.model_copy(update={"instructions": agent.system})
         self._check_capacity()  # again: other requests may have been queued while this one waited
+        if memory.retired:  # discarded (or deleted) while this request waited: no await from here on
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
+                           conversation_id=memory.conversation_id)
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -457,7 +460,7 @@ class CompletionService:
                                                   system=agent.system if agent else None, extra=extra,
                                                   origin=data.origin, preview=preview)
         memory = await self.cache.get(conversation_id)
-        if memory is not None:
+        if memory is not None and not memory.retired:  # a retired one is being discarded: gone
             return memory
         own_agent_conversation = agent is not None and conversation_id == agent.conversation_id
         if not (data.create or own_agent_conversation):
@@ -515,7 +518,12 @@ class CompletionService:
 
     def _cancelled_in_queue(self, state: RequestState) -> None:
         error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
+        memory = self._held.get(state.request_id)
         self._finish(state, "cancelled", error=error)
+        if state.made_conversation and memory is not None:  # the empty conversation made for it goes too
+            task = asyncio.get_running_loop().create_task(self._discard_if_unused(state, memory))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- running ------------------------------------------------------------
     async def _run(self, state: RequestState) -> None:
@@ -542,19 +550,19 @@ class CompletionService:
         except asyncio.CancelledError:
             error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "cancelled", error=error)
             return
         except KsiError as error:
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "failed", error=error)
             return
         except Exception as exc:
             log.exception("completion_failed", request_id=state.request_id)
             error = KsiError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "failed", error=error)
             return
         self._finish(state, "done", result=result)
@@ -753,22 +761,32 @@ class CompletionService:
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
 
-    async def _discard_if_unused(self, state: RequestState) -> None:
+    async def _discard_if_unused(self, state: RequestState, memory: ConversationMemory | None) -> None:
         """A conversation the daemon made for this request goes when the request failed before
         anything was stored there (the failure's record stays under responses/); one the client
         named, or that another request uses, stays."""
-        memory = self._held.get(state.request_id)
-        if (not state.made_conversation or memory is None or memory.total
-                or self.requests.count_live(state.conversation_id) > 1):
+        if not state.made_conversation or memory is None or not self._unused(state, memory):
             return
-        try:
-            async with memory.lock:
-                discarded = not memory.total and await self.cache.store.discard_unused(state.conversation_id)
-        except Exception:  # kept, empty: listed with no exchanges, as before
-            log.exception("discard_failed", conversation_id=state.conversation_id)
-            return
+        async with memory.lock:
+            # again, right before the delete: a request naming the id from this one's ack may
+            # have been admitted while the lock was awaited; once retired, none is admitted
+            if memory.retired or not self._unused(state, memory):
+                return
+            memory.retired = True
+            discarded = False
+            try:
+                discarded = await self.cache.store.discard_unused(state.conversation_id)
+            except Exception:  # kept, empty: listed with no exchanges, as before
+                log.exception("discard_failed", conversation_id=state.conversation_id)
+            finally:
+                memory.retired = discarded
         if discarded:
             self.cache.forget(state.conversation_id)
+
+    def _unused(self, state: RequestState, memory: ConversationMemory) -> bool:
+        """No exchange in the conversation and no request on it but `state` (live or just ended)."""
+        others = self.requests.count_live(state.conversation_id) - (0 if state.status in FINISHED else 1)
+        return not memory.total and others <= 0
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:
