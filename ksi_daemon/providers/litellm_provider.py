@@ -520,6 +520,10 @@ def reach_probe(url: str) -> Probe | None:
         except (OSError, TimeoutError):
             return False
         writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:  # the peer reset it: it answered all the same
+            pass
         return True
 
     return answers
