@@ -41,6 +41,8 @@ from ksi_daemon.services.completion.compaction import Compactor, NoSummaries
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
+    History,
+    Pinned,
     build_messages,
     pinned_exchanges,
     select_history,
@@ -627,10 +629,7 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.widen(memory, budget)
-        # pinned exchanges take their share first; the rest of history and the summaries, what is left
-        pinned = await pinned_exchanges(self.cache, memory, int(budget * self.settings.pins_share),
-                                        self.settings.max_fork_depth)
-        budget -= pinned.tokens
+        pins_budget = int(budget * self.settings.pins_share)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
         stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
         if stand_in is not None and stand_in.tokens < budget:
@@ -640,13 +639,18 @@ class CompletionService:
         else:
             stand_in = None  # compaction off (the note says what was left out), or too big to help
         after = stand_in.upto if stand_in is not None else 0
+        # pinned exchanges the history left out (or a summary stands in for) take their share
+        history, pinned = await self._with_pins(memory, history, budget, after, pins_budget, Pinned())
+        budget -= pinned.tokens
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
             history = await select_history(self.cache, memory, budget - attached.tokens,
                                            self.settings.max_fork_depth, after)
+            history, pinned = await self._with_pins(memory, history, budget - attached.tokens + pinned.tokens,
+                                                    after, pins_budget, pinned)
             attached = attached.kept_for(history.exchanges)
-        pinned.add_to(history)
+        pinned.add_to(history, after)
         inputs = attached.record_in(inputs)
         messages = build_messages(sent_system, history, attached.prepend(user_messages),
                                   stand_in.text() if stand_in is not None else None)
@@ -677,6 +681,24 @@ class CompletionService:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
                         stats, files=attached.new_files, estimate=estimate, sent=sent)
+
+    async def _with_pins(self, memory: ConversationMemory, history: History, budget: int, after: int,
+                         pins_budget: int, pinned: Pinned) -> tuple[History, Pinned]:
+        """`history` (selected within `budget` less `pinned`'s tokens) and the pinned exchanges it
+        leaves out, within `pins_budget`: a pin the history shows anyway costs nothing more. Room
+        made for a pin may push out another, older one, pinned in turn (a few rounds at most)."""
+        if not memory.meta.pins or not (history.omitted or after):
+            return history, pinned
+        for _ in range(len(memory.meta.pins)):
+            taken = {e.n for e in history.entries} | {e.n for e in pinned.entries}
+            more = await pinned_exchanges(self.cache, memory, pins_budget - pinned.tokens,
+                                          self.settings.max_fork_depth, taken)
+            if not more.entries:
+                break
+            pinned.merge(more)
+            history = await select_history(self.cache, memory, budget - pinned.tokens,
+                                           self.settings.max_fork_depth, after)
+        return history, pinned
 
     async def history_budget(self, model: str, system: str | None, input_tokens: int, max_tokens: int | None) -> int:
         """Tokens (as the daemon counts them) left for history in a turn of `model`.
