@@ -147,3 +147,13 @@ async def test_an_undeclared_model_gets_the_schema_and_its_refusal_comes_back(
     assert stub.requests[-1]["response_format"] == JSON_SCHEMA
     assert caught.value.code == ErrorCode.PROVIDER_ERROR
     assert "json_schema is not supported by this model" in caught.value.message
+
+
+async def test_the_abilities_of_the_most_recently_used_models_only_are_remembered(short_tmp: Path) -> None:
+    from ksi_daemon.providers.litellm_provider import ABILITIES_KEPT
+
+    provider = LiteLLMProvider(make_settings(short_tmp))
+    for i in range(ABILITIES_KEPT + 1):  # names from requests: echo models need no litellm
+        await provider.abilities(f"echo/m{i}")
+    assert len(provider._abilities) == ABILITIES_KEPT
+    assert "echo/m0" not in provider._abilities and f"echo/m{ABILITIES_KEPT}" in provider._abilities

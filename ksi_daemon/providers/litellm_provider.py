@@ -10,6 +10,7 @@ import re
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from types import ModuleType
@@ -48,6 +49,7 @@ _OFFLINE_DEFAULTS = {
 CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
 BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
 KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
+ABILITIES_KEPT = 256  # models whose abilities litellm was asked for, the most recently used
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
                           re.IGNORECASE)
@@ -66,7 +68,7 @@ class LiteLLMProvider:
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
         self._windows: dict[str, int] = {}
-        self._abilities: dict[str, ModelAbilities] = {}
+        self._abilities: OrderedDict[str, ModelAbilities] = OrderedDict()  # least recently used first
         self._unpriced: set[str] = set()
         self._encoder: Any = None
         self._known: set[str] = set()  # model names litellm routes (see check)
@@ -263,6 +265,10 @@ class LiteLLMProvider:
                                    vision=info.get("supports_vision"),
                                    function_calling=info.get("supports_function_calling"))
             self._abilities[model] = known
+            while len(self._abilities) > ABILITIES_KEPT:
+                self._abilities.popitem(last=False)
+        else:
+            self._abilities.move_to_end(model)
         return ModelAbilities(
             response_schema=_first_known(declared.supports_response_schema, known.response_schema),
             vision=_first_known(declared.supports_vision, known.vision),
