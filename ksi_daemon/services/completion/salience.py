@@ -210,11 +210,13 @@ def check_candidate(candidate: str, items: Items, source_tokens: int, limit: int
 
 
 def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_tokens: Callable[[str], int],
-                  inputs: bool = True) -> str:
+                  inputs: bool = True, items: Items | None = None) -> str:
     """What stands in for exchanges without a usable summary: the salient items of the whole range
     first (the user's own statements, then names, numbers, ...), then (`inputs`) each user input,
-    shortened, newest first, as far as `limit` tokens allow."""
-    items = exchange_items([exchange for _n, exchange in exchanges])
+    shortened, newest first, as far as `limit` tokens allow. `items`: those of `exchanges`, when
+    the caller found them already."""
+    if items is None:
+        items = exchange_items([exchange for _n, exchange in exchanges])
     lines: list[str] = []
     used = 0
 
