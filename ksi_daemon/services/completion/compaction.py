@@ -31,6 +31,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.salience import (
+    EXCHANGE_TEXT_LIMIT,
     Items,
     Verdict,
     check_candidate,
@@ -56,7 +57,6 @@ SUMMARISER_SYSTEM = (
     + "\nAt most about {words} words."
 )
 MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation into one, section by section."
-EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange the summariser is shown
 MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
 GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
 # a stand-in block's header line ("[Summary of exchanges 1-40 of this conversation, ...]"), at most:
