@@ -231,7 +231,8 @@ class Compactor:
         for member, limit in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
             if not member.complete:
                 await self.cache.load_all(member)
-            found.extend((member, e) for e in member.eligible_between(after, upto if limit is None else min(upto, limit)))
+            last = upto if limit is None else min(upto, limit)
+            found.extend((member, entry) for entry in member.eligible_between(after, last))
         if budget is not None:
             used, taken = 0, 0
             for _member, entry in found:  # each exchange counted once

@@ -454,13 +454,12 @@ class CompletionService:
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
         extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
-        # recorded with the creation, so the first exchange's metadata differs from it only in its
-        # totals (which the JSONL store saves lazily) and costs no extra write
-        preview = records.first_input_preview(data)
+        # the preview is recorded with the creation, so the first exchange's metadata differs from
+        # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:
             return await self.create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra,
-                                                  origin=data.origin, preview=preview)
+                                                  origin=data.origin, preview=records.first_input_preview(data))
         memory = await self.cache.get(conversation_id)
         if memory is not None and not memory.retired:  # a retired one is being discarded: gone
             return memory
@@ -471,7 +470,7 @@ class CompletionService:
         try:
             return await self.create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra,
-                                                  origin=data.origin, preview=preview)
+                                                  origin=data.origin, preview=records.first_input_preview(data))
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)
 
