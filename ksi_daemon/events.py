@@ -22,7 +22,8 @@ def _as_text(value: Any) -> Any:
     return value
 
 
-def _safe_id(value: str) -> str:
+def check_safe_id(value: str) -> str:
+    """An id that may become part of a file name (a conversation's, an agent's, ...)."""
     if not is_safe_id(value):
         raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..'")
     return value
@@ -51,7 +52,7 @@ def _not_blank(value: str) -> str:
 
 Text = Annotated[str, BeforeValidator(_as_text)]
 # an id that may become part of a file name
-SafeId = Annotated[str, BeforeValidator(_as_text), AfterValidator(_safe_id)]
+SafeId = Annotated[str, BeforeValidator(_as_text), AfterValidator(check_safe_id)]
 # a file system path: no NUL byte, which no path can hold
 PathText = Annotated[str, BeforeValidator(_as_text), AfterValidator(_no_nul)]
 # a model name (or a glob of them): checked where it enters, so none reaches a provider, a log or storage

@@ -60,3 +60,19 @@ async def test_recent_errors_keep_the_newest_and_cut_long_messages(short_tmp: Pa
     assert health["recent_errors"][0]["conversation_id"] == "try-24"  # newest first
     assert all(len(e["message"]) <= 300 for e in health["recent_errors"])
     assert health["since_start"]["openai/stub-down"]["failed"] == 25
+
+
+def test_counts_are_kept_for_the_most_recently_used_models_only() -> None:
+    from ksi_daemon.services.completion.activity import MODELS_KEPT, CompletionActivity
+
+    activity = CompletionActivity()
+    activity.failed("echo/first", "provider_error", "down", "ts", "req-0", None)
+    for i in range(MODELS_KEPT):
+        activity.succeeded(f"echo/m{i}", 1.0, {}, None, "ts")
+        if i == MODELS_KEPT // 2:
+            activity.cancelled("echo/first")  # used again: kept
+    activity.succeeded("echo/one-more", 1.0, {}, None, "ts")
+    report = activity.report()
+    assert len(report["since_start"]) == MODELS_KEPT
+    assert "echo/first" in report["since_start"] and report["failing"] == ["echo/first"]
+    assert "echo/m0" not in report["since_start"] and "echo/one-more" in report["since_start"]

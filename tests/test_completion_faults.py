@@ -3,6 +3,7 @@ auth errors and the circuit breaker; failures never leak into history."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -257,7 +258,9 @@ async def test_client_errors_do_not_open_the_circuit(short_tmp: Path, stub: Any)
     assert len(stub.requests) == 4
 
 
-async def test_an_unknown_provider_is_refused_before_it_is_queued(stub_daemon: Daemon, stub: Any) -> None:
+async def test_an_unknown_provider_is_refused_before_it_is_queued_once_litellm_is_loaded(
+        stub_daemon: Daemon, stub: Any) -> None:
+    await stub_daemon.litellm.ensure_loaded()  # before, the ack does not wait for it (test_model_faults)
     async with connected(stub_daemon) as client:
         with pytest.raises(KsiError) as caught:
             await client.request("completion:async", {"prompt": "hi", "model": "nosuch/model"})
@@ -266,3 +269,28 @@ async def test_an_unknown_provider_is_refused_before_it_is_queued(stub_daemon: D
     assert caught.value.details["model"] == "nosuch/model"
     assert listed["total"] == 0
     assert stub.requests == []
+
+
+async def test_a_request_naming_a_failed_requests_new_conversation_meanwhile_keeps_it(
+        stub_daemon: Daemon, stub: Any) -> None:
+    """The conversation the daemon made for a failed request is discarded only if no request came for
+    it meanwhile: one admitted while the discard waited for the conversation's lock continues it."""
+    gate = asyncio.Event()
+    stub.model_gate["stub-model"] = gate
+    stub.enqueue(Reply(status=400))
+    async with connected(stub_daemon) as client:
+        first = await client.request("completion:async", {"prompt": "one"})
+        memory = stub_daemon.cache.cached(first["conversation_id"])
+        assert memory is not None
+        async with memory.lock:  # the failed request's discard waits here
+            gate.set()
+            while not getattr(memory.lock, "_waiters", None):
+                await asyncio.sleep(0.01)
+            second = await client.request("completion:async", {"prompt": "two",
+                                                               "conversation_id": first["conversation_id"]})
+        with pytest.raises(KsiError):
+            await client.request("completion:wait", {"request_id": first["request_id"], "timeout": 30})
+        result = await client.request("completion:wait", {"request_id": second["request_id"], "timeout": 30})
+        shown = await client.request("conversation:show", {"conversation_id": first["conversation_id"]})
+    assert result["conversation_id"] == first["conversation_id"] and result["exchange"] == 1
+    assert [e["reply"]["content"] for e in shown["exchanges"]] == [result["content"]]

@@ -451,6 +451,36 @@ async def test_cancel_a_request_waiting_for_a_concurrency_slot(short_tmp: Path, 
     assert health["completions"]["queued"] == 0 and health["completions"]["running"] == 0
 
 
+async def test_a_request_cancelled_while_queued_leaves_no_empty_conversation_behind(short_tmp: Path,
+                                                                                       gated: Any) -> None:
+    stub = gated
+    stub.gate.clear()
+    async with running_daemon(short_tmp, **stub_settings(stub, max_concurrency=1)) as daemon, \
+            connected(daemon) as client:
+        busy = await client.request("completion:async", {"prompt": "busy", "conversation_id": "x", "create": True})
+        await until(lambda: len(stub.arrived) == 1, "the first request runs")
+        waiting = await client.request("completion:async", {"prompt": "waiting"})  # the daemon names it
+        named = await client.request("completion:async", {"prompt": "named", "conversation_id": "y", "create": True})
+        for ack in (waiting, named):
+            assert (await client.request("completion:cancel", {"request_id": ack["request_id"]}))["cancelled"]
+
+        async def ids() -> set[str]:
+            listed = await client.request("conversation:list", {})
+            return {c["conversation_id"] for c in listed["conversations"]}
+
+        gone = False
+        for _ in range(200):
+            gone = waiting["conversation_id"] not in await ids()
+            if gone:
+                break
+            await asyncio.sleep(0.05)
+        stub.gate.set()
+        await client.request("completion:wait", {"request_id": busy["request_id"], "timeout": TIMEOUT})
+        kept = await ids()
+    assert gone  # the conversation made for the cancelled request went with it
+    assert kept == {"x", "y"}  # one the client named stays
+
+
 async def test_too_many_queued_requests_are_refused_with_a_retry_hint(short_tmp: Path, gated: Any) -> None:
     stub = gated
     stub.gate.clear()

@@ -487,3 +487,15 @@ async def test_cancelling_a_run_cancels_its_members(short_tmp: Path, backend: di
     assert len(calls) == 2 and {c[-1]["code"] for c in calls} == {"cancelled"}
     assert stubs["judge"].requests == []
     assert await index_lines(daemon, ack["conversation_id"]) == []
+
+
+async def test_the_runs_listing_remembers_only_runs_that_still_have_a_trace(short_tmp: Path) -> None:
+    async with consortium_daemon(short_tmp, DEFAULT_STUBS, {}) as (daemon, _stubs), connected(daemon) as client:
+        await save(client, "duo")
+        first = await complete(client, model="consortium/duo", prompt="One")
+        second = await complete(client, model="consortium/duo", prompt="Two")
+        assert (await client.request("consortium:runs", {}))["total"] == 2
+        (daemon.layout.consortium_dir / f"{first['run_id']}.jsonl").unlink()  # removed by hand
+        listed = await client.request("consortium:runs", {})
+    assert [run["run_id"] for run in listed["runs"]] == [second["run_id"]]
+    assert set(daemon.consortium._ended) == {second["run_id"]}  # the removed run is forgotten

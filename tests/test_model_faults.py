@@ -5,6 +5,7 @@ local server was not up yet closes as soon as the server answers."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.services.resilience import PROBE_INTERVAL
 from tests.conftest import complete, connected, running_daemon, running_http_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_completion_faults import failing, response_of, unused_port
@@ -32,6 +34,7 @@ async def listed(client: KsiClient) -> int:
 
 async def test_a_wrong_model_name_is_model_not_found_with_the_closest_names(short_tmp: Path) -> None:
     async with running_daemon(short_tmp) as daemon, connected(daemon) as client:
+        await daemon.litellm.ensure_loaded()  # loaded: the ack itself refuses the name
         for wrong in ("ecko/demo", "echo-demo"):
             with pytest.raises(KsiError) as caught:
                 await client.request("completion:async", {"prompt": "hi", "model": wrong})
@@ -46,6 +49,18 @@ async def test_a_wrong_model_name_is_model_not_found_with_the_closest_names(shor
         with pytest.raises(KsiError) as caught:
             await client.request("completion:async", {"prompt": "hi", "model": "gpt-4oo"})
         assert caught.value.code == "model_not_found" and "gpt-4o" in caught.value.details["suggestions"]
+
+
+async def test_before_litellm_is_loaded_the_ack_does_not_wait_for_it_and_the_call_refuses_the_name(
+        short_tmp: Path) -> None:
+    async with running_daemon(short_tmp, litellm_preload=False) as daemon, connected(daemon) as client:
+        ack = await client.request("completion:async", {"prompt": "hi", "model": "ecko/demo"})
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        assert caught.value.code == "model_not_found"
+        assert "did you mean echo/demo?" in caught.value.message
+        assert await listed(client) == 0
+        assert stored(daemon) == set()
 
 
 async def test_a_wrong_model_name_at_the_http_door(short_tmp: Path, stub: StubOpenAI) -> None:
@@ -126,7 +141,14 @@ async def test_a_circuit_opened_before_a_local_server_was_up_closes_when_it_answ
         still_down, _ = await failing(client, prompt="still nobody?", model="openai/local", conversation_id="c")
         assert (refused.code, still_down.code) == ("provider_error", "provider_unavailable")
         async with StubOpenAI(port=port):
-            result = await complete(client, prompt="up now", model="openai/local", conversation_id="c")
+            # the probe's "no" of a moment ago is kept for at most PROBE_INTERVAL, then asked again
+            for _ in range(100):
+                try:
+                    result = await complete(client, prompt="up now", model="openai/local", conversation_id="c")
+                    break
+                except KsiError as error:
+                    assert error.code == "provider_unavailable"
+                    await asyncio.sleep(PROBE_INTERVAL / 10)
             health = await client.request("system:health")
     assert result["content"] == "stub answer to: up now"
     assert list(health["completions"]["circuits"].values())[0]["state"] == "closed"

@@ -81,3 +81,47 @@ async def test_pins_past_their_share_or_of_no_exchange_are_refused_and_change_no
         assert caught.value.code == "validation_error"
         assert await stored_meta(daemon, "full") == before
         assert (await stored_meta(daemon, "full") or {})["pins"] == [1]
+
+
+async def test_a_pin_costs_nothing_while_the_history_holds_everything(short_tmp: Path, stub: Any,
+                                                                      backend: dict[str, Any]) -> None:
+    """A pinned exchange the history shows anyway is not paid twice: a pinned conversation leaves
+    out an exchange at the same turn as an unpinned one."""
+    stub.answer = answering(good)
+    async with running_daemon(short_tmp, **settings(stub, summariser="off", **backend)) as daemon, \
+            connected(daemon) as client:
+        first_omission: dict[str, int] = {}
+        for name in ("plain", "pinned"):
+            await complete(client, model=SMALL, prompt=FACT, conversation_id=name, create=True)
+            await complete(client, model=SMALL, prompt=FILLER, conversation_id=name)
+            if name == "pinned":  # not the oldest: a history that has to drop something drops 1 first
+                await client.request("conversation:pin", {"conversation_id": name, "n": 2})
+            for turn in range(3, 30):
+                result = await complete(client, model=SMALL, prompt=FILLER, conversation_id=name)
+                if result["history"]["exchanges_omitted"]:
+                    first_omission[name] = turn
+                    break
+    assert first_omission["pinned"] == first_omission["plain"], first_omission
+
+
+async def test_a_pin_a_summary_covers_counts_in_the_history_and_the_note(short_tmp: Path, stub: Any,
+                                                                        backend: dict[str, Any]) -> None:
+    stub.answer = answering(good)
+    async with running_daemon(short_tmp, **settings(stub, **backend)) as daemon, connected(daemon) as client:
+        await complete(client, model=SMALL, prompt=FACT, conversation_id="both", create=True)
+        await client.request("conversation:pin", {"conversation_id": "both", "n": 1})
+        upto = 0
+        for turn in range(2, 40):
+            result = await complete(client, model=SMALL, prompt=FILLER, conversation_id="both")
+            await settled(daemon)
+            upto = result["history"].get("summary_upto") or 0
+            if upto >= 2:
+                break
+        assert upto >= 2, "a summary stands in for exchanges 1..upto"
+        sent = await client.request("conversation:sent", {"conversation_id": "both", "n": turn})
+    shown = sent["history"]  # the numbers of the exchanges sent
+    assert shown[0] == 1  # the pin, verbatim, though the summary covers it
+    after_summary = (turn - 1) - upto  # the exchanges before this turn the summary does not cover
+    left_out = after_summary - len([n for n in shown if n > upto])
+    assert result["history"]["exchanges_omitted"] == left_out
+    assert result["history"]["exchanges_total"] == after_summary + 1  # the pin counted too

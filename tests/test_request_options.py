@@ -106,11 +106,10 @@ async def test_abilities_come_from_the_settings_then_from_litellm(short_tmp: Pat
         "openai/local-*": {"supports_response_schema": True, "supports_vision": False},
         "gpt-4o-mini": {"supports_response_schema": False}}))
     # litellm's model list knows gpt-4o; a declaration overrides it, key by key
-    assert await provider.abilities("gpt-4o") == ModelAbilities(True, True, True)
+    assert await provider.abilities("gpt-4o") == ModelAbilities(True)
     assert (await provider.abilities("gpt-4o-mini")).response_schema is False
-    assert (await provider.abilities("gpt-4o-mini")).vision is True
-    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True, False, None)
-    assert await provider.abilities("openai/nobody-knows") == ModelAbilities(None, None, None)
+    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True)
+    assert await provider.abilities("openai/nobody-knows") == ModelAbilities(None)
 
 
 async def test_a_schema_to_a_model_declared_unable_is_refused(short_tmp: Path, stub: StubOpenAI) -> None:
@@ -147,3 +146,13 @@ async def test_an_undeclared_model_gets_the_schema_and_its_refusal_comes_back(
     assert stub.requests[-1]["response_format"] == JSON_SCHEMA
     assert caught.value.code == ErrorCode.PROVIDER_ERROR
     assert "json_schema is not supported by this model" in caught.value.message
+
+
+async def test_the_abilities_of_the_most_recently_used_models_only_are_remembered(short_tmp: Path) -> None:
+    from ksi_daemon.providers.litellm_provider import ABILITIES_KEPT
+
+    provider = LiteLLMProvider(make_settings(short_tmp))
+    for i in range(ABILITIES_KEPT + 1):  # names from requests: echo models need no litellm
+        await provider.abilities(f"echo/m{i}")
+    assert len(provider._abilities) == ABILITIES_KEPT
+    assert "echo/m0" not in provider._abilities and f"echo/m{ABILITIES_KEPT}" in provider._abilities

@@ -52,3 +52,19 @@ def test_the_fallback_keeps_the_users_words_first_and_stays_within_its_limit() -
     text = fallback_text(exchanges, 60, count)
     assert "My name is Alice Bowman and I chose plan B-17." in text
     assert count(text) <= 60 + len(text.splitlines())
+
+
+def test_items_past_what_the_summariser_is_shown_are_not_required_of_it() -> None:
+    from ksi_daemon.services.completion.salience import EXCHANGE_TEXT_LIMIT
+
+    shown = "Ticket PROJ-1234 is open. "
+    reply = shown + "and so on " * (EXCHANGE_TEXT_LIMIT // 10) + "Ticket PROJ-9999 too."
+    items = exchange_items([Exchange([{"role": "user", "content": shown + "x " * EXCHANGE_TEXT_LIMIT + "PROJ-8888"}],
+                                     reply)])
+    assert "PROJ-1234" in items.facts
+    assert "PROJ-9999" not in items.facts and "PROJ-8888" not in items.facts
+
+
+def test_an_item_inside_a_longer_one_is_not_taken_again() -> None:
+    items = salient_items("see https://example.org/v2/PROJ-77/2027-01-02 and /srv/data/PROJ-78.json then 4817")
+    assert items == ["https://example.org/v2/PROJ-77/2027-01-02", "/srv/data/PROJ-78.json", "4817"]

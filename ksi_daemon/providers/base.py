@@ -53,8 +53,6 @@ class ModelAbilities:
     nobody does (the option is then passed on and the provider's own refusal comes back)."""
 
     response_schema: bool | None = None
-    vision: bool | None = None
-    function_calling: bool | None = None
 
 
 class ProviderFailure(KsiError):

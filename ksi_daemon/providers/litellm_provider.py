@@ -10,10 +10,11 @@ import re
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -46,8 +47,11 @@ _OFFLINE_DEFAULTS = {
 
 # CLI-session providers by model prefix: the program each runs
 CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
+# models answered without litellm's model list (the built-in echo and the CLI sessions)
+OWN_PREFIXES = ("echo/", *CLI_PROGRAMS)
 BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
 KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
+ABILITIES_KEPT = 256  # models whose abilities litellm was asked for, the most recently used
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
                           re.IGNORECASE)
@@ -66,7 +70,8 @@ class LiteLLMProvider:
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
         self._windows: dict[str, int] = {}
-        self._abilities: dict[str, ModelAbilities] = {}
+        self._abilities: OrderedDict[str, ModelAbilities] = OrderedDict()  # least recently used first
+        self._supported: OrderedDict[str, frozenset[str] | None] = OrderedDict()  # see _supported_params
         self._unpriced: set[str] = set()
         self._encoder: Any = None
         self._known: set[str] = set()  # model names litellm routes (see check)
@@ -159,12 +164,20 @@ class LiteLLMProvider:
             if model.startswith(prefix):
                 if shutil.which(program) is None:
                     raise missing_command(program, model)
+                self._remember(model)  # found once: a program removed later fails its call instead
                 return
-        litellm = await self.ensure_loaded()
+        litellm = self._module
+        if litellm is None:
+            # the ack must not wait seconds for litellm's import: the call itself answers
+            # model_not_found for a name no provider routes
+            return
         try:
             litellm.get_llm_provider(model)
         except Exception:
             raise unknown_model(model, self.own_model_names(), self.litellm_model_names(litellm)) from None
+        self._remember(model)
+
+    def _remember(self, model: str) -> None:
         if len(self._known) >= KNOWN_KEPT:
             self._known.clear()
         self._known.add(model)
@@ -232,7 +245,7 @@ class LiteLLMProvider:
         if model in self._windows:
             return self._windows[model]
         window = self.settings.default_context_window
-        if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+        if not model.startswith(OWN_PREFIXES):
             litellm = await self.ensure_loaded()
             try:
                 # ollama models make get_model_info call the local server: keep it off the loop
@@ -249,20 +262,20 @@ class LiteLLMProvider:
         known = self._abilities.get(model)
         if known is None:
             info: dict[str, Any] = {}
-            if not model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
+            if not model.startswith(OWN_PREFIXES):
                 litellm = await self.ensure_loaded()
                 try:
                     info = dict(await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0))
                 except Exception:  # a model litellm does not list: nothing is known of it
                     info = {}
-            known = ModelAbilities(response_schema=info.get("supports_response_schema"),
-                                   vision=info.get("supports_vision"),
-                                   function_calling=info.get("supports_function_calling"))
+            known = ModelAbilities(response_schema=info.get("supports_response_schema"))
             self._abilities[model] = known
+            while len(self._abilities) > ABILITIES_KEPT:
+                self._abilities.popitem(last=False)
+        else:
+            self._abilities.move_to_end(model)
         return ModelAbilities(
-            response_schema=_first_known(declared.supports_response_schema, known.response_schema),
-            vision=_first_known(declared.supports_vision, known.vision),
-            function_calling=_first_known(declared.supports_function_calling, known.function_calling))
+            response_schema=_first_known(declared.supports_response_schema, known.response_schema))
 
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose
@@ -315,7 +328,7 @@ class LiteLLMProvider:
             return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
-        if forced := _undropped(litellm, call):
+        if forced := self._undropped(litellm, call):
             kwargs["allowed_openai_params"] = forced
         try:
             if call.on_chunk is not None:
@@ -380,6 +393,37 @@ class LiteLLMProvider:
                                f"the provider's answer exceeds the size limit of {limit} bytes",
                                reason="response_too_large", limit=limit, received_bytes=size)
 
+    def _undropped(self, litellm: ModuleType, call: ProviderCall) -> list[str]:
+        """The OpenAI options of `call` that litellm does not list for its model and would drop
+        (drop_params): named so it passes them as given, and a provider that does not take one says
+        so itself rather than the option vanishing. Routing options are never named (they are
+        settings)."""
+        openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
+        asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
+        if not asked or call.model.startswith(OWN_PREFIXES):
+            return []
+        supported = self._supported_params(litellm, call.model)
+        if supported is None:
+            return []
+        return [name for name in asked if name not in supported]
+
+    def _supported_params(self, litellm: ModuleType, model: str) -> frozenset[str] | None:
+        """The OpenAI options litellm maps for `model` (None: it maps none, so drops none), asked
+        once per model; the most recently used ABILITIES_KEPT models are remembered."""
+        if model in self._supported:
+            self._supported.move_to_end(model)
+            return self._supported[model]
+        try:
+            _, provider, _, _ = litellm.get_llm_provider(model=model)
+            listed = litellm.get_supported_openai_params(model=model, custom_llm_provider=provider)
+        except Exception:  # a provider litellm cannot name: it maps no option, so it drops none either
+            listed = None
+        supported = frozenset(listed) if listed is not None else None
+        self._supported[model] = supported
+        while len(self._supported) > ABILITIES_KEPT:
+            self._supported.popitem(last=False)
+        return supported
+
     def _reply(self, litellm: ModuleType, call: ProviderCall, response: Any) -> ProviderReply:
         choices = getattr(response, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
@@ -414,24 +458,6 @@ class LiteLLMProvider:
             session_id=session_id,
             session_note=session_note,
         )
-
-
-def _undropped(litellm: ModuleType, call: ProviderCall) -> list[str]:
-    """The OpenAI options of `call` that litellm does not list for its model and would drop
-    (drop_params): named so it passes them as given, and a provider that does not take one says so
-    itself rather than the option vanishing. Routing options are never named (they are settings)."""
-    openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
-    asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
-    if not asked or call.model.startswith(("echo/", "claude-cli/", "gemini-cli/")):
-        return []
-    try:
-        _, provider, _, _ = litellm.get_llm_provider(model=call.model)
-        supported = litellm.get_supported_openai_params(model=call.model, custom_llm_provider=provider)
-    except Exception:  # a provider litellm cannot name: it maps no option, so it drops none either
-        return []
-    if supported is None:
-        return []
-    return [name for name in asked if name not in supported]
 
 
 def _first_known(declared: bool | None, listed: Any) -> bool | None:
@@ -469,23 +495,13 @@ def _retry_after(exc: Exception) -> float | None:
             return None
 
 
-def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
-    """The size-limit refusal behind `exc`, which the SDK and litellm wrap in their own errors."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ResponseTooLarge):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 KEYLESS_PLACEHOLDER = "no-key"
+CauseT = TypeVar("CauseT", bound=BaseException)
 
 
-def _cause(exc: BaseException, kind: type[CommandMissing]) -> CommandMissing | None:
-    """The exception of `kind` behind `exc` (litellm wraps what its custom providers raise)."""
+def _cause(exc: BaseException, kind: type[CauseT]) -> CauseT | None:
+    """The exception of `kind` behind `exc`: litellm wraps what its custom providers raise, and
+    the SDK and litellm wrap the size-limit refusal in their own errors."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -516,6 +532,10 @@ def reach_probe(url: str) -> Probe | None:
         except (OSError, TimeoutError):
             return False
         writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:  # the peer reset it: it answered all the same
+            pass
         return True
 
     return answers
@@ -539,7 +559,7 @@ def map_error(litellm: ModuleType, exc: Exception, redact: Callable[[str], str] 
     errors = litellm.exceptions
     message = redact(str(getattr(exc, "message", None) or exc))[:2000]
     status = getattr(exc, "status_code", None)
-    if (too_large := _too_large_cause(exc)) is not None:
+    if (too_large := _cause(exc, ResponseTooLarge)) is not None:
         return ProviderFailure(ErrorCode.PROVIDER_ERROR,
                                f"the provider's answer exceeds the size limit of {too_large.limit} bytes",
                                reason="response_too_large", limit=too_large.limit)

@@ -40,6 +40,15 @@ class Circuit:
     # how to ask whether the provider answers again (a local server that was not up yet), from
     # the last failure that could tell; an open circuit closes as soon as it says yes
     probe: Probe | None = None
+    # its last answer and when it was asked (by the breaker's clock): every request sees it
+    # for PROBE_INTERVAL instead of connecting again; `probing` while one is under way
+    answered: bool = False
+    probed_at: float | None = None
+    probing: asyncio.Future[bool] | None = None
+
+
+# an open circuit's probe runs at most once in this many seconds, shared by all its requests
+PROBE_INTERVAL = 1.0
 
 
 @dataclass
@@ -56,7 +65,7 @@ class CircuitBreaker:
         if circuit is None or circuit.opened_at is None:
             return
         waited = self.clock() - circuit.opened_at
-        if waited < self.reset and not (circuit.probe is not None and await circuit.probe()):
+        if waited < self.reset and not await self._answers_again(circuit):
             raise ProviderFailure(
                 ErrorCode.PROVIDER_UNAVAILABLE,
                 f"provider {key} is failing; circuit open for another {self.reset - waited:.1f}s",
@@ -65,6 +74,25 @@ class CircuitBreaker:
         # half-open: let this call probe; one more failure re-opens at once
         circuit.opened_at = None
         circuit.failures = self.threshold - 1
+
+    async def _answers_again(self, circuit: Circuit) -> bool:
+        """The circuit's probe, one at a time and at most once per PROBE_INTERVAL: a probe under
+        way is awaited by every request that comes meanwhile, its answer kept on the circuit."""
+        if circuit.probe is None:
+            return False
+        if circuit.probing is None:
+            if circuit.probed_at is not None and self.clock() - circuit.probed_at < PROBE_INTERVAL:
+                return circuit.answered
+            circuit.probed_at = self.clock()
+            circuit.probing = asyncio.ensure_future(circuit.probe())
+            circuit.probing.add_done_callback(lambda done: self._probed(circuit, done))
+        # shielded: a request cancelled while waiting does not cancel the others' probe
+        return await asyncio.shield(circuit.probing)
+
+    @staticmethod
+    def _probed(circuit: Circuit, done: asyncio.Future[bool]) -> None:
+        circuit.probing = None
+        circuit.answered = not done.cancelled() and done.exception() is None and done.result()
 
     def success(self, key: str) -> bool:
         """Record a success; True when it closed a circuit that had tripped."""
@@ -83,6 +111,7 @@ class CircuitBreaker:
         circuit.probe = probe
         if circuit.failures >= self.threshold and circuit.opened_at is None:
             circuit.opened_at = self.clock()
+            circuit.probed_at = None  # an answer from before it opened says nothing now
             circuit.trips += 1
             return True
         return False

@@ -7,12 +7,13 @@ moment the first one does, whichever door asks.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
 RECENT_ERRORS = 20
 MESSAGE_CHARS = 300
+MODELS_KEPT = 256  # model names come from requests: the most recently used are counted, the rest forgotten
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class CompletionActivity:
     """Counts fed by the completion service as each request ends (never by a door)."""
 
     def __init__(self, recent: int = RECENT_ERRORS) -> None:
-        self.models: dict[str, ModelActivity] = {}
+        self.models: OrderedDict[str, ModelActivity] = OrderedDict()  # least recently used first
         self.errors: deque[dict[str, Any]] = deque(maxlen=recent)
         self.failing: set[str] = set()  # models whose latest request failed (a cancel says nothing either way)
 
@@ -52,6 +53,11 @@ class CompletionActivity:
         found = self.models.get(model)
         if found is None:
             found = self.models[model] = ModelActivity()
+            while len(self.models) > MODELS_KEPT:
+                forgotten, _counts = self.models.popitem(last=False)
+                self.failing.discard(forgotten)
+        else:
+            self.models.move_to_end(model)
         return found
 
     def succeeded(self, model: str, duration_ms: float, usage: dict[str, Any], cost: float | None,

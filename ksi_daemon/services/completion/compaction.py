@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.summaries import Summary
 from ksi_common.timefmt import utc_now
@@ -30,6 +31,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.salience import (
+    EXCHANGE_TEXT_LIMIT,
     Items,
     Verdict,
     check_candidate,
@@ -55,9 +57,11 @@ SUMMARISER_SYSTEM = (
     + "\nAt most about {words} words."
 )
 MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation into one, section by section."
-EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange the summariser is shown
 MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
 GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
+# a stand-in block's header line ("[Summary of exchanges 1-40 of this conversation, ...]"), at most:
+# counted as this instead of counting each rendering again
+BLOCK_HEADER_TOKENS = 28
 class NoSummaries:
     """Summaries kept for the life of the process only."""
 
@@ -182,40 +186,69 @@ class Compactor:
         # exchanges no summary covers yet: their items are kept first, their inputs get what is left
         gap = await self._numbered(memory, max(covered, left_out - GAP_EXCHANGES), left_out) \
             if left_out > covered else []
-        essential = Block(covered + 1, left_out, "recent", fallback_text(gap, share // 2, self.count_tokens, False))
-        room = share - (self.count_tokens(essential.render()) if gap else 0)
+        items = exchange_items([x for _n, x in gap])  # once, for both renderings of the gap
+        essential_text = fallback_text(gap, share // 2, self.count_tokens, False, items)
+        essential_cost = self.count_tokens(essential_text) + BLOCK_HEADER_TOKENS
+        room = share - (essential_cost if gap else 0)
         blocks = [summary_block(s) for s in stored]
-        costs = [self.count_tokens(b.render()) for b in blocks]
+        costs = [self._cost(s) for s in stored]  # their stored counts: no summary is counted again
         for i, block in enumerate(blocks):  # the oldest give way first, to their items
             if sum(costs) <= room:
                 break
             blocks[i] = Block(block.first, block.upto, "digest", digest(block.text, room, self.count_tokens),
                               block.owner)
-            costs[i] = self.count_tokens(blocks[i].render())
+            costs[i] = self.count_tokens(blocks[i].text) + BLOCK_HEADER_TOKENS
         if stored and sum(costs) > room:  # too many even as items: the items of them all, the oldest first
             whole = Block(1, covered, "digest", "")
-            whole.text = digest("\n".join(s.text for s in stored), room - self.count_tokens(whole.render()),
-                                self.count_tokens)
+            whole.text = digest("\n".join(s.text for s in stored), room - BLOCK_HEADER_TOKENS, self.count_tokens)
             blocks = [whole]
-            costs = [self.count_tokens(whole.render())]
-        recent: Block | None = None
+            costs = [self.count_tokens(whole.text) + BLOCK_HEADER_TOKENS]
         if gap:
-            header = self.count_tokens(Block(covered + 1, left_out, "recent", "").render())
-            text = fallback_text(gap, share - sum(costs) - header, self.count_tokens)
-            recent = Block(covered + 1, left_out, "recent", text if len(text) > len(essential.text) else essential.text)
-        stand_in = StandIn(blocks + ([recent] if recent is not None else []))
+            text = fallback_text(gap, share - sum(costs) - BLOCK_HEADER_TOKENS, self.count_tokens, True, items)
+            if len(text) > len(essential_text):
+                blocks.append(Block(covered + 1, left_out, "recent", text))
+                costs.append(self.count_tokens(text) + BLOCK_HEADER_TOKENS)
+            else:
+                blocks.append(Block(covered + 1, left_out, "recent", essential_text))
+                costs.append(essential_cost)
+        stand_in = StandIn(blocks)
         if not stand_in.blocks:
             return None
-        stand_in.tokens = sum(self.count_tokens(b.render()) + 2 for b in stand_in.blocks)
+        stand_in.tokens = sum(cost + 2 for cost in costs)
         return stand_in
 
-    async def _numbered(self, memory: ConversationMemory, after: int, upto: int) -> list[tuple[int, Exchange]]:
-        """Exchanges after < n <= upto with their numbers, oldest first, along the fork chain."""
-        picked: list[tuple[int, Exchange]] = []
+    def _cost(self, summary: Summary) -> int:
+        """A stored summary's tokens as a block of the stand-in: its stored count (a legacy record
+        without one is counted) and the header's."""
+        return (summary.tokens or self.count_tokens(summary.text)) + BLOCK_HEADER_TOKENS
+
+    async def _numbered(self, memory: ConversationMemory, after: int, upto: int,
+                        budget: int | None = None) -> list[tuple[int, Exchange]]:
+        """Exchanges after < n <= upto with their numbers, oldest first, along the fork chain; with
+        a `budget`, only the oldest that fit in it by their indexed counts (at least one). Only the
+        texts of those taken are read."""
+        found: list[tuple[ConversationMemory, IndexEntry]] = []
         for member, limit in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
             if not member.complete:
                 await self.cache.load_all(member)
-            entries = member.eligible_between(after, upto if limit is None else min(upto, limit))
+            last = upto if limit is None else min(upto, limit)
+            found.extend((member, entry) for entry in member.eligible_between(after, last))
+        if budget is not None:
+            used, taken = 0, 0
+            for _member, entry in found:  # each exchange counted once
+                used += entry.tokens_in + entry.tokens_out
+                if taken and used > budget:
+                    break
+                taken += 1
+            found = found[:taken]
+        groups: list[tuple[ConversationMemory, list[IndexEntry]]] = []
+        for member, entry in found:
+            if groups and groups[-1][0] is member:
+                groups[-1][1].append(entry)
+            else:
+                groups.append((member, [entry]))
+        picked: list[tuple[int, Exchange]] = []
+        for member, entries in groups:  # one read per member of the fork chain
             texts = await self.cache.texts(member, entries)
             picked.extend((entry.n, text) for entry, text in zip(entries, texts, strict=True))
         return picked
@@ -299,18 +332,14 @@ class Compactor:
         target = max(left_out, min(left_out + self.settings.compaction_step - 1, memory.next_n - 2))
         if self.cache.store.shared and not await self.cache.fresh(memory):
             return await self.extend(conversation_id, model)  # another daemon moved it: decide again
-        exchanges = await self._numbered(memory, covered, target)
-        while len(exchanges) > 1 and self._tokens(exchanges) > budget:
-            exchanges.pop()  # the summariser's prompt must fit: a long stretch goes in several chunks
+        # the summariser's prompt must fit: a long stretch goes in several chunks
+        exchanges = await self._numbered(memory, covered, target, budget)
         if not exchanges:
             return None
         guard = not self._failures.get(conversation_id)  # a summariser failing again gives way to the fallback
         chunk = await self._chunk(memory, summariser, exchanges, share, guard)
         await self._store(memory, chunk)
         return await self._merge(memory, summariser, [*stored, chunk], share) or chunk
-
-    def _tokens(self, exchanges: list[tuple[int, Exchange]]) -> int:
-        return self.count_tokens(transcript_lines(exchanges[0][0], [x for _n, x in exchanges]))
 
     def _limit(self, share: int, part: int) -> int:
         return max(MIN_SUMMARY_TOKENS, min(self.settings.summary_max_tokens, share // part))
@@ -333,7 +362,7 @@ class Compactor:
                      share: int) -> Summary | None:
         """Merge the oldest summaries (all but the newest, none already at the deepest level)
         once together they outgrow their share."""
-        if sum(self.count_tokens(summary_block(s).render()) for s in stored) <= share:
+        if sum(self._cost(s) for s in stored) <= share:
             return None
         start = max((i + 1 for i, s in enumerate(stored) if s.level >= self.settings.summary_max_levels), default=0)
         parts = stored[start:-1]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ksi_daemon.services.conversations.memory import Exchange
 
+EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange's texts a summariser is shown (and searched for items)
 ITEM_CHARS = 160  # one item is cut to this many characters
 USER_INPUT_CHARS = 400  # one user input, as the fallback shows it
 MIN_KEPT_SHARE = 0.9  # a candidate that keeps fewer of its input's items is not used
@@ -78,12 +79,12 @@ def _names(text: str) -> list[str]:
 def salient_items(text: str) -> list[str]:
     """The names, numbers, dates, identifiers, paths, URLs and quoted strings of `text`, in order."""
     found: list[tuple[int, str]] = []
-    taken: list[tuple[int, int]] = []
+    covered = bytearray(len(text) + 1)  # 1 where an item found so far lies: a lookup per match
 
     def add(start: int, end: int, value: str) -> None:
-        if any(a <= start < b or a < end <= b for a, b in taken):
+        if covered[start] or (end > start and covered[end - 1]):
             return  # inside a longer item already found (a path's digits, a URL's host)
-        taken.append((start, end))
+        covered[start:end] = b"\x01" * (end - start)
         found.append((start, _clip(value)))
 
     for match in _QUOTE_RE.finditer(text):
@@ -131,12 +132,12 @@ class Items:
 
 def exchange_items(exchanges: list[Exchange]) -> Items:
     items = Items()
-    for exchange in exchanges:
+    for exchange in exchanges:  # clipped as the summariser is shown them: it cannot keep what it never saw
         for message in exchange.inputs:
-            text = str(message.get("content") or "")
+            text = str(message.get("content") or "")[:EXCHANGE_TEXT_LIMIT]
             items.user.extend(self_statements(text))
             items.facts.extend(salient_items(text))
-        items.facts.extend(salient_items(exchange.reply))
+        items.facts.extend(salient_items(exchange.reply[:EXCHANGE_TEXT_LIMIT]))
     items.user = list(dict.fromkeys(items.user))
     items.facts = list(dict.fromkeys(items.facts))
     return items
@@ -151,9 +152,9 @@ def _normal(text: str) -> str:
     return " ".join(text.lower().replace("’", "'").split())
 
 
-def kept(item: str, candidate: str) -> bool:
-    """Whether `candidate` keeps `item`: verbatim, or (for a sentence) most of its content words."""
-    normal = _normal(candidate)
+def kept(item: str, normal: str) -> bool:
+    """Whether a candidate, `normal` as _normal makes it, keeps `item`: verbatim, or (for a
+    sentence) most of its content words."""
     if _normal(item).rstrip("….") in normal:
         return True
     words = content_words(item)
@@ -202,7 +203,8 @@ def check_candidate(candidate: str, items: Items, source_tokens: int, limit: int
         verdict.reasons.append("longer_than_input")
     if tokens > limit:
         verdict.reasons.append("over_budget")
-    verdict.missing = [item for item in items.all() if not kept(item, text)]
+    normal = _normal(text)  # once, not once per item
+    verdict.missing = [item for item in items.all() if not kept(item, normal)]
     if verdict.items and len(verdict.missing) > verdict.items * (1 - MIN_KEPT_SHARE):
         verdict.reasons.append("dropped_items")
     verdict.ok = not verdict.reasons
@@ -210,11 +212,13 @@ def check_candidate(candidate: str, items: Items, source_tokens: int, limit: int
 
 
 def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_tokens: Callable[[str], int],
-                  inputs: bool = True) -> str:
+                  inputs: bool = True, items: Items | None = None) -> str:
     """What stands in for exchanges without a usable summary: the salient items of the whole range
     first (the user's own statements, then names, numbers, ...), then (`inputs`) each user input,
-    shortened, newest first, as far as `limit` tokens allow."""
-    items = exchange_items([exchange for _n, exchange in exchanges])
+    shortened, newest first, as far as `limit` tokens allow. `items`: those of `exchanges`, when
+    the caller found them already."""
+    if items is None:
+        items = exchange_items([exchange for _n, exchange in exchanges])
     lines: list[str] = []
     used = 0
 

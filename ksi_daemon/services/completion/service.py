@@ -41,6 +41,8 @@ from ksi_daemon.services.completion.compaction import Compactor, NoSummaries
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
+    History,
+    Pinned,
     build_messages,
     pinned_exchanges,
     select_history,
@@ -183,7 +185,7 @@ class CompletionService:
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
                                    facts.count_tokens, self.history_budget)
         self._calibration_saved = time.monotonic()
-        self._background: set[asyncio.Task[None]] = set()  # calibration saves under way
+        self._background: set[asyncio.Task[None]] = set()  # calibration saves, discards under way
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -404,6 +406,9 @@ class CompletionService:
             # turn only: the conversation keeps its own (as `instructions` does)
             data = data.model_copy(update={"instructions": agent.system})
         self._check_capacity()  # again: other requests may have been queued while this one waited
+        if memory.retired:  # discarded (or deleted) while this request waited: no await from here on
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
+                           conversation_id=memory.conversation_id)
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -449,15 +454,14 @@ class CompletionService:
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
         extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
-        # recorded with the creation, so the first exchange's metadata differs from it only in its
-        # totals (which the JSONL store saves lazily) and costs no extra write
-        preview = records.first_input_preview(data)
+        # the preview is recorded with the creation, so the first exchange's metadata differs from
+        # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:
             return await self.create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra,
-                                                  origin=data.origin, preview=preview)
+                                                  origin=data.origin, preview=records.first_input_preview(data))
         memory = await self.cache.get(conversation_id)
-        if memory is not None:
+        if memory is not None and not memory.retired:  # a retired one is being discarded: gone
             return memory
         own_agent_conversation = agent is not None and conversation_id == agent.conversation_id
         if not (data.create or own_agent_conversation):
@@ -466,7 +470,7 @@ class CompletionService:
         try:
             return await self.create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
                                                   system=agent.system if agent else None, extra=extra,
-                                                  origin=data.origin, preview=preview)
+                                                  origin=data.origin, preview=records.first_input_preview(data))
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)
 
@@ -515,7 +519,12 @@ class CompletionService:
 
     def _cancelled_in_queue(self, state: RequestState) -> None:
         error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
+        memory = self._held.get(state.request_id)
         self._finish(state, "cancelled", error=error)
+        if state.made_conversation and memory is not None:  # the empty conversation made for it goes too
+            task = asyncio.get_running_loop().create_task(self._discard_if_unused(state, memory))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- running ------------------------------------------------------------
     async def _run(self, state: RequestState) -> None:
@@ -542,19 +551,19 @@ class CompletionService:
         except asyncio.CancelledError:
             error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "cancelled", error=error)
             return
         except KsiError as error:
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "failed", error=error)
             return
         except Exception as exc:
             log.exception("completion_failed", request_id=state.request_id)
             error = KsiError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
             await self._log_failure(state, inputs, error, attempts)
-            await self._discard_if_unused(state)
+            await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "failed", error=error)
             return
         self._finish(state, "done", result=result)
@@ -619,10 +628,7 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.widen(memory, budget)
-        # pinned exchanges take their share first; the rest of history and the summaries, what is left
-        pinned = await pinned_exchanges(self.cache, memory, int(budget * self.settings.pins_share),
-                                        self.settings.max_fork_depth)
-        budget -= pinned.tokens
+        pins_budget = int(budget * self.settings.pins_share)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
         stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
         if stand_in is not None and stand_in.tokens < budget:
@@ -632,13 +638,18 @@ class CompletionService:
         else:
             stand_in = None  # compaction off (the note says what was left out), or too big to help
         after = stand_in.upto if stand_in is not None else 0
+        # pinned exchanges the history left out (or a summary stands in for) take their share
+        history, pinned = await self._with_pins(memory, history, budget, after, pins_budget, Pinned())
+        budget -= pinned.tokens
         attached = await self.attachments.embed(history.exchanges, data.files,
                                                 int(budget * self.settings.files_budget_share))
         if attached.tokens:  # files take their share first; history gets what they leave
             history = await select_history(self.cache, memory, budget - attached.tokens,
                                            self.settings.max_fork_depth, after)
+            history, pinned = await self._with_pins(memory, history, budget - attached.tokens + pinned.tokens,
+                                                    after, pins_budget, pinned)
             attached = attached.kept_for(history.exchanges)
-        pinned.add_to(history)
+        pinned.add_to(history, after)
         inputs = attached.record_in(inputs)
         messages = build_messages(sent_system, history, attached.prepend(user_messages),
                                   stand_in.text() if stand_in is not None else None)
@@ -669,6 +680,24 @@ class CompletionService:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
                         stats, files=attached.new_files, estimate=estimate, sent=sent)
+
+    async def _with_pins(self, memory: ConversationMemory, history: History, budget: int, after: int,
+                         pins_budget: int, pinned: Pinned) -> tuple[History, Pinned]:
+        """`history` (selected within `budget` less `pinned`'s tokens) and the pinned exchanges it
+        leaves out, within `pins_budget`: a pin the history shows anyway costs nothing more. Room
+        made for a pin may push out another, older one, pinned in turn (a few rounds at most)."""
+        if not memory.meta.pins or not (history.omitted or after):
+            return history, pinned
+        for _ in range(len(memory.meta.pins)):
+            taken = {e.n for e in history.entries} | {e.n for e in pinned.entries}
+            more = await pinned_exchanges(self.cache, memory, pins_budget - pinned.tokens,
+                                          self.settings.max_fork_depth, taken)
+            if not more.entries:
+                break
+            pinned.merge(more)
+            history = await select_history(self.cache, memory, budget - pinned.tokens,
+                                           self.settings.max_fork_depth, after)
+        return history, pinned
 
     async def history_budget(self, model: str, system: str | None, input_tokens: int, max_tokens: int | None) -> int:
         """Tokens (as the daemon counts them) left for history in a turn of `model`.
@@ -753,22 +782,32 @@ class CompletionService:
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
 
-    async def _discard_if_unused(self, state: RequestState) -> None:
+    async def _discard_if_unused(self, state: RequestState, memory: ConversationMemory | None) -> None:
         """A conversation the daemon made for this request goes when the request failed before
         anything was stored there (the failure's record stays under responses/); one the client
         named, or that another request uses, stays."""
-        memory = self._held.get(state.request_id)
-        if (not state.made_conversation or memory is None or memory.total
-                or self.requests.count_live(state.conversation_id) > 1):
+        if not state.made_conversation or memory is None or not self._unused(state, memory):
             return
-        try:
-            async with memory.lock:
-                discarded = not memory.total and await self.cache.store.discard_unused(state.conversation_id)
-        except Exception:  # kept, empty: listed with no exchanges, as before
-            log.exception("discard_failed", conversation_id=state.conversation_id)
-            return
+        async with memory.lock:
+            # again, right before the delete: a request naming the id from this one's ack may
+            # have been admitted while the lock was awaited; once retired, none is admitted
+            if memory.retired or not self._unused(state, memory):
+                return
+            memory.retired = True
+            discarded = False
+            try:
+                discarded = await self.cache.store.discard_unused(state.conversation_id)
+            except Exception:  # kept, empty: listed with no exchanges, as before
+                log.exception("discard_failed", conversation_id=state.conversation_id)
+            finally:
+                memory.retired = discarded
         if discarded:
             self.cache.forget(state.conversation_id)
+
+    def _unused(self, state: RequestState, memory: ConversationMemory) -> bool:
+        """No exchange in the conversation and no request on it but `state` (live or just ended)."""
+        others = self.requests.count_live(state.conversation_id) - (0 if state.status in FINISHED else 1)
+        return not memory.total and others <= 0
 
     async def _log_failure(self, state: RequestState, inputs: list[dict[str, Any]], error: KsiError,
                            attempts: list[dict[str, Any]]) -> None:

@@ -118,7 +118,10 @@ class ConsortiumService:
 
     async def handle_runs(self, data: ConsortiumRuns, _context: EventContext) -> dict[str, Any]:
         runs = []
-        for run_id in await self.traces.run_ids():
+        run_ids = await self.traces.run_ids()
+        # only runs that still have a trace are remembered: one entry per run would grow forever
+        self._ended = {run_id: self._ended[run_id] for run_id in run_ids if run_id in self._ended}
+        for run_id in run_ids:
             line = self._ended.get(run_id)
             if line is None:
                 lines = await self.traces.read(run_id)

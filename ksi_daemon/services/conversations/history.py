@@ -84,38 +84,64 @@ class Pinned:
     exchanges: list[Exchange] = field(default_factory=list)
     tokens: int = 0
 
-    def add_to(self, history: History) -> None:
-        """Those the history does not show already go before it (they are older than all it shows)."""
+    def merge(self, more: Pinned) -> None:
+        pairs = sorted([*zip(self.entries, self.exchanges, strict=True),
+                        *zip(more.entries, more.exchanges, strict=True)], key=lambda pair: pair[0].n)
+        self.entries = [e for e, _x in pairs]
+        self.exchanges = [x for _e, x in pairs]
+        self.tokens += more.tokens
+
+    def add_to(self, history: History, after: int = 0) -> None:
+        """Those the history does not show already go before it (they are older than all it shows);
+        one a summary stands in for (numbered up to `after`) now counts among the history's total."""
         shown = {entry.n for entry in history.entries}
         missing = [(e, x) for e, x in zip(self.entries, self.exchanges, strict=True) if e.n not in shown]
         history.entries[:0] = [e for e, _x in missing]
         history.exchanges[:0] = [x for _e, x in missing]
         history.tokens += sum(e.tokens_in + e.tokens_out for e, _x in missing)
+        history.total += sum(1 for e, _x in missing if e.n <= after)
 
 
 async def pinned_exchanges(cache: ConversationCache, memory: ConversationMemory, budget: int,
-                           max_depth: int) -> Pinned:
-    """The conversation's pinned exchanges along its fork chain, the newest first within `budget`
-    tokens (pinning refuses more than the share; a smaller model's window may still hold fewer)."""
-    pins = set(memory.meta.pins)
+                           max_depth: int, leave_out: set[int] | frozenset[int] = frozenset()) -> Pinned:
+    """The conversation's pinned exchanges along its fork chain (but those in `leave_out`), the
+    newest first within `budget` tokens (pinning refuses more than the share; a smaller model's
+    window may still hold fewer). Each is looked up by its number: the cost follows the pins, not
+    the length of the conversation."""
+    pins = sorted(set(memory.meta.pins) - set(leave_out))
     pinned = Pinned()
     if not pins:
         return pinned
     found: list[tuple[ConversationMemory, IndexEntry]] = []
     for member, upto in await fork_chain(cache, memory, max_depth):
+        mine = [n for n in pins if upto is None or n <= upto]
+        if not mine:
+            continue
         if not member.complete:
             await cache.load_all(member)
-        found.extend((member, e) for e in member.entries
-                     if e.n in pins and not e.is_feedback and (upto is None or e.n <= upto))
+        claimed = set()
+        for n in mine:
+            entry = member.entry(n)
+            if entry is not None:  # the fork's own exchange; older numbers are its parent's
+                claimed.add(n)
+                if not entry.is_feedback:
+                    found.append((member, entry))
+        pins = [n for n in pins if n not in claimed]
     kept: list[tuple[ConversationMemory, IndexEntry]] = []
     for member, entry in sorted(found, key=lambda pair: -pair[1].n):
         cost = entry.tokens_in + entry.tokens_out
         if pinned.tokens + cost <= budget:
             kept.append((member, entry))
             pinned.tokens += cost
-    for member, entry in sorted(kept, key=lambda pair: pair[1].n):
-        pinned.entries.append(entry)
-        pinned.exchanges.extend(await cache.texts(member, [entry]))
+    kept.sort(key=lambda pair: pair[1].n)
+    by_member: dict[int, tuple[ConversationMemory, list[IndexEntry]]] = {}
+    for member, entry in kept:
+        by_member.setdefault(id(member), (member, []))[1].append(entry)
+    texts: dict[int, Exchange] = {}
+    for member, entries in by_member.values():  # one read per member of the chain
+        texts.update(zip((e.n for e in entries), await cache.texts(member, entries), strict=True))
+    pinned.entries = [entry for _member, entry in kept]
+    pinned.exchanges = [texts[entry.n] for entry in pinned.entries]
     return pinned
 
 

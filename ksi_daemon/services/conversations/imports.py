@@ -9,10 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.ids import is_safe_id
 from ksi_common.limits import MAX_COST, MAX_TIMEOUT, MAX_TOKENS, MAX_TTL, MAX_TURN_CAP
 from ksi_common.timefmt import format_ts, parse_ts
-from ksi_daemon.events import check_model_name
+from ksi_daemon.events import check_model_name, check_safe_id
 
 MAX_EXCHANGES = 100_000
 MAX_DURATION_MS = MAX_TIMEOUT * 1000
@@ -32,12 +31,6 @@ def _no_nul(value: str) -> str:
     return value
 
 
-def _agent_id(value: str) -> str:
-    if not is_safe_id(value):
-        raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127} without '..', as an agent's id does")
-    return value
-
-
 def _usage(value: dict[str, Any]) -> dict[str, Any]:
     for key, number in value.items():
         if number is None or isinstance(number, bool):
@@ -54,7 +47,8 @@ def _finite(value: float | None) -> float | None:
 
 
 Time = Annotated[str, AfterValidator(_time)]
-AgentId = Annotated[str, AfterValidator(_agent_id)]
+# as the events check them, but strict: a document's number is not taken for a name
+AgentId = Annotated[str, AfterValidator(check_safe_id)]
 ModelName = Annotated[str, AfterValidator(check_model_name)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 Usage = Annotated[dict[str, Any], AfterValidator(_usage)]

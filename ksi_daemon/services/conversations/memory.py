@@ -117,6 +117,11 @@ class ConversationMemory:
         self._eligible_n.append(entry.n)
         self._sums.append(self._sums[-1] + entry.tokens_in + entry.tokens_out)
 
+    def entry(self, n: int) -> IndexEntry | None:
+        """The loaded index entry numbered `n`, found by bisection (entries are in order)."""
+        at = bisect.bisect_left(self.entries, n, key=lambda e: e.n)
+        return self.entries[at] if at < len(self.entries) and self.entries[at].n == n else None
+
     def append(self, entry: IndexEntry, exchange: Exchange) -> None:
         self.entries.append(entry)
         self.total = entry.n

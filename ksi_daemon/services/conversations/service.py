@@ -219,10 +219,12 @@ class ConversationService:
                            f"conversation {data.conversation_id} has no exchange {unknown[0]} to pin "
                            "(feedback is never in history)",
                            fields={"n": f"no history exchange {unknown[0]}"}, exchanges=memory.next_n - 1)
+        # before the lock: the budget may wait for litellm's import (the model's window), and a
+        # turn committing meanwhile must not wait for that
+        allowed = await self.pins_budget(memory.meta)
         async with memory.lock:
             pins = sorted(set(memory.meta.pins) | set(data.n))
             tokens = sum(entries[n].tokens_in + entries[n].tokens_out for n in pins if n in entries)
-            allowed = await self.pins_budget(memory.meta)
             if tokens > allowed:
                 raise KsiError(ErrorCode.PINS_OVER_BUDGET,
                                f"the pinned exchanges would take about {tokens} tokens of every turn; their share "
