@@ -50,6 +50,10 @@ async def test_pins_through_the_cli_http_and_mcp(http_daemon: HttpDaemon) -> Non
             bad = await http.post("/v1/conversations/doors", json={"metadata": {"ksi_pins": "two"}})
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "validation_error"
             assert await pins() == [2]
+            # one event: a pin refused by the service leaves the other metadata sent with it unchanged too
+            missing = await http.post("/v1/conversations/doors", json={"metadata": {"ksi_pins": "2,9", "topic": "y"}})
+            assert missing.status_code == 400 and missing.json()["error"]["code"] == "validation_error"
+            assert await pins() == [2]
             shown = (await http.get("/v1/conversations/doors")).json()
             assert shown["metadata"] == {"ksi_pins": "2", "topic": "x"}
 

@@ -58,6 +58,8 @@ class ConversationUpdate(ConversationRef):
     turn_cap: int | None = Field(default=None, gt=0, le=MAX_TURN_CAP, description="most exchanges it may hold; null: no cap")
     status: Literal["active", "archived"] | None = Field(default=None, description="active or archived")
     metadata: dict[str, Text] | None = Field(default=None, description="key-value pairs for clients (replaces them)")
+    pins: list[int] | None = Field(default=None, max_length=256,
+                                   description="the exchanges kept verbatim in every turn (replaces them); null: none")
 
 
 class ConversationExport(ConversationRef):

@@ -182,7 +182,13 @@ class ConversationService:
 
     async def handle_update(self, data: ConversationUpdate, context: EventContext) -> dict[str, Any]:
         changes: dict[str, Any] = {}
-        for name in data.model_fields_set - {"conversation_id"}:
+        if "pins" in data.model_fields_set:  # checked first: refused pins leave everything as it was
+            pins = sorted(set(data.pins or []))
+            memory = await self.cache.require(data.conversation_id)
+            entries, allowed = await self._pin_facts(memory, pins)
+            self._pins_within(pins, entries, allowed)
+            changes["pins"] = pins
+        for name in data.model_fields_set - {"conversation_id", "pins"}:
             value = getattr(data, name)
             if name == "tags":
                 value = list(dict.fromkeys(value or []))
@@ -206,30 +212,41 @@ class ConversationService:
         return {"conversation": self._summary(meta)}
 
     # -- pins -----------------------------------------------------------------
-    async def handle_pin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
-        memory = await self.cache.require(data.conversation_id)
+    async def _pin_facts(self, memory: ConversationMemory, numbers: list[int]
+                         ) -> tuple[dict[int, IndexEntry], int]:
+        """The history exchanges of the conversation's chain by number (refusing any of `numbers` it
+        lacks), and the tokens its pins may take of a turn."""
         chain = await fork_chain(self.cache, memory, self.settings.max_fork_depth)
         entries = {}
         for member, upto in chain:
             await self.cache.load_all(member)
             entries.update({e.n: e for e in member.entries if upto is None or e.n <= upto})
-        unknown = [n for n in data.n if n not in entries or entries[n].is_feedback]
+        unknown = [n for n in numbers if n not in entries or entries[n].is_feedback]
         if unknown:
             raise KsiError(ErrorCode.VALIDATION_ERROR,
-                           f"conversation {data.conversation_id} has no exchange {unknown[0]} to pin "
+                           f"conversation {memory.conversation_id} has no exchange {unknown[0]} to pin "
                            "(feedback is never in history)",
                            fields={"n": f"no history exchange {unknown[0]}"}, exchanges=memory.next_n - 1)
-        # before the lock: the budget may wait for litellm's import (the model's window), and a
+        # before any lock: the budget may wait for litellm's import (the model's window), and a
         # turn committing meanwhile must not wait for that
-        allowed = await self.pins_budget(memory.meta)
+        return entries, await self.pins_budget(memory.meta)
+
+    @staticmethod
+    def _pins_within(pins: list[int], entries: dict[int, IndexEntry], allowed: int) -> int:
+        tokens = sum(entries[n].tokens_in + entries[n].tokens_out for n in pins if n in entries)
+        if tokens > allowed:
+            raise KsiError(ErrorCode.PINS_OVER_BUDGET,
+                           f"the pinned exchanges would take about {tokens} tokens of every turn; their share "
+                           f"of this conversation's history budget is {allowed}",
+                           pins=pins, tokens=tokens, allowed=allowed)
+        return tokens
+
+    async def handle_pin(self, data: ConversationPin, context: EventContext) -> dict[str, Any]:
+        memory = await self.cache.require(data.conversation_id)
+        entries, allowed = await self._pin_facts(memory, data.n)
         async with memory.lock:
             pins = sorted(set(memory.meta.pins) | set(data.n))
-            tokens = sum(entries[n].tokens_in + entries[n].tokens_out for n in pins if n in entries)
-            if tokens > allowed:
-                raise KsiError(ErrorCode.PINS_OVER_BUDGET,
-                               f"the pinned exchanges would take about {tokens} tokens of every turn; their share "
-                               f"of this conversation's history budget is {allowed}",
-                               pins=pins, tokens=tokens, allowed=allowed)
+            tokens = self._pins_within(pins, entries, allowed)
             meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
             await self.store.save_meta(meta)
             memory.meta = meta

@@ -77,17 +77,10 @@ class Conversations:
         body: ConversationUpdate = await self.door.body(request, ConversationUpdate)
         conversation_id = request.path_params["id"]
         metadata = dict(body.metadata)
-        wanted = shapes.pins_field(metadata.pop(shapes.PINS_KEY)) if shapes.PINS_KEY in metadata else None
-        if wanted is not None:  # pins first: refused pins leave the metadata as it was
-            pinned = set((await self._summary(conversation_id)).get("pins") or [])
-            if wanted - pinned:
-                await call(self.door.handle_request, "conversation:pin",
-                           {"conversation_id": conversation_id, "n": sorted(wanted - pinned)})
-            if pinned - wanted:
-                await call(self.door.handle_request, "conversation:unpin",
-                           {"conversation_id": conversation_id, "n": sorted(pinned - wanted)})
-        reply = await call(self.door.handle_request, "conversation:update",
-                           {"conversation_id": conversation_id, "metadata": metadata})
+        data: dict[str, Any] = {"conversation_id": conversation_id, "metadata": metadata}
+        if shapes.PINS_KEY in metadata:  # one event: refused pins leave the metadata as it was
+            data["pins"] = sorted(shapes.pins_field(metadata.pop(shapes.PINS_KEY)))
+        reply = await call(self.door.handle_request, "conversation:update", data)
         return JSONResponse(shapes.conversation_object(reply["conversation"]))
 
     async def delete(self, request: Request) -> Response:
