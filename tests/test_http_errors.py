@@ -178,6 +178,9 @@ async def test_nothing_is_written_outside_the_var_dir(short_tmp: Path, stub: Stu
 
 async def test_a_model_no_provider_answers_to_is_the_clients_404_not_a_gateway_error(
         http_daemon: HttpDaemon) -> None:
+    # once litellm is loaded the name is refused before anything is written; before, the call
+    # refuses it and only the failed request's log is kept (test_model_faults)
+    await http_daemon.daemon.litellm.ensure_loaded()
     async with api(http_daemon) as http:
         reply = await http.post("/v1/responses", json={"input": "hi", "model": "no-such-provider-model"})
     assert reply.status_code == 404

@@ -324,11 +324,21 @@ class AgentService:
     # -- helpers ------------------------------------------------------------
     async def _finish_reset(self, record: AgentRecord) -> None:
         """A reset killed after naming the previous conversation but before moving it: the
-        history is still the agent's own, so the name goes."""
-        if record.previous_conversations and not await self.cache.store.exists(record.previous_conversations[-1]):
-            gone = record.previous_conversations.pop()
-            await self.store.save(record)
-            log.warning("agent_reset_rolled_back", agent_id=record.agent_id, previous_conversation_id=gone)
+        history is still the agent's own, so the name goes. Killed after the move wrote the new
+        name's metadata but before it moved the index, that metadata is a stray copy (it counts
+        exchanges it has no index for): it goes too."""
+        if not record.previous_conversations:
+            return
+        store = self.cache.store
+        previous = record.previous_conversations[-1]
+        if await store.exists(previous):
+            meta = await store.load_meta(previous)
+            if meta is None or meta.exchanges == 0 or await store.head(previous) > 0:
+                return  # moved whole (or there was nothing to move)
+            await store.delete(previous)
+        gone = record.previous_conversations.pop()
+        await self.store.save(record)
+        log.warning("agent_reset_rolled_back", agent_id=record.agent_id, previous_conversation_id=gone)
 
     @staticmethod
     def _conversation_taken(agent_id: str) -> KsiError:
