@@ -69,9 +69,14 @@ class SocketCaller:
             client = await self._connect_or_start()
             self._client, self._subscriptions = client, {}
             self._pump = asyncio.create_task(self._dispatch(client))
-            client.frame_limit = (await client.request("system:config")).get("line_limit")
-            if self._watchers:
-                await self._subscribe(client)
+            try:
+                client.frame_limit = (await client.request("system:config")).get("line_limit")
+                if self._watchers:
+                    await self._subscribe(client)
+            except BaseException:  # not kept half set up (no frame limit, no subscriptions): the next call connects anew
+                self._client = None
+                await client.close()
+                raise
             return client
 
     async def _connect_or_start(self) -> KsiClient:
