@@ -103,7 +103,9 @@ async def console() -> AsyncIterator[Console]:
         environment.setenv("LITELLM_MODE", "PRODUCTION")
         stub = await stack.enter_async_context(StubOpenAI())
         judge = await stack.enter_async_context(StubOpenAI(answer=verdict))
-        models = {"openai/stub*": {"api_base": stub.api_base}, "openai/judge*": {"api_base": judge.api_base}}
+        models = {"openai/stub*": {"api_base": stub.api_base}, "openai/judge*": {"api_base": judge.api_base},
+                  # a window so small that a few turns leave the oldest out
+                  "openai/tiny*": {"api_base": stub.api_base, "context_window": 400, "output_reserve": 50}}
         # no explicit token: the daemon generates one into its var dir, where `ksi console` finds it
         served = await stack.enter_async_context(running_http_daemon(
             root, models=models, default_model="openai/stub-model", http_token=None))
@@ -215,6 +217,20 @@ async def test_the_pin_button_pins_an_exchange_and_what_was_sent_shows_it(consol
     await expect(page.locator("button[data-pin='1']")).to_have_text("Pin", timeout=WAIT_MS)
     shown = await client.request("conversation:show", {"conversation_id": "pinning"})
     assert shown["conversation"]["pins"] == []
+    await page.close()
+
+
+async def test_what_was_sent_names_what_stood_in_for_the_exchanges_left_out(console: Console) -> None:
+    for turn in range(6):
+        await complete(console.client, prompt=f"turn {turn} " + "words " * 40, conversation_id="narrow",
+                       create=True, model="openai/tiny-window")
+    sent = await console.client.request("conversation:sent", {"conversation_id": "narrow", "n": 6})
+    assert sent["stand_in"] and sent["stand_in"][0]["first"] == 1  # what the page must show
+    page = await console.page("/conversations/narrow")
+    await page.click("#turn-6 details.sent summary")
+    panel = page.locator("#turn-6 [data-sent-loaded]")
+    await expect(panel).to_contain_text(f"#1–#{sent['stand_in'][0]['upto']} stood in for by", timeout=WAIT_MS)
+    await expect(panel).to_contain_text(f"left out: {sent['omitted']}")
     await page.close()
 
 
