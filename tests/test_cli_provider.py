@@ -396,3 +396,14 @@ async def test_cancelling_a_cli_call_kills_the_process(short_tmp: Path, fake: Fa
     assert cancelled["cancelled"] is True and cancelled["status"] == "cancelled"
     assert gone(pids(pid_file)[0])
     assert fake.session_files("gemini") == []
+
+
+async def test_request_options_to_a_cli_model_are_refused_not_dropped(cli_daemon: Daemon, fake: Fake) -> None:
+    async with connected(cli_daemon) as client:
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:async", {"prompt": "hi", "model": "claude-cli/sonnet",
+                                                      "options": {"seed": 7, "stop": ["x"]}})
+        listed = await client.request("conversation:list", {})
+    assert caught.value.code == "unsupported_parameter"
+    assert set(caught.value.details["fields"]) == {"options.seed", "options.stop"}
+    assert fake.calls() == [] and listed["total"] == 0  # nothing ran, nothing was created

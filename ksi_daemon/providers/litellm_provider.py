@@ -280,6 +280,13 @@ class LiteLLMProvider:
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose
         support nobody knows goes to the provider, whose refusal then comes back as provider_error."""
+        program = next((name for prefix, name in CLI_PROGRAMS.items() if model.startswith(prefix)), None)
+        if program is not None and options:
+            # the CLI keeps its own session and sampling: nothing here would reach it
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"{model} runs the {program} CLI, which takes no request options ({', '.join(sorted(options))})",
+                           fields={f"options.{name}": f"not passed to the {program} CLI" for name in options},
+                           model=model)
         if asks_for_schema(options) and (await self.abilities(model)).response_schema is False:
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
                            f"{model} cannot follow a JSON schema (response_format json_schema); use json_object, "
