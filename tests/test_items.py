@@ -1,0 +1,42 @@
+"""Exchange items read from response-record lines, old and new."""
+
+from ksi_common.items import (
+    call_ids_answered,
+    function_calls,
+    input_items,
+    item_text,
+    output_fields,
+    output_items,
+    output_text,
+)
+
+
+def test_a_record_written_before_items_reads_as_one_user_and_one_assistant_message() -> None:
+    inputs = [{"v": 1, "type": "system", "content": "be brief"}, {"v": 1, "type": "user", "content": "hi"}]
+    outcome = {"v": 1, "type": "assistant", "content": "hello"}
+    assert input_items(inputs) == [{"type": "message", "role": "system", "content": "be brief"},
+                                   {"type": "message", "role": "user", "content": "hi"}]
+    assert output_items(outcome) == [{"type": "message", "role": "assistant", "content": "hello"}]
+
+
+def test_tool_calls_survive_the_outcome_line_and_its_text_stays_readable() -> None:
+    output = [{"type": "message", "role": "assistant", "content": "checking"},
+              {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}]
+    line = {"type": "assistant", **output_fields(output)}
+    assert line["content"] == "checking"
+    assert output_items(line) == output
+    assert [c["call_id"] for c in function_calls(output_items(line))] == ["c1"]
+    plain = [{"type": "message", "role": "assistant", "content": "done"}]
+    assert output_fields(plain) == {"content": "done"}  # a plain reply keeps the old line shape
+
+
+def test_function_call_outputs_and_image_parts_are_input_items() -> None:
+    lines = [{"type": "function_call_output", "call_id": "c1", "output": "12C"},
+             {"type": "user", "content": "and this?",
+              "parts": [{"type": "input_text", "text": "and this?"},
+                        {"type": "input_image", "image": {"sha256": "ab" * 32, "media_type": "image/png", "bytes": 3}}]}]
+    items = input_items(lines)
+    assert call_ids_answered(items) == ["c1"]
+    assert item_text(items[1]) == "and this? [image sha256:abababababab]"
+    assert output_items({"type": "error", "code": "timeout"}) == []
+    assert output_text([{"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}]) == ""
