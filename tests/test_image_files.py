@@ -122,6 +122,8 @@ async def test_images_refused_before_anything_is_written(short_tmp: Path, files_
         cases = [
             ({"model": "openai/stub-text", "files": [str(small)]}, ErrorCode.UNSUPPORTED_PARAMETER, "files.0"),
             ({"model": "openai/stub-vision", "files": [str(small), str(big)]}, ErrorCode.IMAGE_TOO_LARGE, "files.1"),
+            ({"model": "openai/stub-vision", "files": [str(small), str(files_root / "gone.txt")]},
+             ErrorCode.VALIDATION_ERROR, "files.1"),  # its place in the list the client sent
         ]
         for request, code, field in cases:
             with pytest.raises(KsiError) as refused:

@@ -81,7 +81,8 @@ async def test_an_https_image_is_kept_as_its_url_and_never_fetched(short_tmp: Pa
         assert stored == {"type": "input_image", "image": {"url": url, "detail": "low"}}
         assert await images.chat_part(stored) == {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
         assert await storage.blobs.ids() == []
-        for bad in ("http://images.invalid/cat.png", "ftp://x/y.png", "https://x/a b.png"):
+        for bad in ("http://images.invalid/cat.png", "ftp://x/y.png", "https://x/a b.png", "https:///y.png",
+                    "https://[::1/y.png"):
             error = await refused(images, {"type": "input_image", "image_url": bad})
             assert error.code == ErrorCode.VALIDATION_ERROR and "image.image_url" in error.details["fields"]
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.conversations.memory import Exchange
 
@@ -109,14 +108,7 @@ class Attachments:
     def _check(self, paths: Sequence[str]) -> list[str]:
         checked: list[str] = []
         for position, raw in enumerate(paths):
-            field_name = f"files.{position}"
-            resolved = self.file_roots.resolve(raw, field_name)
-            if not resolved.exists():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} does not exist",
-                               fields={field_name: "no such file"})
-            if not resolved.is_file():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} is not a regular file",
-                               fields={field_name: "not a regular file"})
+            resolved = self.file_roots.regular_file(raw, f"files.{position}")
             if str(resolved) not in checked:
                 checked.append(str(resolved))
         return checked

@@ -32,3 +32,13 @@ class FileRoots:
             raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} is outside the allowed file roots",
                            path=raw, allowed_roots=[str(r) for r in self.roots])
         return resolved
+
+    def regular_file(self, raw: str, field_name: str) -> Path:
+        """As `resolve`, and a `validation_error` unless it names an existing regular file (blocking)."""
+        resolved = self.resolve(raw, field_name)
+        if not resolved.exists():
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} does not exist", fields={field_name: "no such file"})
+        if not resolved.is_file():
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} is not a regular file",
+                           fields={field_name: "not a regular file"})
+        return resolved

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import part_text
@@ -88,7 +89,7 @@ class Images:
             return await self._from_path(value, field, where, detail)
         if value.startswith("data:"):
             return self._checked_bytes(self._decode_data_url(value, where), field, where, detail)
-        if not value.startswith("https://") or len(value) > MAX_URL_CHARS or any(c.isspace() for c in value):
+        if not value.startswith("https://") or not _host(value) or len(value) > MAX_URL_CHARS:
             raise _invalid(field, "image_url", f"an https:// URL (at most {MAX_URL_CHARS} characters) or a data: URL")
         return CheckedImage(field, detail, url=value)
 
@@ -107,17 +108,20 @@ class Images:
 
     async def split_files(self, paths: Sequence[str]) -> tuple[list[str], list[CheckedImage]]:
         """A request's `files` parted into those sent as text (left to the attachments) and the
-        images among them (PNG, JPEG, GIF, WebP by their first bytes), checked and read."""
+        images among them (PNG, JPEG, GIF, WebP by their first bytes), checked and read. Every
+        path is checked here, so an error names its place in the request's list."""
         rest: list[str] = []
         images: list[CheckedImage] = []
         for position, raw in enumerate(paths):
             field = f"files.{position}"
-            resolved = self.roots.resolve(raw, field)
-            if await asyncio.to_thread(_looks_like_image, resolved):
+            if await asyncio.to_thread(self._is_image_file, raw, field):
                 images.append(await self._from_path(raw, field, field, None))
             else:
                 rest.append(raw)
         return rest, images
+
+    def _is_image_file(self, raw: str, field: str) -> bool:
+        return _looks_like_image(self.roots.regular_file(raw, field))
 
     async def _from_path(self, raw: str, field: str, where: str, detail: str | None) -> CheckedImage:
         resolved = self.roots.resolve(raw, where)
@@ -263,6 +267,15 @@ class Images:
 
 def _invalid(field: str, key: str, why: str) -> KsiError:
     return KsiError(ErrorCode.VALIDATION_ERROR, f"{field}.{key}: {why}", fields={f"{field}.{key}": why})
+
+
+def _host(url: str) -> str | None:
+    if any(c.isspace() for c in url):
+        return None
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # a malformed address ("https://[::1")
+        return None
 
 
 def _looks_like_image(path: Path) -> bool:
