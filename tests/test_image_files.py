@@ -163,3 +163,21 @@ async def test_a_deleted_conversations_image_stays_and_doctor_names_it(short_tmp
     assert [(o.kind, o.extra) for o in report.orphans] == [
         ("unreferenced_blob", {"sha256": hashlib.sha256(image).hexdigest()})]
     assert report.ok and report.counts["blobs"] == 1
+
+
+@pytest.mark.backends
+async def test_a_later_turn_sends_the_stored_image_again_on_every_backend(short_tmp: Path, files_root: Path,
+                                                                          stub: Any, backend: dict[str, Any]) -> None:
+    stub.answer = lambda _messages: "seen"
+    image = png(64, 48, shade=5)
+    shot = files_root / "shot.png"
+    shot.write_bytes(image)
+    settings = {"allowed_file_roots": [files_root], **stub_settings(stub, **vision_models(stub)), **backend}
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        await complete(client, prompt="look", files=[str(shot)], model="openai/stub-vision",
+                       conversation_id="shots", create=True)
+    shot.unlink()
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        await complete(client, prompt="again", conversation_id="shots")
+    first, _reply, _new = stub.messages()
+    assert first["content"][1] == {"type": "image_url", "image_url": {"url": data_url(image, "image/png")}}
