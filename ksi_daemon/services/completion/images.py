@@ -124,8 +124,7 @@ class Images:
         return _looks_like_image(self.roots.regular_file(raw, field))
 
     async def _from_path(self, raw: str, field: str, where: str, detail: str | None) -> CheckedImage:
-        resolved = self.roots.resolve(raw, where)
-        data = await asyncio.to_thread(self._read_file, resolved, raw, where)
+        data = await asyncio.to_thread(self._read_file, raw, where)
         return self._checked_bytes(data, field, where, detail, name=raw)
 
     def _checked_bytes(self, data: bytes, field: str, where: str, detail: str | None,
@@ -164,9 +163,11 @@ class Images:
             raise self._too_large(where, len(data))
         return data
 
-    def _read_file(self, resolved: Path, raw: str, where: str) -> bytes:
-        """The file's bytes, read once through one descriptor: never through a link put there
-        since it was resolved, never a device or pipe, never more than the limit."""
+    def _read_file(self, raw: str, where: str) -> bytes:
+        """The file's bytes, read once through one descriptor: only inside the roots, never
+        through a link put there since it was resolved, never a device or pipe, never more than
+        the limit."""
+        resolved = self.roots.resolve(raw, where)
         try:
             fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
