@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common import http_token
+from ksi_common.blob_files import stored_hashes
 from ksi_common.exchange_log import logged_exchanges
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
@@ -211,6 +212,18 @@ def check_leftovers(layout: VarLayout) -> list[Finding]:
     return findings
 
 
+def blobs_named(lines: list[dict[str, Any]]) -> set[str]:
+    """The hashes of the stored bytes a record's parts name (images and files by reference)."""
+    named = set()
+    for line in lines:
+        parts = line.get("parts")
+        for part in parts if isinstance(parts, list) else ():
+            ref = (part.get("image") or part.get("file")) if isinstance(part, dict) else None
+            if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
+                named.add(ref["sha256"])
+    return named
+
+
 def check(var_dir: Path, socket_path: Path | None = None) -> Report:
     """Every check of the var dir; the files are only read."""
     layout = VarLayout(Path(var_dir))
@@ -230,6 +243,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
                                            True))
 
     referenced: set[str] = set()
+    named_blobs: set[str] = set()
     indexes = list(_jsonl_files(layout.conversations_dir))
     entries = 0
     forked_from = _fork_parents(layout)
@@ -242,6 +256,8 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
             entries += 1
             referenced.add(entry.response_id)
             record = read_response(layout.response_file(entry.response_id))
+            if record is not None:
+                named_blobs |= blobs_named(record.inputs)
             if record is None:
                 report.problems.append(Finding(
                     "dangling_entry", str(index), f"exchange {entry.n}: response {entry.response_id} is missing",
@@ -258,6 +274,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
         if path.stem in referenced:
             continue
         lines = read_records(path)
+        named_blobs |= blobs_named(lines)
         if any(line.get("type") == "error" for line in lines):
             continue  # a failed request: logged, never indexed
         if any(line.get("run_id") for line in lines):
@@ -268,8 +285,17 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
             "not referenced by any index" + ("" if has_answer else " and has no outcome"),
             extra={"has_answer": has_answer}))
 
+    blobs = stored_hashes(layout)
+    for sha256 in blobs:
+        if sha256 not in named_blobs:
+            report.orphans.append(Finding(
+                "unreferenced_blob", str(layout.blob_file(sha256)),
+                "stored bytes no response record names (its conversations were deleted, or its request "
+                "was refused after its image was stored); kept, never removed by the daemon",
+                extra={"sha256": sha256}))
+
     report.counts = {"indexes": len(indexes), "index_entries": entries, "responses": responses,
-                     "problems": len(report.problems), "orphans": len(report.orphans),
+                     "blobs": len(blobs), "problems": len(report.problems), "orphans": len(report.orphans),
                      # synced, their files maybe not (a crash of the machine): the next start writes them
                      "exchange_log_records": len(logged_exchanges(layout.exchange_log_dir))}
     return report

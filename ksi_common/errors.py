@@ -47,11 +47,12 @@ class ErrorCode(StrEnum):
     STORAGE_SYMLINK = "storage_symlink"  # a file or directory of the var dir is a symbolic link: never followed
     CONVERSATION_EXISTS = "conversation_exists"
     CROSS_SITE_REQUEST = "cross_site_request"  # HTTP: a browser session's change sent from another page
-    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # HTTP: a body in a type the route does not read
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # HTTP: a body in a type the route does not read; an image not PNG, JPEG, GIF or WebP
     MODEL_NOT_FOUND = "model_not_found"  # no provider answers to the name (KSI's words, closest names)
     API_KEY_MISSING = "api_key_missing"  # the provider needs a key the daemon's environment lacks
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
+    IMAGE_TOO_LARGE = "image_too_large"  # an image of a request over KSI_MAX_IMAGE_BYTES
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

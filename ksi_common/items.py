@@ -7,7 +7,9 @@ plain dict (it is stored, exported and sent as JSON as it is):
   where a part is ``{"type": "input_text", "text": str}``, ``{"type": "input_image", "image": ref}``
   or ``{"type": "input_file", "file": ref}``; ``ref`` names stored bytes
   (``{"sha256", "media_type", "bytes"}``, plus ``"url"`` for an image kept as its https URL,
-  ``"detail"`` and ``"name"`` where given). An assistant message's content is its text.
+  ``"detail"`` and ``"name"`` where given; a stored image adds its ``"width"`` and ``"height"``,
+  read from its header, and an image kept as its URL has only ``"url"`` and ``"detail"``).
+  An assistant message's content is its text.
 - ``{"type": "function_call", "call_id": str, "name": str, "arguments": str}`` (arguments: JSON text)
 - ``{"type": "function_call_output", "call_id": str, "output": str}``
 - ``{"type": "reasoning", "summary": str}`` (a provider's reasoning summary, when it returns one)

@@ -89,6 +89,14 @@ class VarLayout:
     def exchange_log_dir(self) -> Path:
         return self.state_dir / "exchange-log"
 
+    @property
+    def blobs_dir(self) -> Path:
+        """Content-addressed bytes: `blobs/sha256/<first two hex digits>/<sha256>`."""
+        return self.root / "blobs" / "sha256"
+
+    def blob_file(self, sha256: str) -> Path:
+        return self.blobs_dir / sha256[:2] / sha256
+
     def response_file(self, response_id: str) -> Path:
         return self._responses / f"{response_id}.jsonl"
 

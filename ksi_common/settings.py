@@ -58,8 +58,8 @@ class ModelSettings(BaseModel):
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
     summary_temperature: float | None = Field(default=None, ge=0)  # this model as a summariser (None: 0)
     # what the model can do, where litellm's model list does not know it (a local or new model);
-    # None: ask litellm, and pass the option on when it does not know either. Only the schema is
-    # acted on; vision and function calling are accepted as declared abilities, for the record
+    # None: ask litellm, and pass the option on when it does not know either. The schema and
+    # vision are acted on; function calling is accepted as a declared ability, for the record
     supports_response_schema: bool | None = None
     supports_vision: bool | None = None
     supports_function_calling: bool | None = None
@@ -143,6 +143,7 @@ class Settings(BaseSettings):
     default_ttl: float | None = Field(default=None, gt=0, le=MAX_TTL)
     allowed_file_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)  # /a:/b or JSON
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
+    max_image_bytes: int = Field(default=20 * 1024 * 1024, gt=0)  # one image of a request, stored once by hash
     max_fork_depth: int = Field(default=32, gt=0)
     # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
     # own model; "off": only the note saying how many were left out)

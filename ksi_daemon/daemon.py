@@ -33,6 +33,8 @@ from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.pool import PoolService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
+from ksi_daemon.services.completion.file_roots import FileRoots
+from ksi_daemon.services.completion.images import Images
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.transports.budget import ConnectionBudget
 from ksi_daemon.transports.http.binding import NoHttpFront
@@ -103,6 +105,7 @@ class Daemon:
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, self.storage.journal,
             provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
+            images=Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes),
             clock=clock, agents=self.agent_registry, limits=self.limits,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
             summaries=self.storage.summaries,

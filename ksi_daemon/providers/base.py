@@ -53,6 +53,7 @@ class ModelAbilities:
     nobody does (the option is then passed on and the provider's own refusal comes back)."""
 
     response_schema: bool | None = None
+    vision: bool | None = None  # takes image parts
 
 
 class ProviderFailure(KsiError):

@@ -268,14 +268,17 @@ class LiteLLMProvider:
                     info = dict(await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0))
                 except Exception:  # a model litellm does not list: nothing is known of it
                     info = {}
-            known = ModelAbilities(response_schema=info.get("supports_response_schema"))
+            # a CLI session is sent text alone: an image would never reach it
+            vision = False if model.startswith(tuple(CLI_PROGRAMS)) else info.get("supports_vision")
+            known = ModelAbilities(response_schema=info.get("supports_response_schema"), vision=vision)
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
         else:
             self._abilities.move_to_end(model)
         return ModelAbilities(
-            response_schema=_first_known(declared.supports_response_schema, known.response_schema))
+            response_schema=_first_known(declared.supports_response_schema, known.response_schema),
+            vision=_first_known(declared.supports_vision, known.vision))
 
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose

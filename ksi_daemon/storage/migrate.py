@@ -65,6 +65,12 @@ async def migrate(source: Storage, destination: Storage, progress: Progress = _n
     if ratios and not await destination.calibration.load():
         await destination.calibration.save(ratios)
         copied("calibration")
+    for sha256 in await source.blobs.ids():
+        if not await destination.blobs.has(sha256):
+            data = await source.blobs.get(sha256)
+            if data is not None:  # the media type is the referring records', not the store's
+                await destination.blobs.put(data, "application/octet-stream")
+                copied("blobs")
     for run_id in await source.traces.run_ids():
         lines = await source.traces.read(run_id) or []
         have = len(await destination.traces.read(run_id) or [])
@@ -147,4 +153,5 @@ async def count(storage: Storage) -> dict[str, int]:
         "trace_lines": trace_lines,
         "summaries": summaries,
         "calibrated_models": len(await storage.calibration.load()),
+        "blobs": len(await storage.blobs.ids()),
     }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.conversations.memory import Exchange
 
 HEADER = "Attached files (read when this message was sent; each file appears once, its newest reference wins):"
@@ -98,38 +98,17 @@ class Attached:
 
 class Attachments:
     def __init__(self, roots: Sequence[Path], count_tokens: Callable[[str], int]) -> None:
-        self.roots = [Path(root).resolve() for root in roots]
+        self.file_roots = FileRoots(roots)
         self.count_tokens = count_tokens
 
     # -- submission ---------------------------------------------------------
     def allowed(self, resolved: Path) -> bool:
-        return any(resolved == root or resolved.is_relative_to(root) for root in self.roots)
-
-    def _resolve(self, raw: str, field_name: str) -> Path:
-        path = Path(raw)
-        if not path.is_absolute():
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw!r} is not an absolute path",
-                           fields={field_name: "must be an absolute path"})
-        try:
-            resolved = path.resolve()
-        except (OSError, RuntimeError):  # a symlink loop
-            resolved = None
-        if resolved is None or not self.allowed(resolved):
-            raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} is outside the allowed file roots",
-                           path=raw, allowed_roots=[str(r) for r in self.roots])
-        return resolved
+        return self.file_roots.allowed(resolved)
 
     def _check(self, paths: Sequence[str]) -> list[str]:
         checked: list[str] = []
         for position, raw in enumerate(paths):
-            field_name = f"files.{position}"
-            resolved = self._resolve(raw, field_name)
-            if not resolved.exists():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} does not exist",
-                               fields={field_name: "no such file"})
-            if not resolved.is_file():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} is not a regular file",
-                               fields={field_name: "not a regular file"})
+            resolved = self.file_roots.regular_file(raw, f"files.{position}")
             if str(resolved) not in checked:
                 checked.append(str(resolved))
         return checked

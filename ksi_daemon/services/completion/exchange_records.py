@@ -38,6 +38,11 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
             if line["type"] in ("user", "feedback"):
                 line["files"] = [{"path": path} for path in data.files]
                 break
+    if state.images:  # the parts of the user line: its text, then the images by reference
+        for line in reversed(lines):
+            if line["type"] in ("user", "feedback"):
+                line["parts"] = [{"type": "input_text", "text": line["content"]}, *state.images]
+                break
     if data.system is not None:
         lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
                          "request_id": state.request_id, "conversation_id": state.conversation_id})

@@ -37,6 +37,7 @@ class RequestState:
     # the conversation was made for this request under an id of the daemon's: should the request
     # fail before anything is stored there, no empty conversation is left behind
     made_conversation: bool = False
+    images: list[dict[str, Any]] = field(default_factory=list)  # stored image parts of the new input
 
     def finish(self, status: str, result: dict[str, Any] | None = None, error: KsiError | None = None) -> None:
         self.status, self.result, self.error = status, result, error

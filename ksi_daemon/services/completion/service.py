@@ -20,6 +20,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
 from ksi_daemon.providers.options import check_options, circuit_key, is_routing_option
 from ksi_daemon.providers.base import (
+    ModelAbilities,
     Provider,
     ProviderCall,
     ProviderFailure,
@@ -29,6 +30,7 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.attachments import Attachments
+from ksi_daemon.services.completion.images import CheckedImage, Images
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
     CompletionAsync,
@@ -86,6 +88,8 @@ class ModelFacts(Protocol):
 
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
+
+    async def abilities(self, model: str) -> ModelAbilities: ...
 
 
 @dataclass(slots=True)
@@ -149,6 +153,7 @@ class CompletionService:
         journal: RequestJournal,
         provider: Provider,
         facts: ModelFacts,
+        images: Images,
         answerers: dict[str, Provider] | None = None,
         clock: Callable[[], float] = time.time,
         calibration: Calibration | None = None,
@@ -169,6 +174,7 @@ class CompletionService:
         self.agents: AgentDirectory = agents or NoAgents()
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
+        self.images = images
         self.requests = RequestRegistry(settings.finished_requests_kept)
         self.activity = CompletionActivity()
         # one limits object with the consortium: its member calls count against the same limits;
@@ -379,14 +385,16 @@ class CompletionService:
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         self._check_capacity()  # refuse before any work is done or any conversation is written
+        images: list[CheckedImage] = []
         if data.files:  # refused files fail the ack before any conversation is written
-            data = data.model_copy(update={"files": await self.attachments.check(data.files)})
+            files, images = await self.images.split_files(data.files)  # images are read here, once
+            data = data.model_copy(update={"files": await self.attachments.check(files)})
         agent = await self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
         if chosen is not None or conversation_id is None:  # before a new conversation is written
             await self._check_answerer(chosen or self.settings.default_model, data)
-            await self._check_model_options(chosen or self.settings.default_model, data)
+            await self._check_model_options(chosen or self.settings.default_model, data, images)
         memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
         if memory.meta.turn_cap is not None:
@@ -398,13 +406,14 @@ class CompletionService:
         model = chosen or self._last_model(memory) or self.settings.default_model
         if chosen is None and conversation_id is not None:
             await self._check_answerer(model, data)
-            await self._check_model_options(model, data)
+            await self._check_model_options(model, data, images)
         self._check_options(model, data)
         if (agent is not None and agent.system and memory.conversation_id != agent.conversation_id
                 and data.system is None and data.instructions is None):
             # an agent joining another conversation speaks under its own profile's system prompt, for its
             # turn only: the conversation keeps its own (as `instructions` does)
             data = data.model_copy(update={"instructions": agent.system})
+        stored_images = [await self.images.store(image) for image in images]
         self._check_capacity()  # again: other requests may have been queued while this one waited
         if memory.retired:  # discarded (or deleted) while this request waited: no await from here on
             raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
@@ -413,7 +422,7 @@ class CompletionService:
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
             # known from the ack on, so a client can name the response before it exists (a stream's first event)
-            response_id=new_response_id(model), made_conversation=conversation_id is None,
+            response_id=new_response_id(model), made_conversation=conversation_id is None, images=stored_images,
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
@@ -436,9 +445,13 @@ class CompletionService:
             raise KsiError(ErrorCode.OVERLOADED, "too many queued requests; retry later",
                            retry_after=1.0, queued=self.scheduler.queued)
 
-    async def _check_model_options(self, model: str, data: CompletionAsync) -> None:
-        if data.options and self._answerer(model) is self.provider:
+    async def _check_model_options(self, model: str, data: CompletionAsync, images: list[CheckedImage]) -> None:
+        if self._answerer(model) is not self.provider:
+            return
+        if data.options:
             await self.facts.check_request(model, data.options)
+        if images:
+            self.images.check_model(model, await self.facts.abilities(model), [image.field for image in images])
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)
@@ -616,6 +629,7 @@ class CompletionService:
         user_messages = records.user_messages(inputs)
         count = self.facts.count_tokens
         input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
+        input_tokens += sum(self.images.tokens(part["image"], state.model) for part in state.images)
         budget = await self.history_budget(state.model, sent_system, input_tokens, data.max_tokens)
         if budget < 0:
             window = await self.facts.context_window(state.model)
@@ -650,8 +664,12 @@ class CompletionService:
                                                     after, pins_budget, pinned)
             attached = attached.kept_for(history.exchanges)
         pinned.add_to(history, after)
+        if any(exchange.images for exchange in history.exchanges):  # sent again, from storage
+            vision = (await self.facts.abilities(state.model)).vision
+            history.exchanges = await self.images.replay(history.exchanges, vision)
         inputs = attached.record_in(inputs)
-        messages = build_messages(sent_system, history, attached.prepend(user_messages),
+        messages = build_messages(sent_system, history,
+                                  await self.images.attach(attached.prepend(user_messages), state.images),
                                   stand_in.text() if stand_in is not None else None)
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = (history.tokens + attached.tokens + input_tokens
@@ -777,7 +795,8 @@ class CompletionService:
                 continue
             break
         memory.meta = meta
-        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
+        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files,
+                                      images=state.images))
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)

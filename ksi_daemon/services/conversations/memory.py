@@ -27,6 +27,8 @@ class Exchange:
     inputs: list[dict[str, Any]]  # chat messages (user role), `[from AGENT]` already applied
     reply: str
     files: list[dict[str, Any]] = field(default_factory=list)
+    # the stored image parts of its input (by reference): each turn sends them again from storage
+    images: list[dict[str, Any]] = field(default_factory=list)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         if not self.inputs:  # its response file is missing or unreadable: a lone reply would break
@@ -37,6 +39,7 @@ class Exchange:
 def exchange_from_response(record: ResponseRecord) -> Exchange:
     inputs = []
     files: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
     for line in record.inputs:
         if line.get("type") == "system":
             continue  # system prompts live in the conversation's metadata
@@ -45,7 +48,10 @@ def exchange_from_response(record: ResponseRecord) -> Exchange:
             content = f"[from {line['from_agent']}] {content}"
         inputs.append({"role": "user", "content": content})
         files.extend(line.get("files") or [])
-    return Exchange(inputs=inputs, reply=record.content, files=files)
+        parts = line.get("parts")
+        images.extend(p for p in (parts if isinstance(parts, list) else ())
+                      if isinstance(p, dict) and p.get("type") == "input_image")
+    return Exchange(inputs=inputs, reply=record.content, files=files, images=images)
 
 
 class ConversationMemory:

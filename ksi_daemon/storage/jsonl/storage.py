@@ -10,6 +10,7 @@ from ksi_common.settings import Settings
 from ksi_common.ids import random_hex
 from ksi_common.privacy import private_dir
 from ksi_daemon.storage.jsonl.agents import JsonlAgents
+from ksi_daemon.storage.jsonl.blobs import JsonlBlobs
 from ksi_daemon.storage.jsonl.calibration import JsonlCalibration
 from ksi_daemon.storage.jsonl.consortia import JsonlConsortia, JsonlTraces
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
@@ -33,6 +34,7 @@ class JsonlStorage:
         self.journal = JsonlJournal(layout)
         self.summaries = JsonlSummaries(layout, fsync)
         self.calibration = JsonlCalibration(layout)
+        self.blobs = JsonlBlobs(layout, fsync)
         self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
         self.daemon_id = random_hex(12)  # made at each start, as a shared backend's
         self.daemons = SoleDaemon(time.time)

@@ -140,6 +140,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(4, "content-addressed blobs (the images of requests), each content stored once", (
+        # only the bytes: the media type is the referring record's (one content, one row)
+        """
+        CREATE TABLE ksi_blobs (
+            sha256 text PRIMARY KEY,
+            size bigint NOT NULL,
+            data bytea NOT NULL
+        )
+        """,
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -13,6 +13,7 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import random_hex
 from ksi_common.settings import Settings
+from ksi_daemon.storage.postgres.blobs import PostgresBlobs
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
@@ -44,6 +45,7 @@ class PostgresStorage:
         self.traces = PostgresTraces(self.database)
         self.summaries = PostgresSummaries(self.database)
         self.calibration = PostgresCalibration(self.database)
+        self.blobs = PostgresBlobs(self.database)
         self.journal = JsonlJournal(settings.layout)
         self.relay = PostgresRelay(self.database, self.daemon_id)
         self.daemons = PostgresDaemons(self.database)

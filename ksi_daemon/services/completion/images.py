@@ -1,0 +1,296 @@
+"""Image parts of requests: taken in once, stored by content hash, sent to vision models.
+
+A client's part names its image by an https URL (kept as the URL: the provider fetches it, the
+daemon never does), a `data:` URL (decoded and stored) or a path inside `KSI_ALLOWED_FILE_ROOTS`
+(read once and stored; later turns never read the client's path again). A stored part names the
+bytes by reference (see ksi_common.items); every later turn rebuilds the image from the blob store.
+
+Every check runs before anything is written: a refused image leaves no blob behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import errno
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import part_text
+from ksi_daemon.providers.base import ModelAbilities
+from ksi_daemon.services.completion.file_roots import FileRoots
+from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
+from ksi_daemon.services.completion.image_tokens import image_tokens
+from ksi_daemon.services.conversations.memory import Exchange
+from ksi_daemon.storage.ports import BlobStore
+
+DETAILS = ("auto", "low", "high")
+MAX_URL_CHARS = 8192
+DECLARED_ALIASES = {"image/jpg": "image/jpeg"}
+READ_CHUNK = 1024 * 1024
+PART_KEYS = frozenset({"type", "image_url", "path", "file_path", "detail"})
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedImage:
+    """An image that passed every check, not yet stored: its bytes (None for a URL kept as is)."""
+
+    field: str
+    detail: str | None
+    url: str | None = None
+    data: bytes | None = None
+    facts: ImageFacts | None = None
+    name: str | None = None  # the client's path, for people reading the record
+
+
+class Images:
+    """Takes image parts in (`admit`), and gives them back as chat parts for any later turn."""
+
+    def __init__(self, blobs: BlobStore, roots: FileRoots, max_bytes: int) -> None:
+        self.blobs = blobs
+        self.roots = roots
+        self.max_bytes = max_bytes
+
+    # -- taking parts in ------------------------------------------------------
+    async def admit(self, part: Mapping[str, Any], field: str = "image") -> dict[str, Any]:
+        """The stored part for a client's `input_image` part (its bytes stored once by hash)."""
+        return await self.store(await self.check(part, field))
+
+    async def check(self, part: Mapping[str, Any], field: str = "image") -> CheckedImage:
+        """Every check of a client's part, its bytes read (a path's in a worker thread); nothing written."""
+        if part.get("type") != "input_image":
+            raise _invalid(field, "type", "an image part has type input_image")
+        if "file_id" in part:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           "file_id names a file in a provider's file store; give an https URL, a data URL or a path",
+                           fields={f"{field}.file_id": "not supported"})
+        unknown = sorted(set(part) - PART_KEYS)
+        if unknown:
+            raise _invalid(field, unknown[0], "not a field of an image part")
+        detail = part.get("detail")
+        if detail is not None and detail not in DETAILS:
+            raise _invalid(field, "detail", f"one of {', '.join(DETAILS)}")
+        sources = [key for key in ("image_url", "path", "file_path") if part.get(key) is not None]
+        if len(sources) != 1:
+            raise _invalid(field, "image_url", "give exactly one of image_url, path or file_path")
+        source = sources[0]
+        value = part[source]
+        if not isinstance(value, str) or not value:
+            raise _invalid(field, source, "must be a non-empty string")
+        where = f"{field}.{source}"
+        if source != "image_url":
+            return await self._from_path(value, field, where, detail)
+        if value.startswith("data:"):
+            return self._checked_bytes(self._decode_data_url(value, where), field, where, detail)
+        if not value.startswith("https://") or not _host(value) or len(value) > MAX_URL_CHARS:
+            raise _invalid(field, "image_url", f"an https:// URL (at most {MAX_URL_CHARS} characters) or a data: URL")
+        return CheckedImage(field, detail, url=value)
+
+    async def store(self, checked: CheckedImage) -> dict[str, Any]:
+        """The stored part of a checked image: its bytes put in the blob store (once per content)."""
+        if checked.data is None or checked.facts is None:
+            ref: dict[str, Any] = {"url": checked.url}
+        else:
+            stored = await self.blobs.put(checked.data, checked.facts.media_type)
+            ref = {**stored.to_record(), "width": checked.facts.width, "height": checked.facts.height}
+            if checked.name is not None:
+                ref["name"] = checked.name
+        if checked.detail is not None:
+            ref["detail"] = checked.detail
+        return {"type": "input_image", "image": ref}
+
+    async def split_files(self, paths: Sequence[str]) -> tuple[list[str], list[CheckedImage]]:
+        """A request's `files` parted into those sent as text (left to the attachments) and the
+        images among them (PNG, JPEG, GIF, WebP by their first bytes), checked and read. Every
+        path is checked here, so an error names its place in the request's list."""
+        rest: list[str] = []
+        images: list[CheckedImage] = []
+        for position, raw in enumerate(paths):
+            field = f"files.{position}"
+            if await asyncio.to_thread(self._is_image_file, raw, field):
+                images.append(await self._from_path(raw, field, field, None))
+            else:
+                rest.append(raw)
+        return rest, images
+
+    def _is_image_file(self, raw: str, field: str) -> bool:
+        return _looks_like_image(self.roots.regular_file(raw, field))
+
+    async def _from_path(self, raw: str, field: str, where: str, detail: str | None) -> CheckedImage:
+        data = await asyncio.to_thread(self._read_file, raw, where)
+        return self._checked_bytes(data, field, where, detail, name=raw)
+
+    def _checked_bytes(self, data: bytes, field: str, where: str, detail: str | None,
+                       name: str | None = None) -> CheckedImage:
+        facts = image_facts(data)
+        if facts is None:
+            raise KsiError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                           f"{where} is not a PNG, JPEG, GIF or WebP image",
+                           fields={where: "not an image of a supported type"},
+                           supported=list(MEDIA_TYPES))
+        return CheckedImage(field, detail, data=data, facts=facts, name=name)
+
+    def _too_large(self, where: str, size: int | None) -> KsiError:
+        about = f" ({size} bytes)" if size is not None else ""
+        return KsiError(ErrorCode.IMAGE_TOO_LARGE, f"{where} is over the image limit of {self.max_bytes} bytes{about}",
+                        fields={where: "too large"}, limit=self.max_bytes)
+
+    def _decode_data_url(self, url: str, where: str) -> bytes:
+        header, comma, payload = url.partition(",")
+        params = header[len("data:"):].lower().split(";")
+        if not comma or "base64" not in params[1:]:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} must be a base64 data URL",
+                           fields={where: "data:<media type>;base64,<data>"})
+        declared = DECLARED_ALIASES.get(params[0], params[0])
+        if declared not in MEDIA_TYPES:
+            raise KsiError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"{where} declares {params[0] or 'no media type'}",
+                           fields={where: f"one of {', '.join(MEDIA_TYPES)}"}, supported=list(MEDIA_TYPES))
+        if len(payload) // 4 * 3 > self.max_bytes + 2:  # known too large before anything is decoded
+            raise self._too_large(where, None)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is not valid base64",
+                           fields={where: "not valid base64"}) from None
+        if len(data) > self.max_bytes:
+            raise self._too_large(where, len(data))
+        return data
+
+    def _read_file(self, raw: str, where: str) -> bytes:
+        """The file's bytes, read once through one descriptor: only inside the roots, never
+        through a link put there since it was resolved, never a device or pipe, never more than
+        the limit."""
+        resolved = self.roots.resolve(raw, where)
+        try:
+            fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} does not exist", fields={where: "no such file"}) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # replaced by a link after it was resolved
+                raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} is a symbolic link made after it was checked",
+                               path=raw) from None
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} could not be read: {exc.strerror or exc}",
+                           fields={where: "unreadable"}) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} is not a regular file",
+                               fields={where: "not a regular file"})
+            if info.st_size > self.max_bytes:
+                raise self._too_large(where, info.st_size)
+            chunks: list[bytes] = []
+            left = self.max_bytes + 1
+            while left > 0 and (chunk := os.read(fd, min(left, READ_CHUNK))):
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as exc:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} could not be read: {exc.strerror or exc}",
+                           fields={where: "unreadable"}) from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) > self.max_bytes:  # it grew since fstat
+            raise self._too_large(where, None)
+        return data
+
+    # -- giving parts back ----------------------------------------------------
+    async def chat_part(self, part: Mapping[str, Any]) -> dict[str, Any]:
+        """A stored part as a chat message's `image_url` part: its URL, or its bytes as a data URL."""
+        ref = part.get("image") or {}
+        image: dict[str, Any]
+        if ref.get("url"):
+            image = {"url": str(ref["url"])}
+        else:
+            sha256 = str(ref.get("sha256") or "")
+            data = await self.blobs.get(sha256)
+            if data is None:
+                raise KsiError(ErrorCode.STORAGE_ERROR, f"the image sha256:{sha256} is not in storage",
+                               sha256=sha256)
+            # the type its bytes show, not the one a record (perhaps imported) claims
+            media_type = media_type_of(data[:SNIFF_BYTES]) or str(ref.get("media_type") or "application/octet-stream")
+            image = {"url": f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"}
+        if ref.get("detail"):
+            image["detail"] = str(ref["detail"])
+        return {"type": "image_url", "image_url": image}
+
+    async def attach(self, messages: list[dict[str, Any]], parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Chat messages with stored image parts after the text of the last user message."""
+        if not parts:
+            return messages
+        out = list(messages)
+        for position in range(len(out) - 1, -1, -1):
+            if out[position].get("role") == "user":
+                text = {"type": "text", "text": out[position]["content"]}
+                out[position] = {**out[position], "content": [text, *[await self.chat_part(p) for p in parts]]}
+                break
+        return out
+
+    async def replay(self, exchanges: Sequence[Exchange], vision: bool | None) -> list[Exchange]:
+        """History as a turn sends it: each exchange's stored images after the text of its last
+        user message, rebuilt from storage; to a model known not to see images, a note naming each."""
+        out: list[Exchange] = []
+        for exchange in exchanges:
+            if not exchange.images or not exchange.inputs:
+                out.append(exchange)
+                continue
+            if vision is False:
+                note = part_text(exchange.images)
+                inputs = [*exchange.inputs[:-1], {**exchange.inputs[-1],
+                                                  "content": f"{exchange.inputs[-1]['content']}\n\n{note}"}]
+            else:
+                inputs = await self.attach(exchange.inputs, exchange.images)
+            out.append(replace(exchange, inputs=inputs))
+        return out
+
+    @staticmethod
+    def tokens(ref: Mapping[str, Any], model: str) -> int:
+        """The prompt tokens of a stored image for `model`, by its provider's rule."""
+        width, height = ref.get("width"), ref.get("height")
+        return image_tokens(model, width if isinstance(width, int) else None,
+                            height if isinstance(height, int) else None, ref.get("detail"))
+
+    @staticmethod
+    def check_model(model: str, abilities: ModelAbilities, fields: Sequence[str]) -> None:
+        """Refuse images (`unsupported_parameter`, naming each field) to a model known not to see them."""
+        if fields and abilities.vision is False:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"{model} does not take images; use a vision model, or declare supports_vision "
+                           "for it in KSI_MODELS if it can",
+                           fields={name: "this model does not take images" for name in fields}, model=model)
+
+
+def _invalid(field: str, key: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.VALIDATION_ERROR, f"{field}.{key}: {why}", fields={f"{field}.{key}": why})
+
+
+def _host(url: str) -> str | None:
+    if any(c.isspace() for c in url):
+        return None
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # a malformed address ("https://[::1")
+        return None
+
+
+def _looks_like_image(path: Path) -> bool:
+    """Whether a file starts like one of the four image formats (a missing or odd file does not:
+    the attachments report it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return media_type_of(os.read(fd, SNIFF_BYTES)) is not None
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
