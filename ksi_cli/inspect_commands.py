@@ -1,6 +1,6 @@
 """Inspection commands that read storage directly and work with the daemon stopped:
 `ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`
-(and `ksi conversation pin|unpin`, which ask the daemon).
+(and `ksi conversation pin|unpin|import`, which ask the daemon).
 
 They read through the daemon's own read port (`ksi_common.reading`, the backend named by
 `KSI_STORAGE`). Standard library, click and ksi_common readers only (no pydantic, no daemon code);
@@ -20,7 +20,8 @@ import click
 from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
-from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
+from ksi_cli.import_command import import_conversation
+from ksi_cli.output import EXIT_ERROR, color_enabled, fail, show, table, wants_json
 from ksi_cli.pins import pin, unpin
 from ksi_cli.stored import read_stored
 from ksi_common import export, logview
@@ -109,7 +110,11 @@ def conversation_show(conversation_id: str, var_dir: str | None, as_json: bool, 
     if wants_json(as_json):
         show({**transcript, "total_exchanges": len(transcript["exchanges"]), "offset": 0}, True)
         return
-    click.echo(export.render_markdown(transcript), nl=False)
+    from rich.console import Console
+
+    from ksi_cli.transcript_view import print_transcript
+
+    print_transcript(transcript, Console(color_system="auto" if color_enabled() else None, highlight=False))
 
 
 @conversation.command(name="export")
@@ -135,6 +140,7 @@ def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_
 
 conversation.add_command(pin)
 conversation.add_command(unpin)
+conversation.add_command(import_conversation)
 
 
 @click.group(name="response")
