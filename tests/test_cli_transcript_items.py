@@ -79,6 +79,10 @@ async def test_a_bad_import_file_is_refused_with_its_code_and_nothing_written(
                               env=storage_env(backend))
     assert refused.code == 1
     assert json.loads(refused.err)["error"]["code"] == "unknown_call_id"
+    missing = await ksi_async(short_tmp, "conversation", "import", str(short_tmp / "no-such.json"),
+                              "--var-dir", str(short_tmp / "var"), "--socket", str(short_tmp / "d.sock"),
+                              env=storage_env(backend))
+    assert missing.code == 1 and json.loads(missing.err)["error"]["code"] == "validation_error", missing.err
     assert await stored_snapshot(daemon.settings) == before
 
 
