@@ -26,6 +26,7 @@ from ksi_cli.pins import pin, unpin
 from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import input_items, item_line, output_items
 from ksi_common.transcripts import STATES, Transcripts
 
 T = TypeVar("T")
@@ -169,7 +170,7 @@ def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
     click.secho(f"response {record.response_id}", bold=True)
     for line in record.inputs:
         click.secho(f"[{line.get('type')}] {_short_time(line.get('ts'))}", fg="cyan")
-        click.echo(str(line.get("content") or ""))
+        click.echo(" ".join(item_line(item) for item in input_items([line])))
         for ref in line.get("files") or []:
             click.echo(f"  file: {ref.get('path')} ({ref.get('size')} bytes)")
     outcome = record.outcome
@@ -180,7 +181,8 @@ def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
         click.secho(f"[error {outcome.get('code')}] {outcome.get('message')}", fg="red")
     else:
         click.secho(f"[assistant] {outcome.get('model')} {_short_time(outcome.get('ts'))}", fg="green")
-        click.echo(str(outcome.get("content") or ""))
+        for item in output_items(outcome):
+            click.echo(item_line(item))
     facts = {k: outcome.get(k) for k in ("usage", "cost", "finish_reason", "duration_ms", "attempts")
              if outcome.get(k) not in (None, [], {})}
     if facts:

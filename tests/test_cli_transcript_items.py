@@ -54,6 +54,12 @@ async def test_import_show_export_and_import_again_through_the_cli(
         assert expected in text, (expected, text)
     assert text.index("\u2192 call weather") < text.index("\u2190 c1: 12C") < text.index("A cat.")
 
+    for exchange, expected in ((0, '\u2192 call weather({"city": "Oslo"}) [c1]'), (1, "\u2190 c1: 12C")):
+        response = ksi("response", "show", shown["exchanges"][exchange]["response_id"], "--var-dir",
+                       str(short_tmp / "var"), cwd=short_tmp, tty=True, env={**env, "NO_COLOR": "1"})
+        assert response.returncode == 0, response.stderr
+        assert expected in response.stdout, response.stdout
+
     exported = short_tmp / "tools.jsonl"
     result = ksi("conversation", "export", "tools", "--format", "jsonl", "-o", str(exported),
                  "--var-dir", str(short_tmp / "var"), cwd=short_tmp, env=env)
