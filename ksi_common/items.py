@@ -140,8 +140,9 @@ def item_text(item: Item) -> str:
 
 
 def ref_public(ref: Any) -> dict[str, Any]:
-    """The fields of a stored-bytes reference that may be shown: its hash, an https URL, media type,
-    size, detail and name (a data URL would be the bytes themselves, so it is left out)."""
+    """The fields of a stored-bytes reference that may be shown: its hash, an http(s) URL, media
+    type, size, detail and name (a data URL would be the bytes themselves, a path the storing
+    machine's: both are left out)."""
     if not isinstance(ref, dict):
         return {}
     shown = {key: ref[key] for key in REF_KEYS if ref.get(key) is not None}
