@@ -1,6 +1,7 @@
 """A tool-using conversation through the `ksi` command line, each command a real process:
 `ksi conversation import FILE` (through the daemon), `show` readable on a terminal and as JSON,
-`export` and import again; a record written before items shows as it did."""
+`export` and import again, `response show`, the recap of `ksi chat`; a record written before
+items shows as it did."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import orjson
 import pytest
 
 from ksi_daemon.daemon import Daemon
+from tests.conftest import connected, running_daemon
 from tests.stored import stored_snapshot
 from tests.test_cli_ask import ksi as ksi_async
+from tests.test_cli_ask import where
+from tests.test_cli_ask_stream import expect, finish, spawn
 from tests.test_inspect import ksi
 from tests.test_transcript_items import old_var_dir
 from tests.tool_conversation import IMAGE_SHA, tool_document, tool_exchanges
@@ -102,3 +106,17 @@ def test_a_record_written_before_items_shows_on_the_terminal_as_text(short_tmp: 
     piped = json.loads(ksi("conversation", "show", "before", "--var-dir", str(short_tmp / "var"), cwd=short_tmp).stdout)
     assert piped["exchanges"][0]["inputs"][0]["content"] == "hello from before"
     assert piped["exchanges"][0]["reply"]["content"] == "an answer from before"
+
+
+async def test_ksi_chat_recaps_a_resumed_tool_conversation_with_its_calls_and_outputs(short_tmp: Path) -> None:
+    async with running_daemon(short_tmp) as running, connected(running) as client:
+        await client.request("conversation:import", {"data": tool_document(), "new_id": "tools"})
+        child = spawn(short_tmp, "chat", "--cid", "tools", *where(short_tmp))
+        shown = await expect(child, "you> ")
+        child.sendline("/exit")
+        _rest, code = await finish(child)
+    assert code == 0
+    assert 'earlier answer: Let me check. \u2192 call weather({"city": "Oslo"}) [c1]' in shown, shown
+    assert "earlier you: \u2190 c1: 12C" in shown, shown
+    assert f"earlier you: And what is in this picture? [image sha256:{IMAGE_SHA[:12]}" in shown, shown
+    assert "earlier answer: (reasoning) looked at the whiskers A cat." in shown, shown
