@@ -228,3 +228,17 @@ async def test_a_record_written_before_items_shows_as_it_did(short_tmp: Path) ->
     markdown = render_markdown(transcript)
     assert markdown.endswith("## 1. echo/x · 2026-01-02T03:04:05Z\n\n**User**\n\nhello from before\n\n"
                              "**Assistant**\n\nan answer from before\n")
+
+
+async def test_a_tool_output_given_as_an_input_line_imports_like_its_item(daemon: Daemon, client: KsiClient) -> None:
+    exchanges = tool_exchanges()[:2]
+    del exchanges[1]["input"]
+    exchanges[1]["inputs"] = [{"type": "function_call_output", "call_id": "c1", "output": "12C", "ts": TS}]
+    await imported(client, tool_document(*exchanges))
+    shown = await client.request("conversation:show", {"conversation_id": "tools"})
+    assert shown["exchanges"][1]["input"] == [OUTPUT]
+    exchanges[1]["inputs"][0]["call_id"] = "c2"
+    with pytest.raises(KsiError) as caught:
+        await imported(client, tool_document(*exchanges), "other")
+    assert caught.value.code == "unknown_call_id"
+    assert "data.exchanges.1.inputs.0.call_id" in caught.value.details["fields"]
