@@ -22,6 +22,7 @@ from ksi_daemon.services.conversations.imports import ImportedDocument, Imported
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MESSAGE_LINE_TYPES = ("user", "feedback", "system")
+ITEM_TYPES = INPUT_ITEM_TYPES | OUTPUT_ITEM_TYPES
 
 
 @dataclass(slots=True)
@@ -87,10 +88,9 @@ def _content(item: dict[str, Any], where: str) -> str | list[dict[str, Any]]:
     for position, part in enumerate(content):
         at = f"{where}.content.{position}"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in PART_TYPES:
+        if not isinstance(part, dict) or kind not in PART_TYPES:
             raise _fault(ErrorCode.UNKNOWN_ITEM_TYPE, f"{at}.type",
                          f"unknown part type {kind!r} (one of {', '.join(sorted(PART_TYPES))})")
-        assert isinstance(part, dict)
         if kind == "input_text":
             parts.append({"type": kind, "text": _text(part, "text", at)})
         elif kind == "input_image":
@@ -101,10 +101,12 @@ def _content(item: dict[str, Any], where: str) -> str | list[dict[str, Any]]:
 
 
 def _kind(item: Any, where: str, allowed: frozenset[str], side: str) -> str:
-    kind = item.get("type") if isinstance(item, dict) else None
-    if kind not in INPUT_ITEM_TYPES | OUTPUT_ITEM_TYPES:
+    if not isinstance(item, dict):
+        raise _invalid(where, "an item is an object with a type")
+    kind = item.get("type")
+    if kind not in ITEM_TYPES:
         raise _fault(ErrorCode.UNKNOWN_ITEM_TYPE, f"{where}.type",
-                     f"unknown item type {kind!r} (one of {', '.join(sorted(INPUT_ITEM_TYPES | OUTPUT_ITEM_TYPES))})")
+                     f"unknown item type {kind!r} (one of {', '.join(sorted(ITEM_TYPES))})")
     if kind not in allowed:
         raise _invalid(f"{where}.type", f"an exchange's {side} holds {' and '.join(sorted(allowed))} items, not {kind}")
     return str(kind)
