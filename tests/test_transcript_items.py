@@ -18,6 +18,9 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
 from ksi_common.transcripts import Transcripts
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.storage.jsonl.storage import JsonlStorage
+from ksi_daemon.storage.migrate import migrate
+from tests.conftest import connected, make_settings, running_daemon
 from tests.stored import stored_index, stored_response, stored_snapshot
 from tests.tool_conversation import IMAGE_SHA, TS, tool_document, tool_exchanges
 
@@ -243,3 +246,22 @@ async def test_a_tool_output_given_as_an_input_line_imports_like_its_item(daemon
         await imported(client, tool_document(*exchanges), "other")
     assert caught.value.code == "unknown_call_id"
     assert "data.exchanges.1.inputs.0.call_id" in caught.value.details["fields"]
+
+
+async def test_a_migration_carries_the_items_of_a_tool_conversation(short_tmp: Path) -> None:
+    """Records are moved as the readers see them: a tool output line is an input like any other."""
+    async with running_daemon(short_tmp / "a") as source_daemon, connected(source_daemon) as client:
+        await imported(client, tool_document())
+        exported = (await client.request("conversation:export", {"conversation_id": "tools", "format": "jsonl"}))
+    source, destination = (JsonlStorage(make_settings(short_tmp / side, fsync="never")) for side in ("a", "b"))
+    await source.open()
+    await destination.open()
+    try:
+        assert (await migrate(source, destination)).verified
+    finally:
+        await source.close()
+        await destination.close()
+    async with running_daemon(short_tmp / "b") as copy_daemon, connected(copy_daemon) as client:
+        copied = await client.request("conversation:export", {"conversation_id": "tools", "format": "jsonl"})
+    assert copied["content"] == exported["content"]
+    assert '"function_call_output"' in copied["content"]
