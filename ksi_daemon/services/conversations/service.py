@@ -102,7 +102,8 @@ class ConversationService:
             r.register("conversation:list", self.handle_list, ConversationList,
                        "Conversations matching filters, most recently active first, a page at a time."),
             r.register("conversation:show", self.handle_show, ConversationShow,
-                       "A conversation's metadata and exchanges; those shared with its fork chain are marked inherited."),
+                       "A conversation's metadata and exchanges (each with its input and output items); those "
+                       "shared with its fork chain are marked inherited."),
             r.register("conversation:sent", self.handle_sent, ConversationSent,
                        "What the model was sent for one exchange: system and notes, history shown, input, files."),
             r.register("conversation:stats", self.handle_stats, ConversationStats,
@@ -120,7 +121,8 @@ class ConversationService:
             r.register("conversation:export", self.handle_export, ConversationExport,
                        "A conversation as markdown, json or jsonl."),
             r.register("conversation:import", self.handle_import, ConversationImport,
-                       "A new conversation from a json or jsonl export, with fresh response ids."),
+                       "A new conversation from a json or jsonl export (its exchanges and their items checked "
+                       "whole before anything is written), with fresh response ids."),
             r.emits("conversation:changed"),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
