@@ -140,6 +140,9 @@ async def test_items_on_the_wrong_side_or_malformed_are_validation_errors(daemon
             (lambda x: x[1]["output"].insert(0, dict(OUTPUT)), "data.exchanges.1.output.0.type"),
             (lambda x: x[0]["output"][1].update(name=""), "data.exchanges.0.output.1.name"),
             (lambda x: x[0]["output"].append("a call"), "data.exchanges.0.output.2"),
+            # a call left without its output when the user speaks again
+            (lambda x: x[1].update(input=[{"type": "message", "role": "user", "content": "never mind"}]),
+             "data.exchanges.1.input.0"),
             (lambda x: x[2]["input"][0]["content"][1]["image"].pop("sha256"), "data.exchanges.2.input.0.content.1.image"),
             (lambda x: x[2]["input"][0]["content"][1]["image"].update(bytes=-1),
              "data.exchanges.2.input.0.content.1.image.bytes"),

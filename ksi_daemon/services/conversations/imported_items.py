@@ -113,7 +113,8 @@ def _kind(item: Any, where: str, allowed: frozenset[str], side: str) -> str:
 
 
 class _Calls:
-    """The call ids of the document so far: each made once, answered at most once, after it was made."""
+    """The call ids of the document so far: each made once, answered at most once, after it was made
+    and before the next user message."""
 
     def __init__(self) -> None:
         self.made: set[str] = set()
@@ -126,6 +127,14 @@ class _Calls:
         if call_id in self.answered:
             raise _fault(ErrorCode.DUPLICATE_CALL_ID, f"{where}.call_id", f"call {call_id!r} is answered twice")
         self.answered.add(call_id)
+
+    def before_message(self, where: str) -> None:
+        """A user's message comes after every call made so far has its output: no model takes a
+        history in which a call is left hanging (nor could it be replayed)."""
+        waiting = sorted(self.made - self.answered)
+        if waiting:
+            raise _invalid(where, f"a user message while call {waiting[0]!r} has no output yet "
+                                  "(its function_call_output comes first)")
 
     def make(self, call_id: str, where: str) -> None:
         if call_id in self.made:
@@ -142,6 +151,8 @@ def _input_item(item: Any, where: str, calls: _Calls) -> Item:
     role = item.get("role", "user")
     if role not in ("user", "system"):
         raise _invalid(f"{where}.role", "an input message is the user's or the system's")
+    if role == "user":
+        calls.before_message(where)
     return items.message(role, _content(item, where))
 
 
