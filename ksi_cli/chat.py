@@ -281,11 +281,15 @@ async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> Non
         shown = await client.request("conversation:show", {"conversation_id": conversation_id})
     except KsiError:
         return
+    from ksi_common.items import item_line
+    from ksi_common.transcripts import exchange_items
+
     exchanges = shown.get("exchanges") or []
     for exchange in exchanges[-turns:]:
-        asked = " ".join(str(item.get("content") or "") for item in exchange.get("inputs") or []
-                         if item.get("type") != "system")
-        answered = str((exchange.get("reply") or {}).get("content") or "")
+        _lines, inputs, output = exchange_items(exchange)
+        # tool outputs and calls read as `← c1: 12C` and `→ call weather(...) [c1]`; images by reference
+        asked = " ".join(item_line(item) for item in inputs if item.get("role") != "system")
+        answered = " ".join(item_line(item) for item in output) if exchange.get("reply") else ""
         if asked or answered:
             click.secho(f"  earlier you: {asked[:300]}", dim=True)
             click.secho(f"  earlier answer: {answered[:300]}", dim=True)

@@ -1,6 +1,6 @@
 """Inspection commands that read storage directly and work with the daemon stopped:
 `ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`
-(and `ksi conversation pin|unpin`, which ask the daemon).
+(and `ksi conversation pin|unpin|import`, which ask the daemon).
 
 They read through the daemon's own read port (`ksi_common.reading`, the backend named by
 `KSI_STORAGE`). Standard library, click and ksi_common readers only (no pydantic, no daemon code);
@@ -20,11 +20,13 @@ import click
 from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.locate import locate
-from ksi_cli.output import EXIT_ERROR, fail, show, table, wants_json
+from ksi_cli.import_command import import_conversation
+from ksi_cli.output import EXIT_ERROR, color_enabled, fail, show, table, wants_json
 from ksi_cli.pins import pin, unpin
 from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import input_items, item_line, output_items
 from ksi_common.transcripts import STATES, Transcripts
 
 T = TypeVar("T")
@@ -109,7 +111,11 @@ def conversation_show(conversation_id: str, var_dir: str | None, as_json: bool, 
     if wants_json(as_json):
         show({**transcript, "total_exchanges": len(transcript["exchanges"]), "offset": 0}, True)
         return
-    click.echo(export.render_markdown(transcript), nl=False)
+    from rich.console import Console
+
+    from ksi_cli.transcript_view import print_transcript
+
+    print_transcript(transcript, Console(color_system="auto" if color_enabled() else None, highlight=False))
 
 
 @conversation.command(name="export")
@@ -135,6 +141,7 @@ def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_
 
 conversation.add_command(pin)
 conversation.add_command(unpin)
+conversation.add_command(import_conversation)
 
 
 @click.group(name="response")
@@ -163,7 +170,7 @@ def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
     click.secho(f"response {record.response_id}", bold=True)
     for line in record.inputs:
         click.secho(f"[{line.get('type')}] {_short_time(line.get('ts'))}", fg="cyan")
-        click.echo(str(line.get("content") or ""))
+        click.echo(" ".join(item_line(item) for item in input_items([line])))
         for ref in line.get("files") or []:
             click.echo(f"  file: {ref.get('path')} ({ref.get('size')} bytes)")
     outcome = record.outcome
@@ -174,7 +181,8 @@ def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
         click.secho(f"[error {outcome.get('code')}] {outcome.get('message')}", fg="red")
     else:
         click.secho(f"[assistant] {outcome.get('model')} {_short_time(outcome.get('ts'))}", fg="green")
-        click.echo(str(outcome.get("content") or ""))
+        for item in output_items(outcome):
+            click.echo(item_line(item))
     facts = {k: outcome.get(k) for k in ("usage", "cost", "finish_reason", "duration_ms", "attempts")
              if outcome.get(k) not in (None, [], {})}
     if facts:

@@ -53,6 +53,11 @@ class ErrorCode(StrEnum):
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
     IMAGE_TOO_LARGE = "image_too_large"  # an image of a request over KSI_MAX_IMAGE_BYTES
+    # exchange items a document (an import) holds
+    UNKNOWN_ITEM_TYPE = "unknown_item_type"  # an item (or message part) of a type KSI does not know
+    UNKNOWN_CALL_ID = "unknown_call_id"  # a function_call_output for a call no earlier exchange made
+    DUPLICATE_CALL_ID = "duplicate_call_id"  # two calls with one id, or one call answered twice
+    ARGUMENTS_NOT_JSON = "arguments_not_json"  # a function_call's arguments are not JSON text
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

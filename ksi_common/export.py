@@ -6,10 +6,12 @@ Pure functions over a transcript (see `ksi_common.transcripts`): the daemon's
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
+from ksi_common import items, transcripts
 from ksi_common.errors import ErrorCode, KsiError
 
 FORMATS = ("markdown", "json", "jsonl")
@@ -82,6 +84,43 @@ def _speaker(item: dict[str, Any]) -> str:
     return label
 
 
+def _fenced(text: str, language: str = "") -> list[str]:
+    """`text` in a code fence longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{language}", text, fence, ""]
+
+
+def _input_markdown(line: dict[str, Any], item: dict[str, Any]) -> list[str]:
+    if item.get("type") == "function_call_output":
+        return [f"**Tool output** (call `{item.get('call_id')}`)", "", *_fenced(str(item.get("output") or ""))]
+    speaker = _speaker(line) if line else ("System" if item.get("role") == "system" else "User")
+    content = item.get("content")
+    if isinstance(content, list):
+        texts = [str(part.get("text") or "") for part in content if part.get("type") == "input_text"]
+        labels = [items.part_label(part) for part in content if part.get("type") != "input_text"]
+        out = [f"**{speaker}**", "", "\n\n".join(texts), ""] if texts else [f"**{speaker}**", ""]
+        out += [*(f"- {label}" for label in labels), ""] if labels else []
+    else:
+        out = [f"**{speaker}**", "", str(content or ""), ""]
+    if line.get("files"):
+        out += [_files_line(line["files"]), ""]
+    return out
+
+
+def _output_markdown(item: dict[str, Any]) -> list[str]:
+    kind = item.get("type")
+    if kind == "function_call":
+        return [f"**Tool call** `{item.get('name')}` (call `{item.get('call_id')}`)", "",
+                *_fenced(str(item.get("arguments") or ""), "json")]
+    if kind == "reasoning":
+        quoted = [f"> {line}" if line else ">" for line in str(item.get("summary") or "").splitlines()]
+        return ["**Reasoning summary**", "", *quoted, ""]
+    if kind == "message":
+        return ["**Assistant**", "", items.item_line(item), ""]
+    return [f"*({items.item_line(item)})*", ""]
+
+
 def render_markdown(transcript: dict[str, Any]) -> str:
     """A readable document: a heading, the conversation's facts, then each exchange."""
     conversation = transcript["conversation"]
@@ -119,15 +158,14 @@ def render_markdown(transcript: dict[str, Any]) -> str:
             notes.append("feedback, kept out of history")
         if notes:
             out += [f"*({'; '.join(notes)})*", ""]
-        for item in exchange.get("inputs") or []:
-            out += [f"**{_speaker(item)}**", "", str(item.get("content") or ""), ""]
-            if item.get("files"):
-                out += [_files_line(item["files"]), ""]
+        lines, inputs, output = transcripts.exchange_items(exchange)
+        for line, item in zip(lines, inputs, strict=True):
+            out += _input_markdown(line, item)
         reply = exchange.get("reply")
-        if reply is None:
+        if reply is None and not output:
             out += ["*(no reply recorded: the response file is missing or incomplete)*", ""]
-        else:
-            out += ["**Assistant**", "", str(reply.get("content") or ""), ""]
+        for item in output:
+            out += _output_markdown(item)
         for summary in summaries.get(exchange["n"], []):
             span = f"{int(summary.get('first') or 1)}-{summary['upto']}"
             if summary.get("kind") == "fallback":
@@ -196,7 +234,8 @@ def parse_export(payload: Any, fmt: str | None = None) -> dict[str, Any]:
     if not isinstance(conversation, dict) or not isinstance(exchanges, list):
         raise _invalid("the export needs a conversation object and an exchanges list")
     for position, exchange in enumerate(exchanges, start=1):
-        if not isinstance(exchange, dict) or not isinstance(exchange.get("inputs"), list):
+        if not isinstance(exchange, dict) or not (isinstance(exchange.get("inputs"), list)
+                                                  or isinstance(exchange.get("input"), list)):
             raise _invalid(f"exchange {position} has no inputs list", **{f"exchanges.{position}": "no inputs"})
         reply = exchange.get("reply")
         if reply is not None and not (isinstance(reply, dict) and isinstance(reply.get("content"), str)):

@@ -25,7 +25,9 @@ items existed read as one user message and one assistant message:
   reply holds more than its text (tool calls, a reasoning summary) the line adds ``"output"``: the
   output items in order, the text among them as an assistant message.
 
-This module is the one place that knows how items sit in record lines.
+This module is the one place that knows how items sit in record lines. Whatever shows an item to
+a person (a transcript, the CLI, the console, an export) shows a reference as `ref_public` keeps it:
+never bytes, never a path on the machine that stored it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from typing import Any
 Item = dict[str, Any]
 
 INPUT_LINE_TYPES = frozenset({"user", "system", "feedback", "function_call_output"})
+INPUT_ITEM_TYPES = frozenset({"message", "function_call_output"})
+OUTPUT_ITEM_TYPES = frozenset({"message", "function_call", "reasoning"})
+PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
+REF_KEYS = ("sha256", "url", "media_type", "bytes", "detail", "name")
 
 
 def message(role: str, content: str | list[dict[str, Any]]) -> Item:
@@ -55,6 +61,21 @@ def input_items(lines: list[dict[str, Any]]) -> list[Item]:
             role = "system" if kind == "system" else "user"
             items.append(message(role, list(parts) if isinstance(parts, list) else str(line.get("content") or "")))
     return items
+
+
+def input_line_fields(item: Item, user_type: str = "user", text: str | None = None) -> dict[str, Any]:
+    """The fields of the input line that stores `item` (the reverse of `input_items`): a user
+    message's line is `user_type` (user or feedback); one with parts keeps them beside `text`
+    (its text parts joined when not given)."""
+    if item.get("type") == "function_call_output":
+        return {"type": "function_call_output", "call_id": item.get("call_id"), "output": item.get("output")}
+    kind = "system" if item.get("role") == "system" else user_type
+    content = item.get("content")
+    if not isinstance(content, list):
+        return {"type": kind, "content": str(content or "")}
+    if text is None:
+        text = " ".join(str(part.get("text") or "") for part in content if part.get("type") == "input_text")
+    return {"type": kind, "content": text, "parts": content}
 
 
 def output_items(outcome: dict[str, Any] | None) -> list[Item]:
@@ -118,3 +139,86 @@ def item_text(item: Item) -> str:
     if kind == "reasoning":
         return f"[reasoning: {item.get('summary') or ''}]"
     return ""
+
+
+def ref_public(ref: Any) -> dict[str, Any]:
+    """The fields of a stored-bytes reference that may be shown: its hash, an http(s) URL, media
+    type, size, detail and name (a data URL would be the bytes themselves, a path the storing
+    machine's: both are left out)."""
+    if not isinstance(ref, dict):
+        return {}
+    shown = {key: ref[key] for key in REF_KEYS if ref.get(key) is not None}
+    if not str(shown.get("url") or "").lower().startswith(("https://", "http://")):
+        shown.pop("url", None)
+    return shown
+
+
+def item_public(item: Item) -> Item:
+    """An item as shown: image and file parts reduced to their public reference."""
+    content = item.get("content")
+    if item.get("type") != "message" or not isinstance(content, list):
+        return dict(item)
+    parts = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "input_image":
+            parts.append({"type": kind, "image": ref_public(part.get("image"))})
+        elif kind == "input_file":
+            parts.append({"type": kind, "file": ref_public(part.get("file"))})
+        else:
+            parts.append(dict(part))
+    return {**item, "content": parts}
+
+
+def size_label(size: Any) -> str:
+    """`512 B`, `3 KB`, `1.2 MB`."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return ""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{round(size / 1024)} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def ref_label(kind: str, ref: dict[str, Any]) -> str:
+    """`[image sha256:ab12cd34ef56… image/png 3 KB]`: what a reference names, in one bracket."""
+    where = ref.get("name") or ""
+    if ref.get("url"):
+        where = str(ref["url"])
+    elif ref.get("sha256"):
+        where = f"sha256:{str(ref['sha256'])[:12]}\u2026" + (f" {ref['name']}" if ref.get("name") else "")
+    words = [kind, where, str(ref.get("media_type") or ""), size_label(ref.get("bytes"))]
+    return "[" + " ".join(word for word in words if word) + "]"
+
+
+def part_label(part: dict[str, Any]) -> str:
+    """A message part as one line of text: its text, or its reference's label."""
+    kind = part.get("type")
+    if kind == "input_text":
+        return str(part.get("text") or "")
+    if kind == "input_image":
+        return ref_label("image", ref_public(part.get("image")))
+    if kind == "input_file":
+        return ref_label("file", ref_public(part.get("file")))
+    return f"[{kind}]"
+
+
+def item_line(item: Item) -> str:
+    """An item as a person reads it in a transcript: `→ call weather({"city": "Oslo"}) [c1]`,
+    `← c1: 12C`, a message's text with its images and files as labels."""
+    kind = item.get("type")
+    if kind == "message":
+        content = item.get("content")
+        if isinstance(content, list):
+            return " ".join(part_label(part) for part in content if isinstance(part, dict))
+        return str(content or "")
+    if kind == "function_call":
+        return f"\u2192 call {item.get('name')}({item.get('arguments') or ''}) [{item.get('call_id')}]"
+    if kind == "function_call_output":
+        return f"\u2190 {item.get('call_id')}: {item.get('output') or ''}"
+    if kind == "reasoning":
+        return f"(reasoning) {item.get('summary') or ''}"
+    return f"[{kind}]"

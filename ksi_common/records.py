@@ -143,7 +143,7 @@ class ResponseRecord:
         return str(self.outcome.get("content") or "") if self.outcome else ""
 
 
-INPUT_TYPES = frozenset({"user", "system", "feedback"})
+INPUT_TYPES = frozenset({"user", "system", "feedback", "function_call_output"})  # see ksi_common.items
 
 
 def read_response(path: Path) -> ResponseRecord | None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import check_id
+from ksi_common.items import input_items, item_public, item_text, output_items
 from ksi_common.reading import StoredReader
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.timefmt import format_ts, parse_ts
@@ -92,19 +93,30 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
 
 
 def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, inherited: bool) -> dict[str, Any]:
-    """One exchange for show and export: its index line, raw inputs and reply."""
+    """One exchange for show and export: its index line, its input lines (who sent each and when,
+    the files read for it), its reply, and what it took in and gave out as items.
+
+    `inputs[i]` and `input[i]` describe the same record line; a record written before items reads
+    as one user message in and one assistant message out. References are shown, never bytes."""
     inputs = []
+    input_list: list[dict[str, Any]] = []
     for line in record.inputs if record is not None else []:
+        found = input_items([line])
+        if not found:
+            continue
         item: dict[str, Any] = {"type": line.get("type"), "content": line.get("content"), "ts": line.get("ts")}
         for key in ("from_agent", "files", "agent_id"):
             if line.get(key):
                 item[key] = line[key]
         inputs.append(item)
+        input_list.append(item_public(found[0]))
     reply = None
+    output_list: list[dict[str, Any]] = []
     if record is not None and record.ok and record.outcome is not None:
         outcome = record.outcome
         reply = {key: outcome.get(key) for key in
                  ("content", "model", "provider", "finish_reason", "usage", "cost", "duration_ms", "ts")}
+        output_list = [item_public(item) for item in output_items(outcome)]
     view: dict[str, Any] = {
         "n": entry.n,
         "conversation_id": owner,
@@ -119,12 +131,32 @@ def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, 
         "is_feedback": entry.is_feedback,
         "inputs": inputs,
         "reply": reply,
+        "input": input_list,
+        "output": output_list,
     }
     if entry.run_id:
         view["run_id"] = entry.run_id  # the consortium run that produced this exchange
     if reply is None:
         view["incomplete"] = True  # the response file is missing or its outcome line is torn
     return view
+
+
+def exchange_items(exchange: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """An exchange's input lines with their items (one each, in order) and its output items; an
+    exchange of a document made before items has its items read from its lines and reply."""
+    lines = [line for line in exchange.get("inputs") or [] if isinstance(line, dict)]
+    given = exchange.get("input")
+    if isinstance(given, list) and len(given) == len(lines):
+        inputs = [item for item in given if isinstance(item, dict)]
+    else:
+        inputs = [item_public(item) for item in input_items(lines)]
+    if len(inputs) != len(lines):  # lines of kinds no item stands for: shown without metadata
+        lines = [{} for _item in inputs]
+    output = exchange.get("output")
+    if not isinstance(output, list):
+        reply = exchange.get("reply")
+        output = output_items({**reply, "type": "assistant"}) if isinstance(reply, dict) else []
+    return lines, inputs, [item for item in output if isinstance(item, dict)]
 
 
 def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +387,8 @@ class Transcripts:
         for record in await self.reader.responses([e.response_id for e in entries]):
             if record is None:
                 continue
-            texts: Iterable[Any] = [line.get("content") for line in record.inputs]
-            if any(isinstance(t, str) and needle in t.casefold() for t in [*texts, record.content]):
+            texts: Iterable[str] = [item_text(item) for item in [*input_items(record.inputs),
+                                                                   *output_items(record.outcome)]]
+            if any(needle in t.casefold() for t in texts):
                 return True
         return False

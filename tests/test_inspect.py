@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -168,7 +169,9 @@ async def test_pretty_output_on_a_terminal(filled: dict[str, Any]) -> None:
     assert "Main talk" in table.stdout and "branch" in table.stdout and "openai/stub-model" in table.stdout
     assert not table.stdout.lstrip().startswith("{")
     shown = ksi("conversation", "show", "main", *where, cwd=filled["root"], tty=True, env=filled["env"])
-    assert "# Main talk" in shown.stdout and "**User**" in shown.stdout and "second question" in shown.stdout
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", shown.stdout)
+    assert "Main talk" in plain and "user: second question" in plain
+    assert "# Main talk" not in plain  # lines to read, not Markdown source (the export gives that)
     forced = ksi("conversations", *where, "--json", cwd=filled["root"], tty=True, env=filled["env"])
     assert json.loads(forced.stdout)["total"] == 2
 

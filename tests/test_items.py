@@ -4,10 +4,14 @@ from ksi_common.items import (
     call_ids_answered,
     function_calls,
     input_items,
+    input_line_fields,
+    item_line,
+    item_public,
     item_text,
     output_fields,
     output_items,
     output_text,
+    ref_public,
 )
 
 
@@ -40,3 +44,33 @@ def test_function_call_outputs_and_image_parts_are_input_items() -> None:
     assert item_text(items[1]) == "and this? [image sha256:abababababab]"
     assert output_items({"type": "error", "code": "timeout"}) == []
     assert output_text([{"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}]) == ""
+
+
+def test_an_item_stored_as_a_line_reads_back_as_the_same_item() -> None:
+    picture = {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image": {"sha256": "ab" * 32, "media_type": "image/png", "bytes": 3}}]}
+    for item, user_type in ((picture, "user"), ({"type": "message", "role": "user", "content": "hi"}, "feedback"),
+                            ({"type": "message", "role": "system", "content": "be brief"}, "user"),
+                            ({"type": "function_call_output", "call_id": "c1", "output": "12C"}, "user")):
+        line = input_line_fields(item, user_type)
+        assert input_items([line]) == [item]
+    assert input_line_fields(picture)["content"] == "look"  # every reader made before parts sees the text
+    assert input_line_fields({"type": "message", "role": "user", "content": "hi"}, "feedback")["type"] == "feedback"
+
+
+def test_what_a_person_is_shown_of_an_item_names_references_never_bytes_or_paths() -> None:
+    ref = {"sha256": "ab12" * 16, "media_type": "image/png", "bytes": 3072, "path": "/home/me/cat.png",
+           "url": "data:image/png;base64,AAAA"}
+    assert ref_public(ref) == {"sha256": "ab12" * 16, "media_type": "image/png", "bytes": 3072}
+    shown = item_public({"type": "message", "role": "user",
+                         "content": [{"type": "input_text", "text": "and this?"}, {"type": "input_image", "image": ref}]})
+    assert shown["content"][1] == {"type": "input_image", "image": ref_public(ref)}
+    assert item_line(shown) == "and this? [image sha256:ab12ab12ab12\u2026 image/png 3 KB]"
+    web = {"type": "input_image", "image": {"url": "https://example.org/cat.png", "bytes": 2_500_000}}
+    assert item_line({"type": "message", "role": "user", "content": [web]}) == \
+        "[image https://example.org/cat.png 2.4 MB]"
+    assert item_line({"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}) \
+        == '\u2192 call weather({"city": "Oslo"}) [c1]'
+    assert item_line({"type": "function_call_output", "call_id": "c1", "output": "12C"}) == "\u2190 c1: 12C"
+    assert item_line({"type": "reasoning", "summary": "thought"}) == "(reasoning) thought"

@@ -4,7 +4,7 @@ numbers within bounds, parseable times, and file references that will never be r
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -71,8 +71,13 @@ class ImportedFile(_Part):
 
 
 class ImportedInput(_Part):
-    type: Literal["user", "system", "feedback"] = "user"
-    content: str
+    """An input line: a message (user, feedback, system) or a function_call_output; its item is
+    checked with the others (`imported_items`), so an unknown type is named as such."""
+
+    type: str = "user"
+    content: str | None = None
+    call_id: str | None = None
+    output: str | None = None
     ts: Time | None = None
     agent_id: str | None = None
     from_agent: str | None = None
@@ -91,7 +96,10 @@ class ImportedReply(_Part):
 
 
 class ImportedExchange(_Part):
-    inputs: list[ImportedInput]
+    inputs: list[ImportedInput] = Field(default_factory=list)
+    # the exchange's items (an export made since items existed has them): checked by `imported_items`
+    input: list[Any] | None = None
+    output: list[Any] | None = None
     reply: ImportedReply | None = None
     response_id: str | None = None
     ts: Time | None = None

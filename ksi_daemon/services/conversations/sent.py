@@ -1,5 +1,6 @@
 """What the model was sent for one exchange, rebuilt from storage: the system message with its
-notes, the history exchanges shown, the new input and the files embedded with it.
+notes, the history exchanges shown (tool calls and their results among them), the new input and
+the files embedded with it.
 
 The response file keeps only the raw input; its outcome line records which exchanges were shown
 (`sent`), so the rebuild names the same ones. Exchanges written before that record existed are
@@ -12,8 +13,9 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
+from ksi_common.items import function_calls, item_line, output_text
 from ksi_common.records import IndexEntry
-from ksi_common.transcripts import Transcripts
+from ksi_common.transcripts import Transcripts, exchange_items
 from ksi_daemon.services.completion.stand_ins import Block, summary_block
 from ksi_daemon.services.conversations.history import system_notes
 
@@ -28,16 +30,33 @@ def _system_in_force(meta: dict[str, Any], n: int) -> str | None:
     return meta.get("system") if not meta.get("system_changes") else None
 
 
-def _user_messages(inputs: list[dict[str, Any]]) -> list[str]:
-    texts = []
-    for item in inputs:
-        if item.get("type") == "system":
-            continue
-        content = str(item.get("content") or "")
-        if item.get("from_agent"):
-            content = f"[from {item['from_agent']}] {content}"
-        texts.append(content)
-    return texts
+def _input_messages(exchange: dict[str, Any], part: str, n: int) -> list[dict[str, Any]]:
+    """An exchange's input as chat messages: user messages (images and files named by reference,
+    `[from AGENT]` applied) and tool results; its system lines live in the system message."""
+    lines, inputs, _output = exchange_items(exchange)
+    messages = []
+    for line, item in zip(lines, inputs, strict=True):
+        if item.get("type") == "function_call_output":
+            messages.append({"role": "tool", "call_id": item.get("call_id"), "content": str(item.get("output") or ""),
+                             "part": part, "n": n})
+        elif item.get("role") != "system":
+            content = item_line(item)
+            if line.get("from_agent"):
+                content = f"[from {line['from_agent']}] {content}"
+            messages.append({"role": "user", "content": content, "part": part, "n": n})
+    return messages
+
+
+def _reply_message(exchange: dict[str, Any], n: int) -> dict[str, Any]:
+    """An exchange's output as the one assistant message a history shows: its text and its tool
+    calls (a reasoning summary is not sent back)."""
+    _lines, _inputs, output = exchange_items(exchange)
+    message: dict[str, Any] = {"role": "assistant", "content": output_text(output), "part": "history", "n": n}
+    calls = [{"call_id": c.get("call_id"), "name": c.get("name"), "arguments": c.get("arguments")}
+             for c in function_calls(output)]
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 def _numbers(runs: list[Any]) -> list[int]:
@@ -106,14 +125,15 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
         messages.append({"role": "system", "content": system_text, "part": "system"})
     for k in shown:
         past = exchanges[k]
-        texts = _user_messages(past["inputs"])
-        if not texts or past.get("reply") is None:
+        turn = _input_messages(past, "history", k)
+        if not turn or past.get("reply") is None:
             continue  # the daemon leaves out an exchange whose input or reply it cannot read
-        messages.extend({"role": "user", "content": text, "part": "history", "n": k} for text in texts)
-        messages.append({"role": "assistant", "content": past["reply"]["content"], "part": "history", "n": k})
-    inputs = [{"role": "user", "content": text, "part": "input", "n": n} for text in _user_messages(exchange["inputs"])]
-    if files and inputs:
-        inputs[-1]["content"] = f"{FILES_PLACEHOLDER}\n\n{inputs[-1]['content']}"
+        messages.extend(turn)
+        messages.append(_reply_message(past, k))
+    inputs = _input_messages(exchange, "input", n)
+    users = [m for m in inputs if m["role"] == "user"]
+    if files and users:
+        users[-1]["content"] = f"{FILES_PLACEHOLDER}\n\n{users[-1]['content']}"
     messages.extend(inputs)
     reply = exchange.get("reply") or {}
     return {
@@ -132,5 +152,6 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
         "files": files,
         "messages": messages,
         "reply": reply.get("content"),
+        "output": exchange.get("output") or [],  # the reply as items: its text, tool calls, reasoning
         "usage": reply.get("usage"),
     }

@@ -19,6 +19,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
+from ksi_common.items import item_text, output_fields
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -45,7 +46,8 @@ from ksi_daemon.services.conversations.memory import ConversationCache, Conversa
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta, preview_of
-from ksi_daemon.services.conversations.imports import ImportedDocument, checked_document
+from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
+from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
 from ksi_daemon.storage.ports import ConversationExists
 
 log = structlog.get_logger("ksi.conversation")
@@ -100,7 +102,8 @@ class ConversationService:
             r.register("conversation:list", self.handle_list, ConversationList,
                        "Conversations matching filters, most recently active first, a page at a time."),
             r.register("conversation:show", self.handle_show, ConversationShow,
-                       "A conversation's metadata and exchanges; those shared with its fork chain are marked inherited."),
+                       "A conversation's metadata and exchanges (each with its input and output items); those "
+                       "shared with its fork chain are marked inherited."),
             r.register("conversation:sent", self.handle_sent, ConversationSent,
                        "What the model was sent for one exchange: system and notes, history shown, input, files."),
             r.register("conversation:stats", self.handle_stats, ConversationStats,
@@ -118,7 +121,8 @@ class ConversationService:
             r.register("conversation:export", self.handle_export, ConversationExport,
                        "A conversation as markdown, json or jsonl."),
             r.register("conversation:import", self.handle_import, ConversationImport,
-                       "A new conversation from a json or jsonl export, with fresh response ids."),
+                       "A new conversation from a json or jsonl export (its exchanges and their items checked "
+                       "whole before anything is written), with fresh response ids."),
             r.emits("conversation:changed"),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
@@ -357,39 +361,33 @@ class ConversationService:
         cost = 0.0
         skipped = 0
         renumbered: dict[int, int] = {}  # the document's exchange numbers -> the new ones (for pins)
-        for position, exchange in enumerate(document.exchanges, start=1):
-            reply = exchange.reply
-            if reply is None:
+        for position, (exchange, found) in enumerate(zip(document.exchanges, checked_items(document), strict=True),
+                                                     start=1):
+            if not found.output:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
+            reply = exchange.reply or ImportedReply(content="")
             renumbered[position] = len(exchanges) + 1
             model = exchange.model or reply.model or "imported"
             response_id = new_response_id(model)
             ts = exchange.ts or reply.ts or now
-            lines = []
-            for item in exchange.inputs:
-                line: dict[str, Any] = {"v": 1, "type": item.type, "content": item.content, "ts": item.ts or ts,
-                                        "conversation_id": conversation_id}
-                if item.agent_id is not None:
-                    line["agent_id"] = item.agent_id
-                if item.from_agent is not None:
-                    line["from_agent"] = item.from_agent
-                if item.files:  # kept as history; `imported` means never read from disk again
-                    line["files"] = [{**ref.model_dump(exclude_none=True), "imported": True} for ref in item.files]
-                lines.append(line)
+            lines = imported_lines(found, exchange.is_feedback, conversation_id, ts)
             outcome = {
-                "v": 1, "type": "assistant", "content": reply.content, "model": model,
+                "v": 1, "type": "assistant", **output_fields(found.output), "model": model,
                 "provider": exchange.provider or reply.provider, "usage": reply.usage,
                 "cost": reply.cost, "finish_reason": reply.finish_reason,
                 "duration_ms": reply.duration_ms, "ts": reply.ts or ts,
                 "conversation_id": conversation_id, "imported_from": exchange.response_id,
             }
-            text_in = sum(len(line["content"]) for line in lines if line["type"] != "system")
+            # counted as a summariser or a budget sees the items: text, calls, outputs, references
+            text_in = sum(len(item_text(item)) for item in found.input
+                          if not (item["type"] == "message" and item["role"] == "system"))
+            text_out = sum(len(item_text(item)) for item in found.output)
             exchanges.append((IndexEntry(
                 n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
                 agent_id=exchange.agent_id,
                 tokens_in=exchange.tokens_in if exchange.tokens_in is not None else text_in // 4 + 4,
-                tokens_out=exchange.tokens_out if exchange.tokens_out is not None else len(reply.content) // 4 + 4,
+                tokens_out=exchange.tokens_out if exchange.tokens_out is not None else text_out // 4 + 4,
                 is_feedback=exchange.is_feedback,
             ), [*lines, outcome]))
             tokens_in += int(reply.usage.get("prompt_tokens") or 0)

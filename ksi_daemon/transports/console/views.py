@@ -12,6 +12,7 @@ import orjson
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from ksi_common.items import item_line, part_label
 from ksi_common.timefmt import parse_ts
 
 
@@ -124,4 +125,5 @@ def markdown_renderer() -> Callable[[Any], Markup]:
 
 def install_filters(environment: jinja2.Environment) -> None:
     environment.filters.update(ago=ago, money=money, count=count, pretty=pretty, usage=usage_line,
-                               origin=origin_label, markdown=markdown_renderer())
+                               origin=origin_label, markdown=markdown_renderer(), item_line=item_line,
+                               part_label=part_label)

@@ -7,8 +7,10 @@ import time
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
-
+from ksi_common.items import input_items as stored_input_items
+from ksi_common.items import ref_public
 from ksi_common.timefmt import parse_ts
+from ksi_common.transcripts import exchange_items
 
 
 def _epoch(ts: Any, default: float | None = None) -> int:
@@ -82,13 +84,8 @@ def from_record(shown: dict[str, Any]) -> dict[str, Any]:
 
 
 def input_items(response_id: str, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's own input lines as input message items, oldest first."""
-    return [
-        {"type": "message", "id": f"msg_{response_id}_in{position}", "status": "completed",
-         "role": "system" if line.get("type") == "system" else "user",
-         "content": [{"type": "input_text", "text": str(line.get("content") or "")}]}
-        for position, line in enumerate(inputs)
-    ]
+    """A response's own input lines as input items (messages, tool outputs), oldest first."""
+    return [_input_item(item, response_id, position) for position, item in enumerate(stored_input_items(inputs))]
 
 
 PINS_KEY = "ksi_pins"  # a metadata field: the pinned exchanges' numbers, comma-separated
@@ -112,18 +109,53 @@ def conversation_object(conversation: dict[str, Any]) -> dict[str, Any]:
             "created_at": _epoch(conversation.get("created")), "metadata": metadata}
 
 
+def _content_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A stored message part as a Conversations item's content part; an image or file by reference
+    (its URL, else `sha256:HEX` as its file id), never its bytes."""
+    kind = part.get("type")
+    if kind in ("input_image", "input_file"):
+        ref = ref_public(part.get("image") or part.get("file"))
+        shaped: dict[str, Any] = {"type": kind, "file_id": f"sha256:{ref['sha256']}" if ref.get("sha256") else None}
+        if kind == "input_image":
+            shaped.update(image_url=ref.get("url"), detail=ref.get("detail") or "auto")
+        else:
+            shaped.update(filename=ref.get("name"))
+        return shaped
+    return {"type": "input_text", "text": str(part.get("text") or "")}
+
+
+def _input_item(item: dict[str, Any], response_id: str, position: int) -> dict[str, Any]:
+    if item.get("type") == "function_call_output":
+        return {"type": "function_call_output", "id": f"fco_{response_id}_in{position}", "status": "completed",
+                "call_id": item.get("call_id"), "output": str(item.get("output") or "")}
+    content = item.get("content")
+    parts = [_content_part(part) for part in content] if isinstance(content, list) else [
+        {"type": "input_text", "text": str(content or "")}]
+    return {"type": "message", "id": f"msg_{response_id}_in{position}", "status": "completed",
+            "role": "system" if item.get("role") == "system" else "user", "content": parts}
+
+
+def _output_item(item: dict[str, Any], response_id: str, position: int) -> dict[str, Any]:
+    kind = item.get("type")
+    if kind == "function_call":
+        return {"type": "function_call", "id": f"fc_{response_id}_{position}", "status": "completed",
+                "call_id": item.get("call_id"), "name": item.get("name"), "arguments": item.get("arguments")}
+    if kind == "reasoning":
+        return {"type": "reasoning", "id": f"rs_{response_id}_{position}",
+                "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}
+    return message_item(response_id if position == 0 else f"{response_id}_{position}", str(item.get("content") or ""))
+
+
 def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each exchange as its input messages then the assistant message, oldest first."""
+    """Each exchange as its input items then its output items (tool calls and their outputs, a
+    reasoning summary, images by reference among them), oldest first."""
     items: list[dict[str, Any]] = []
     for exchange in exchanges:
         response_id = exchange.get("response_id") or f"{conversation_id}-{exchange.get('n')}"
-        for position, line in enumerate(exchange.get("inputs") or []):
-            items.append({"type": "message", "id": f"msg_{response_id}_in{position}", "status": "completed",
-                          "role": "system" if line.get("type") == "system" else "user",
-                          "content": [{"type": "input_text", "text": str(line.get("content") or "")}]})
-        reply = exchange.get("reply")
-        if isinstance(reply, dict):
-            items.append(message_item(response_id, str(reply.get("content") or "")))
+        _lines, inputs, output = exchange_items(exchange)
+        items += [_input_item(item, response_id, position) for position, item in enumerate(inputs)]
+        if isinstance(exchange.get("reply"), dict):
+            items += [_output_item(item, response_id, position) for position, item in enumerate(output)]
     return items
 
 
