@@ -15,6 +15,7 @@ import pytest
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.storage.migrate import migrate
+from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import BlobRef, Storage
 from tests.conftest import make_settings
 from tests.image_bytes import png
@@ -110,3 +111,37 @@ async def test_a_migration_copies_the_blobs_once(short_tmp: Path, pg_url: str) -
             assert await destination.blobs.get(ref.sha256) == image
         again = await migrate(source, destination)
         assert "blobs" not in again.copied
+
+
+async def test_putting_the_same_content_again_repairs_a_damaged_blob(short_tmp: Path, backend: dict[str, Any]) -> None:
+    image = png(4, 4, shade=8)
+    damaged = image[:-1] + b"!"  # the same length: only the bytes tell
+    async with opened(short_tmp, **backend) as storage:
+        ref = await storage.blobs.put(image, "image/png")
+        if backend:
+            await storage.database.run(lambda c: c.execute(  # type: ignore[attr-defined]
+                "UPDATE ksi_blobs SET data = $1 WHERE sha256 = $2", damaged, ref.sha256))
+        else:
+            (short_tmp / "var" / "blobs" / "sha256" / ref.sha256[:2] / ref.sha256).write_bytes(damaged)
+        assert await storage.blobs.put(image, "image/png") == ref
+        assert await storage.blobs.get(ref.sha256) == image
+        if not backend:  # replaced whole: no file written aside is left
+            assert [p.name for p in (short_tmp / "var" / "blobs" / "sha256" / ref.sha256[:2]).iterdir()] == [
+                ref.sha256]
+
+
+async def test_a_migration_copies_blobs_first_and_goes_on_past_a_damaged_one(short_tmp: Path, pg_url: str) -> None:
+    good, bad = png(2, 3), png(3, 2)
+    seen: list[str] = []
+    async with opened(short_tmp / "a") as source, opened(short_tmp / "b", storage="postgres",
+                                                         database_url=pg_url) as destination:
+        kept = await source.blobs.put(good, "image/png")
+        broken = await source.blobs.put(bad, "image/png")
+        (short_tmp / "a" / "var" / "blobs" / "sha256" / broken.sha256[:2] / broken.sha256).write_bytes(b"cut")
+        await source.conversations.create(ConversationMeta(conversation_id="talk"))
+        tally = await migrate(source, destination, lambda kind, _n: seen.append(kind))
+        assert sorted(seen[:2]) == ["blobs", "damaged_blobs"] and seen[2] == "conversations"  # blobs first
+        assert tally.copied["damaged_blobs"] == 1 and tally.copied["conversations"] == 1  # went on after it
+        assert tally.mismatches() == {"blobs": (2, 1)} and not tally.verified
+        assert await destination.blobs.get(kept.sha256) == good
+        assert not await destination.blobs.has(broken.sha256)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.storage.ports import ExchangeConflict, Storage
 
 Progress = Callable[[str, int], None]  # (kind, copied so far)
@@ -50,6 +51,7 @@ async def migrate(source: Storage, destination: Storage, progress: Progress = _n
         tally.copied[kind] = tally.copied.get(kind, 0) + count
         progress(kind, tally.copied[kind])
 
+    await _blobs(source, destination, copied)  # first: a record copied is never without its image
     await _conversations(source, destination, copied)
     await _loose_responses(source, destination, copied)
     for record in await source.agents.load_all():
@@ -65,12 +67,6 @@ async def migrate(source: Storage, destination: Storage, progress: Progress = _n
     if ratios and not await destination.calibration.load():
         await destination.calibration.save(ratios)
         copied("calibration")
-    for sha256 in await source.blobs.ids():
-        if not await destination.blobs.has(sha256):
-            data = await source.blobs.get(sha256)
-            if data is not None:  # the media type is the referring records', not the store's
-                await destination.blobs.put(data, "application/octet-stream")
-                copied("blobs")
     for run_id in await source.traces.run_ids():
         lines = await source.traces.read(run_id) or []
         have = len(await destination.traces.read(run_id) or [])
@@ -81,6 +77,24 @@ async def migrate(source: Storage, destination: Storage, progress: Progress = _n
     tally.source = await count(source)
     tally.destination = await count(destination)
     return tally
+
+
+async def _blobs(source: Storage, destination: Storage, copied: Callable[..., None]) -> None:
+    """Every blob the destination lacks; a damaged one (its bytes no longer have their hash) is not
+    copied and the rest go on: the final counts show it as a mismatch, and `damaged_blobs` counts it."""
+    for sha256 in await source.blobs.ids():
+        if await destination.blobs.has(sha256):
+            continue
+        try:
+            data = await source.blobs.get(sha256)
+        except KsiError as exc:
+            if exc.code != ErrorCode.STORAGE_ERROR:
+                raise
+            copied("damaged_blobs")
+            continue
+        if data is not None:  # the media type is the referring records', not the store's
+            await destination.blobs.put(data, "application/octet-stream")
+            copied("blobs")
 
 
 async def _conversations(source: Storage, destination: Storage, copied: Callable[..., None]) -> None:

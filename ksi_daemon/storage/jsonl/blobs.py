@@ -53,9 +53,10 @@ class JsonlBlobs:
         if found is not None:
             if stat.S_ISLNK(found.st_mode):
                 raise refused_link(path)
-            if stat.S_ISREG(found.st_mode) and found.st_size == len(data):
-                return ref  # stored already: content of this hash and length is this content
-            replace_file(path, data, self.fsync)  # damaged (cut by hand, say): stored again whole
+            if stat.S_ISREG(found.st_mode) and found.st_size == len(data) and _holds(path, digest):
+                return ref  # stored already, whole
+            log.warning("blob_repaired", sha256=digest, path=str(path))
+            replace_file(path, data, self.fsync)  # damaged (cut or changed by hand, say): stored again whole
             return ref
         try:
             publish_new(path, data, self.fsync)
@@ -114,6 +115,16 @@ class JsonlBlobs:
 
     def _ids(self) -> list[str]:
         return stored_hashes(self.layout)
+
+
+def _holds(path: Path, digest: str) -> bool:
+    """Whether the blob file's bytes still have their hash (a file that cannot be read does not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest() == digest
 
 
 def _lstat(path: Path) -> os.stat_result | None:
