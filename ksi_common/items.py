@@ -7,7 +7,7 @@ plain dict (it is stored, exported and sent as JSON as it is):
   where a part is ``{"type": "input_text", "text": str}``, ``{"type": "input_image", "image": ref}``
   or ``{"type": "input_file", "file": ref}``; ``ref`` names stored bytes
   (``{"sha256", "media_type", "bytes"}``, plus ``"url"`` for an image kept as its https URL,
-  ``"detail"`` and ``"name"`` where given; a stored image adds its ``"width"`` and ``"height"``,
+  ``"detail"`` and ``"name"`` (a file's own name, never its directories) where given; a stored image adds its ``"width"`` and ``"height"``,
   read from its header, and an image kept as its URL has only ``"url"`` and ``"detail"``).
   An assistant message's content is its text.
 - ``{"type": "function_call", "call_id": str, "name": str, "arguments": str}`` (arguments: JSON text)
@@ -32,6 +32,7 @@ never bytes, never a path on the machine that stored it.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 Item = dict[str, Any]
@@ -40,7 +41,7 @@ INPUT_LINE_TYPES = frozenset({"user", "system", "feedback", "function_call_outpu
 INPUT_ITEM_TYPES = frozenset({"message", "function_call_output"})
 OUTPUT_ITEM_TYPES = frozenset({"message", "function_call", "reasoning"})
 PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
-REF_KEYS = ("sha256", "url", "media_type", "bytes", "detail", "name")
+REF_KEYS = ("sha256", "url", "media_type", "bytes", "width", "height", "detail", "name")
 
 
 def message(role: str, content: str | list[dict[str, Any]]) -> Item:
@@ -122,7 +123,7 @@ def part_text(content: str | list[dict[str, Any]]) -> str:
             texts.append(str(part.get("text") or ""))
         elif kind in ("input_image", "input_file"):
             ref = part.get("image") or part.get("file") or {}
-            label = ref.get("url") or ref.get("name") or f"sha256:{str(ref.get('sha256') or '')[:12]}"
+            label = ref.get("url") or file_name(ref.get("name")) or f"sha256:{str(ref.get('sha256') or '')[:12]}"
             texts.append(f"[{'image' if kind == 'input_image' else 'file'} {label}]")
     return " ".join(texts)
 
@@ -148,9 +149,18 @@ def ref_public(ref: Any) -> dict[str, Any]:
     if not isinstance(ref, dict):
         return {}
     shown = {key: ref[key] for key in REF_KEYS if ref.get(key) is not None}
+    if "name" in shown:  # a record written before names were cut to the file's own kept the path
+        shown["name"] = file_name(shown["name"])
     if not str(shown.get("url") or "").lower().startswith(("https://", "http://")):
         shown.pop("url", None)
     return shown
+
+
+def file_name(name: Any) -> str | None:
+    """A stored name without the directories of the machine that stored it."""
+    if not isinstance(name, str):
+        return None
+    return posixpath.basename(name.rstrip("/")) or None
 
 
 def item_public(item: Item) -> Item:

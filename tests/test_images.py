@@ -18,7 +18,8 @@ from ksi_daemon.providers.base import ModelAbilities
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import ImageFacts, image_facts
-from ksi_daemon.services.completion.images import Images
+from ksi_daemon.services.completion.images import DataUrlCache, Images
+from ksi_daemon.services.conversations.memory import Exchange
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.storage.ports import Storage
 from tests.conftest import make_settings
@@ -68,7 +69,7 @@ async def test_the_same_image_is_stored_once_whichever_way_it_came(short_tmp: Pa
             "sha256": digest, "media_type": "image/png", "bytes": len(image), "width": 40, "height": 30,
             "detail": "high"}}
         assert by_path["image"] == {"sha256": digest, "media_type": "image/png", "bytes": len(image),
-                                    "width": 40, "height": 30, "name": str(roots / "cat.png")}
+                                    "width": 40, "height": 30, "name": "cat.png"}
         assert by_file_path == by_path
         assert await storage.blobs.ids() == [digest]
 
@@ -136,7 +137,7 @@ async def test_a_link_inside_the_roots_to_an_image_inside_them_is_read(short_tmp
     (roots / "alias.gif").symlink_to(roots / "real.gif")
     async with images_on(short_tmp, roots, backend) as (images, _storage):
         stored = await images.admit({"type": "input_image", "path": str(roots / "alias.gif")})
-        assert stored["image"]["media_type"] == "image/gif" and stored["image"]["name"] == str(roots / "alias.gif")
+        assert stored["image"]["media_type"] == "image/gif" and stored["image"]["name"] == "alias.gif"
 
 
 async def test_a_stored_image_comes_back_after_a_restart_though_the_clients_file_is_gone(
@@ -151,12 +152,13 @@ async def test_a_stored_image_comes_back_after_a_restart_though_the_clients_file
     assert part == {"type": "image_url", "image_url": {"url": data_url(image), "detail": "auto"}}
 
 
-async def test_an_image_missing_from_storage_is_a_storage_error(short_tmp: Path, roots: Path,
-                                                                backend: dict[str, Any]) -> None:
-    async with images_on(short_tmp, roots, backend) as (images, _storage):
-        with pytest.raises(KsiError) as caught:
-            await images.chat_part({"type": "input_image", "image": {"sha256": "ab" * 32, "media_type": "image/png"}})
-        assert caught.value.code == ErrorCode.STORAGE_ERROR
+async def test_an_image_missing_from_storage_is_sent_as_the_note_a_model_without_vision_gets(
+        short_tmp: Path, roots: Path, backend: dict[str, Any]) -> None:
+    async with images_on(short_tmp, roots, backend) as (images, storage):
+        part = await images.chat_part({"type": "input_image", "image": {
+            "sha256": "ab" * 32, "media_type": "image/png", "name": "lost.png"}})
+        assert part == {"type": "text", "text": "[image lost.png] (its stored bytes are missing)"}
+        assert await storage.blobs.ids() == []
 
 
 def test_sizes_are_read_from_the_headers_of_every_format() -> None:
@@ -204,3 +206,103 @@ def test_a_model_known_not_to_see_images_is_refused_naming_the_fields() -> None:
         Images.check_model("openai/gpt-3.5-turbo", ModelAbilities(vision=False), ["files.0", "files.2"])
     assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
     assert sorted(caught.value.details["fields"]) == ["files.0", "files.2"]
+
+
+async def test_a_damaged_image_is_sent_as_a_note_and_a_later_turn_replays_without_failing(
+        short_tmp: Path, roots: Path, backend: dict[str, Any]) -> None:
+    image = png(12, 12, shade=5)
+    async with images_on(short_tmp, roots, backend) as (images, storage):
+        stored = await images.admit({"type": "input_image", "image_url": data_url(image)})
+        digest = stored["image"]["sha256"]
+        await damage(storage, short_tmp, digest)
+    async with images_on(short_tmp, roots, backend) as (images, storage):
+        history = [Exchange(inputs=[{"role": "user", "content": "look"}], reply="a square", images=[stored])]
+        replayed = await images.replay(history, vision=True)
+        assert replayed[0].inputs[-1]["content"] == [
+            {"type": "text", "text": "look"},
+            {"type": "text", "text": f"[image sha256:{digest[:12]}] (its stored bytes are missing)"}]
+
+
+async def damage(storage: Storage, short_tmp: Path, digest: str) -> None:
+    """The stored bytes of `digest` changed behind the store's back (a disk fault, a hand edit)."""
+    files = [p for p in (short_tmp / "var").rglob(digest) if p.is_file()]
+    if files:
+        files[0].write_bytes(b"not the image any more")
+        return
+    database = storage.blobs.database  # type: ignore[attr-defined]
+    await database.run(lambda c: c.execute("UPDATE ksi_blobs SET data = $1 WHERE sha256 = $2",
+                                           b"not the image any more", digest))
+
+
+async def test_a_stored_image_is_sent_from_the_cache_once_encoded(short_tmp: Path, roots: Path,
+                                                                  backend: dict[str, Any]) -> None:
+    image = png(10, 10, shade=9)
+    async with images_on(short_tmp, roots, backend) as (images, storage):
+        stored = await images.admit({"type": "input_image", "image_url": data_url(image)})
+        first = await images.chat_part(stored)
+        await damage(storage, short_tmp, stored["image"]["sha256"])  # the store is not read again
+        assert await images.chat_part(stored) == first == {"type": "image_url", "image_url": {"url": data_url(image)}}
+
+
+def test_the_data_url_cache_drops_the_least_recently_used_past_its_size() -> None:
+    cache = DataUrlCache(limit=10)
+    cache.put("a", "1234")
+    cache.put("b", "5678")
+    assert cache.get("a") == "1234"  # a is now the most recently used
+    cache.put("c", "90ab")
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == ("1234", None, "90ab")
+    assert cache.size == 8
+    cache.put("huge", "x" * 11)  # larger than the whole cache: never kept
+    assert cache.get("huge") is None and cache.size == 8
+
+
+async def test_only_the_file_name_of_a_path_is_kept(short_tmp: Path, roots: Path, backend: dict[str, Any]) -> None:
+    (roots / "deep" / "er").mkdir(parents=True)
+    (roots / "deep" / "er" / "holiday.jpg").write_bytes(jpeg(5, 4))
+    async with images_on(short_tmp, roots, backend) as (images, _storage):
+        stored = await images.admit({"type": "input_image", "path": str(roots / "deep" / "er" / "holiday.jpg")})
+        assert stored["image"]["name"] == "holiday.jpg"
+        history = [Exchange(inputs=[{"role": "user", "content": "see"}], reply="ok", images=[stored])]
+        note = (await images.replay(history, vision=False))[0].inputs[-1]["content"]
+        assert note == "see\n\n[image holiday.jpg]" and str(roots) not in note
+
+
+class SwappingRoots(FileRoots):
+    """Roots whose check is followed, before the file is opened, by a directory inside them being
+    swapped for a link to a directory outside (the race a check-then-open leaves open)."""
+
+    def __init__(self, roots: list[Path], inside: Path, outside: Path) -> None:
+        super().__init__(roots)
+        self.inside, self.outside = inside, outside
+
+    def resolve(self, raw: str, field_name: str) -> Path:
+        resolved = super().resolve(raw, field_name)
+        self.inside.rename(self.inside.with_name("moved-away"))
+        self.inside.symlink_to(self.outside, target_is_directory=True)
+        return resolved
+
+
+async def test_a_directory_swapped_for_a_link_after_the_check_does_not_let_a_file_outside_be_read(
+        short_tmp: Path, roots: Path, backend: dict[str, Any]) -> None:
+    outside = short_tmp / "outside"
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(png(6, 6, shade=200))
+    (roots / "album").mkdir()
+    (roots / "album" / "secret.png").write_bytes(png(6, 6, shade=1))
+    storage = build_storage(make_settings(short_tmp, **backend))
+    await storage.open()
+    try:
+        images = Images(storage.blobs, SwappingRoots([roots], roots / "album", outside), 20 * 1024 * 1024)
+        error = await refused(images, {"type": "input_image", "path": str(roots / "album" / "secret.png")})
+        assert error.code == ErrorCode.PATH_NOT_ALLOWED
+        assert await storage.blobs.ids() == []
+    finally:
+        await storage.close()
+
+
+def test_a_consortium_is_refused_images_naming_the_fields() -> None:
+    with pytest.raises(KsiError) as caught:
+        Images.check_consortium("consortium/panel", ["files.0", "files.2"])
+    assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
+    assert set(caught.value.details["fields"]) == {"files.0", "files.2"}
+    Images.check_consortium("consortium/panel", [])  # no images: nothing to refuse

@@ -16,11 +16,14 @@ import binascii
 import errno
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import part_text
@@ -31,11 +34,14 @@ from ksi_daemon.services.completion.image_tokens import image_tokens
 from ksi_daemon.services.conversations.memory import Exchange
 from ksi_daemon.storage.ports import BlobStore
 
+log = structlog.get_logger("ksi.images")
+
 DETAILS = ("auto", "low", "high")
 MAX_URL_CHARS = 8192
 DECLARED_ALIASES = {"image/jpg": "image/jpeg"}
 READ_CHUNK = 1024 * 1024
 PART_KEYS = frozenset({"type", "image_url", "path", "file_path", "detail"})
+DATA_URL_CACHE_BYTES = 64 * 1024 * 1024  # data URLs kept for the next turns of the same conversations
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +53,18 @@ class CheckedImage:
     url: str | None = None
     data: bytes | None = None
     facts: ImageFacts | None = None
-    name: str | None = None  # the client's path, for people reading the record
+    name: str | None = None  # the file's name (never its directories), for people reading the record
 
 
 class Images:
     """Takes image parts in (`admit`), and gives them back as chat parts for any later turn."""
 
-    def __init__(self, blobs: BlobStore, roots: FileRoots, max_bytes: int) -> None:
+    def __init__(self, blobs: BlobStore, roots: FileRoots, max_bytes: int,
+                 cache_bytes: int = DATA_URL_CACHE_BYTES) -> None:
         self.blobs = blobs
         self.roots = roots
         self.max_bytes = max_bytes
+        self.data_urls = DataUrlCache(cache_bytes)
 
     # -- taking parts in ------------------------------------------------------
     async def admit(self, part: Mapping[str, Any], field: str = "image") -> dict[str, Any]:
@@ -125,7 +133,8 @@ class Images:
 
     async def _from_path(self, raw: str, field: str, where: str, detail: str | None) -> CheckedImage:
         data = await asyncio.to_thread(self._read_file, raw, where)
-        return self._checked_bytes(data, field, where, detail, name=raw)
+        # only the file's name: the client's directories are its machine's, not the record's readers'
+        return self._checked_bytes(data, field, where, detail, name=os.path.basename(raw.rstrip("/")) or None)
 
     def _checked_bytes(self, data: bytes, field: str, where: str, detail: str | None,
                        name: str | None = None) -> CheckedImage:
@@ -179,6 +188,7 @@ class Images:
             raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} could not be read: {exc.strerror or exc}",
                            fields={where: "unreadable"}) from None
         try:
+            self._check_opened(fd, raw)
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise KsiError(ErrorCode.VALIDATION_ERROR, f"{raw} is not a regular file",
@@ -200,25 +210,52 @@ class Images:
             raise self._too_large(where, None)
         return data
 
+    def _check_opened(self, fd: int, raw: str) -> None:
+        """The opened file is inside the roots: a directory swapped for a link between `resolve`
+        and `open` would otherwise let a file outside them be read."""
+        try:
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # no /proc: the path is refused rather than read unchecked
+            raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} could not be checked once opened", path=raw) from None
+        if not self.roots.allowed(real):
+            raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} led outside the allowed roots when it was opened",
+                           path=raw)
+
     # -- giving parts back ----------------------------------------------------
     async def chat_part(self, part: Mapping[str, Any]) -> dict[str, Any]:
-        """A stored part as a chat message's `image_url` part: its URL, or its bytes as a data URL."""
+        """A stored part as a chat message's `image_url` part: its URL, or its bytes as a data URL;
+        an image whose bytes are missing or damaged becomes the note a model without vision gets
+        (a text part), so one lost blob does not fail every later turn of its conversation."""
         ref = part.get("image") or {}
         image: dict[str, Any]
         if ref.get("url"):
             image = {"url": str(ref["url"])}
         else:
             sha256 = str(ref.get("sha256") or "")
-            data = await self.blobs.get(sha256)
-            if data is None:
-                raise KsiError(ErrorCode.STORAGE_ERROR, f"the image sha256:{sha256} is not in storage",
-                               sha256=sha256)
-            # the type its bytes show, not the one a record (perhaps imported) claims
-            media_type = media_type_of(data[:SNIFF_BYTES]) or str(ref.get("media_type") or "application/octet-stream")
-            image = {"url": f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"}
+            url = self.data_urls.get(sha256)
+            if url is None:
+                url = await self._data_url(sha256, str(ref.get("media_type") or "application/octet-stream"))
+                if url is None:
+                    return {"type": "text", "text": f"{part_text([dict(part)])} (its stored bytes are missing)"}
+                self.data_urls.put(sha256, url)
+            image = {"url": url}
         if ref.get("detail"):
             image["detail"] = str(ref["detail"])
         return {"type": "image_url", "image_url": image}
+
+    async def _data_url(self, sha256: str, claimed: str) -> str | None:
+        """The blob as a data URL; None when missing or damaged. The store checks the bytes against
+        their hash off the event loop, and they are encoded in a worker thread: megabytes of hashing
+        and base64 would hold the loop."""
+        try:
+            data = await self.blobs.get(sha256)
+        except KsiError as exc:  # damaged: logged by the store; never sent as it is
+            log.warning("image_not_sent", sha256=sha256, code=exc.code)
+            return None
+        if data is None:
+            log.warning("image_not_sent", sha256=sha256, code="missing")
+            return None
+        return await asyncio.to_thread(_encoded, data, claimed)
 
     async def attach(self, messages: list[dict[str, Any]], parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Chat messages with stored image parts after the text of the last user message."""
@@ -257,6 +294,15 @@ class Images:
                             height if isinstance(height, int) else None, ref.get("detail"))
 
     @staticmethod
+    def check_consortium(model: str, fields: Sequence[str]) -> None:
+        """Refuse images to a consortium (`unsupported_parameter`, naming each field): its members'
+        vision is not checked, and its traces, member files and arbiter prompt hold text only."""
+        if fields:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"{model} is a consortium; images go to a single vision model",
+                           fields={name: "a consortium does not take images" for name in fields}, model=model)
+
+    @staticmethod
     def check_model(model: str, abilities: ModelAbilities, fields: Sequence[str]) -> None:
         """Refuse images (`unsupported_parameter`, naming each field) to a model known not to see them."""
         if fields and abilities.vision is False:
@@ -264,6 +310,37 @@ class Images:
                            f"{model} does not take images; use a vision model, or declare supports_vision "
                            "for it in KSI_MODELS if it can",
                            fields={name: "this model does not take images" for name in fields}, model=model)
+
+
+class DataUrlCache:
+    """Data URLs by sha256, least recently used dropped first, at most `limit` characters in all:
+    a conversation's images are sent again every turn, and encoding them each time is wasted work."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._urls: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, sha256: str) -> str | None:
+        url = self._urls.get(sha256)
+        if url is not None:
+            self._urls.move_to_end(sha256)
+        return url
+
+    def put(self, sha256: str, url: str) -> None:
+        if len(url) > self.limit or sha256 in self._urls:
+            return
+        self._urls[sha256] = url
+        self.size += len(url)
+        while self.size > self.limit:
+            _, dropped = self._urls.popitem(last=False)
+            self.size -= len(dropped)
+
+
+def _encoded(data: bytes, claimed: str) -> str:
+    # the type its bytes show, not the one a record (perhaps imported) claims
+    media_type = media_type_of(data[:SNIFF_BYTES]) or claimed
+    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _invalid(field: str, key: str, why: str) -> KsiError:
