@@ -5,8 +5,10 @@ anything is written when the model does not see images or the image is too large
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from ksi_common.doctor import check
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.services.completion.attachments import HEADER
+from ksi_daemon.services.completion.file_roots import FileRoots
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.image_bytes import jpeg, png
 
@@ -71,7 +74,7 @@ async def test_an_image_file_reaches_a_vision_model_as_an_image_part_stored_once
         assert user["parts"] == [
             {"type": "input_text", "text": "what is in it?"},
             {"type": "input_image", "image": {"sha256": digest, "media_type": "image/png", "bytes": len(image),
-                                              "width": 1024, "height": 1024, "name": str(chart)}}]
+                                              "width": 1024, "height": 1024, "name": "chart.png"}}]
         assert [f["path"] for f in user["files"]] == [str(notes)]
         assert base64.b64encode(image)[:200] not in record_path.read_bytes()
         assert [p.name for p in blob_files(daemon.layout.root)] == [digest]
@@ -97,7 +100,7 @@ async def test_an_image_file_reaches_a_vision_model_as_an_image_part_stored_once
 
         # a model known not to see images is sent a note naming the image instead
         await complete(client, prompt="in words?", conversation_id="pic", model="openai/stub-text")
-        assert stub.messages()[0]["content"] == f"what is in it?\n\n[image {chart}]"
+        assert stub.messages()[0]["content"] == "what is in it?\n\n[image chart.png]"  # never the client's path
 
         # the same image again, from another file in another conversation: still one blob
         copy = files_root / "copy.png"
@@ -116,11 +119,19 @@ async def test_an_image_file_reaches_a_vision_model_as_an_image_part_stored_once
 async def test_images_refused_before_anything_is_written(short_tmp: Path, files_root: Path, stub: Any) -> None:
     small, big = files_root / "small.png", files_root / "big.png"
     small.write_bytes(png(8, 8))
+    (files_root / "notes.txt").write_text("plain notes")
     big.write_bytes(png(500, 500, shade=1) + b"\0" * 5000)
     async with running_daemon(short_tmp, allowed_file_roots=[files_root], max_image_bytes=4000,
                               **stub_settings(stub, **vision_models(stub))) as daemon, connected(daemon) as client:
+        await client.request("consortium:save", {"name": "pair", "members": ["openai/stub-vision:2"],
+                                                 "arbiter": "openai/stub-vision"})
+        consortium_files = sorted(p for p in daemon.layout.root.rglob("*") if p.is_file())
         cases = [
             ({"model": "openai/stub-text", "files": [str(small)]}, ErrorCode.UNSUPPORTED_PARAMETER, "files.0"),
+            # a consortium's members are not checked for vision, and its traces hold text only
+            ({"model": "consortium/pair", "files": [str(small)]}, ErrorCode.UNSUPPORTED_PARAMETER, "files.0"),
+            ({"consortium": {"members": ["openai/stub-vision:2"], "arbiter": "openai/stub-vision"},
+              "files": [str(files_root / "notes.txt"), str(small)]}, ErrorCode.UNSUPPORTED_PARAMETER, "files.1"),
             ({"model": "openai/stub-vision", "files": [str(small), str(big)]}, ErrorCode.IMAGE_TOO_LARGE, "files.1"),
             ({"model": "openai/stub-vision", "files": [str(small), str(files_root / "gone.txt")]},
              ErrorCode.VALIDATION_ERROR, "files.1"),  # its place in the list the client sent
@@ -130,6 +141,8 @@ async def test_images_refused_before_anything_is_written(short_tmp: Path, files_
                 await client.request("completion:async", {"prompt": "look", **request})
             assert refused.value.code == code, refused.value
             assert field in refused.value.details["fields"]
+        assert sorted(p for p in daemon.layout.root.rglob("*") if p.is_file()) == consortium_files
+        assert stub.requests == []
         # a conversation that exists is not touched either
         await complete(client, prompt="hello", model="openai/stub-text", conversation_id="kept", create=True)
         before = daemon.layout.index_file("kept").read_bytes()
@@ -181,3 +194,42 @@ async def test_a_later_turn_sends_the_stored_image_again_on_every_backend(short_
         await complete(client, prompt="again", conversation_id="shots")
     first, _reply, _new = stub.messages()
     assert first["content"][1] == {"type": "image_url", "image_url": {"url": data_url(image, "image/png")}}
+
+
+class GatedRoots(FileRoots):
+    """Roots whose first check waits for the test (in the worker thread that reads the image):
+    what the daemon does meanwhile can be arranged before the admission goes on."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        super().__init__(roots)
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def resolve(self, raw: str, field_name: str) -> Path:
+        self.reached.set()
+        self.go.wait(30)
+        return super().resolve(raw, field_name)
+
+
+async def test_a_request_refused_as_overloaded_after_its_image_was_read_stores_nothing(
+        short_tmp: Path, files_root: Path, stub: Any) -> None:
+    (files_root / "late.png").write_bytes(png(9, 9, shade=4))
+    stub.model_gate["stub-text"] = held = asyncio.Event()
+    settings = stub_settings(stub, max_queued=2, max_concurrency=1, allowed_file_roots=[files_root],
+                             **vision_models(stub))
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client, \
+            connected(daemon) as other:
+        gated = daemon.completion.images.roots = GatedRoots([files_root])
+        late = asyncio.create_task(other.send_frame("completion:async", {
+            "prompt": "look", "files": [str(files_root / "late.png")], "model": "openai/stub-vision"}))
+        assert await asyncio.to_thread(gated.reached.wait, 30)
+        for n in range(4):  # requests the stub holds, until the queue is full
+            full = await client.send_frame("completion:async", {"prompt": f"p{n}", "model": "openai/stub-text",
+                                                                "conversation_id": f"c{n}", "create": True})
+            if "error" in full:
+                break
+        assert full["error"]["code"] == ErrorCode.OVERLOADED
+        gated.go.set()
+        frame = await late
+        held.set()
+    assert frame["error"]["code"] == ErrorCode.OVERLOADED
+    assert blob_files(short_tmp / "var") == []

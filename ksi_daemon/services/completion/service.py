@@ -413,11 +413,12 @@ class CompletionService:
             # an agent joining another conversation speaks under its own profile's system prompt, for its
             # turn only: the conversation keeps its own (as `instructions` does)
             data = data.model_copy(update={"instructions": agent.system})
-        stored_images = [await self.images.store(image) for image in images]
-        self._check_capacity()  # again: other requests may have been queued while this one waited
-        if memory.retired:  # discarded (or deleted) while this request waited: no await from here on
-            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
-                           conversation_id=memory.conversation_id)
+        self._check_admissible(memory)  # a request refused here stores no image
+        if images:
+            stored_images = [await self.images.store(image) for image in images]
+            self._check_admissible(memory)  # again: the store awaited; no await from here on
+        else:
+            stored_images = []
         state = RequestState(
             request_id=new_id("req-"), conversation_id=memory.conversation_id, model=model,
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
@@ -435,6 +436,12 @@ class CompletionService:
         self.scheduler.submit(state.job)
         return state
 
+    def _check_admissible(self, memory: ConversationMemory) -> None:
+        self._check_capacity()  # again: other requests may have been queued while this one waited
+        if memory.retired:  # discarded (or deleted) while this request waited
+            raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} does not exist",
+                           conversation_id=memory.conversation_id)
+
     def _check_capacity(self) -> None:
         if self.scheduler.queued >= self.settings.max_queued:
             now = time.monotonic()
@@ -447,6 +454,7 @@ class CompletionService:
 
     async def _check_model_options(self, model: str, data: CompletionAsync, images: list[CheckedImage]) -> None:
         if self._answerer(model) is not self.provider:
+            self.images.check_consortium(model, [image.field for image in images])
             return
         if data.options:
             await self.facts.check_request(model, data.options)
