@@ -212,13 +212,13 @@ def check_leftovers(layout: VarLayout) -> list[Finding]:
     return findings
 
 
-def blobs_named(lines: list[dict[str, Any]]) -> set[str]:
+def blobs_named(lines: list[dict[str, Any]], kinds: tuple[str, ...] = ("image", "file")) -> set[str]:
     """The hashes of the stored bytes a record's parts name (images and files by reference)."""
     named = set()
     for line in lines:
         parts = line.get("parts")
         for part in parts if isinstance(parts, list) else ():
-            ref = (part.get("image") or part.get("file")) if isinstance(part, dict) else None
+            ref = next((part[kind] for kind in kinds if part.get(kind)), None) if isinstance(part, dict) else None
             if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
                 named.add(ref["sha256"])
     return named
@@ -244,6 +244,7 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
 
     referenced: set[str] = set()
     named_blobs: set[str] = set()
+    naming: dict[str, str] = {}  # an image's sha256 -> the first record that names it (files are history only)
     indexes = list(_jsonl_files(layout.conversations_dir))
     entries = 0
     forked_from = _fork_parents(layout)
@@ -257,6 +258,8 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
             referenced.add(entry.response_id)
             record = read_response(layout.response_file(entry.response_id))
             if record is not None:
+                for sha256 in blobs_named(record.inputs, ("image",)):
+                    naming.setdefault(sha256, str(layout.response_file(entry.response_id)))
                 named_blobs |= blobs_named(record.inputs)
             if record is None:
                 report.problems.append(Finding(
@@ -274,6 +277,8 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
         if path.stem in referenced:
             continue
         lines = read_records(path)
+        for sha256 in blobs_named(lines, ("image",)):
+            naming.setdefault(sha256, str(path))
         named_blobs |= blobs_named(lines)
         if any(line.get("type") == "error" for line in lines):
             continue  # a failed request: logged, never indexed
@@ -286,6 +291,11 @@ def check(var_dir: Path, socket_path: Path | None = None) -> Report:
             extra={"has_answer": has_answer}))
 
     blobs = stored_hashes(layout)
+    for sha256 in sorted(set(naming) - set(blobs)):
+        report.problems.append(Finding(
+            "missing_blob", naming[sha256],
+            f"names the stored bytes sha256:{sha256}, which are not in the blob store (a later turn sends "
+            "a note in their place)", extra={"sha256": sha256, "blob": str(layout.blob_file(sha256))}))
     for sha256 in blobs:
         if sha256 not in named_blobs:
             report.orphans.append(Finding(

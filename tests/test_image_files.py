@@ -233,3 +233,27 @@ async def test_a_request_refused_as_overloaded_after_its_image_was_read_stores_n
         held.set()
     assert frame["error"]["code"] == ErrorCode.OVERLOADED
     assert blob_files(short_tmp / "var") == []
+
+
+async def test_a_lost_blob_is_named_by_doctor_and_later_turns_go_on_with_a_note(short_tmp: Path, files_root: Path,
+                                                                                stub: Any) -> None:
+    stub.answer = lambda _messages: "seen"
+    image = png(30, 20, shade=6)
+    digest = hashlib.sha256(image).hexdigest()
+    (files_root / "lost.png").write_bytes(image)
+    settings = {"allowed_file_roots": [files_root], **stub_settings(stub, **vision_models(stub))}
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        first = await complete(client, prompt="look", files=[str(files_root / "lost.png")],
+                               model="openai/stub-vision", conversation_id="lost", create=True)
+        var, record = daemon.layout.root, daemon.layout.response_file(first["response_id"])
+    assert [p.kind for p in check(var).problems] == []
+    (blob,) = blob_files(var)
+    blob.unlink()  # the records copied to another machine without the blob store, say
+    report = check(var)
+    assert [(p.kind, p.path, p.extra["sha256"]) for p in report.problems] == [("missing_blob", str(record), digest)]
+    assert not report.ok
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        again = await complete(client, prompt="and now?", conversation_id="lost")
+    assert again["content"] == "seen"
+    assert stub.messages()[0]["content"] == [
+        {"type": "text", "text": "look"}, {"type": "text", "text": "[image lost.png] (its stored bytes are missing)"}]
