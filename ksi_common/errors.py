@@ -53,6 +53,7 @@ class ErrorCode(StrEnum):
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
     IMAGE_TOO_LARGE = "image_too_large"  # an image of a request over KSI_MAX_IMAGE_BYTES
+    IMAGE_NOT_STORED = "image_not_stored"  # an imported image names bytes this daemon's blob store lacks
     # exchange items a document (an import) holds
     UNKNOWN_ITEM_TYPE = "unknown_item_type"  # an item (or message part) of a type KSI does not know
     UNKNOWN_CALL_ID = "unknown_call_id"  # a function_call_output for a call no earlier exchange made

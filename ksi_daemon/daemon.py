@@ -111,7 +111,7 @@ class Daemon:
             summaries=self.storage.summaries,
         )
         self.conversations = ConversationService(
-            settings, self.router, self.cache, clock=clock,
+            settings, self.router, self.cache, self.storage.blobs, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
             calibration=self.completion.calibration.report,
             pins_budget=self.completion.pins_budget,

@@ -20,7 +20,7 @@ from tests.test_cli_ask import where
 from tests.test_cli_ask_stream import expect, finish, spawn
 from tests.test_inspect import ksi
 from tests.test_transcript_items import old_var_dir
-from tests.tool_conversation import IMAGE_SHA, tool_document, tool_exchanges
+from tests.tool_conversation import IMAGE_SHA, store_image, tool_document, tool_exchanges
 
 pytestmark = pytest.mark.backends
 
@@ -33,6 +33,7 @@ def storage_env(backend: dict[str, Any]) -> dict[str, str]:
 async def test_import_show_export_and_import_again_through_the_cli(
         short_tmp: Path, daemon: Daemon, backend: dict[str, Any]) -> None:
     env = storage_env(backend)
+    await store_image(daemon)
     where = ["--var-dir", str(short_tmp / "var"), "--socket", str(short_tmp / "d.sock")]
     source = short_tmp / "tools.json"
     source.write_bytes(orjson.dumps(tool_document()))
@@ -110,6 +111,7 @@ def test_a_record_written_before_items_shows_on_the_terminal_as_text(short_tmp: 
 
 async def test_ksi_chat_recaps_a_resumed_tool_conversation_with_its_calls_and_outputs(short_tmp: Path) -> None:
     async with running_daemon(short_tmp) as running, connected(running) as client:
+        await store_image(running)
         await client.request("conversation:import", {"data": tool_document(), "new_id": "tools"})
         child = spawn(short_tmp, "chat", "--cid", "tools", *where(short_tmp))
         shown = await expect(child, "you> ")

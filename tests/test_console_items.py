@@ -7,12 +7,13 @@ from __future__ import annotations
 from playwright.async_api import expect
 
 from tests.test_console import WAIT_MS, Console, console  # noqa: F401  (the module's daemon and browser)
-from tests.tool_conversation import IMAGE_SHA, tool_document, tool_exchanges
+from tests.tool_conversation import IMAGE_SHA, store_image, tool_document, tool_exchanges
 
 CALL_LINE = '\u2192 call weather({"city": "Oslo"}) [c1]'
 
 
 async def test_the_turn_view_shows_tool_calls_outputs_and_image_references(console: Console) -> None:  # noqa: F811
+    await store_image(console.daemon)
     await console.client.request("conversation:import", {"data": tool_document(), "new_id": "tooled"})
     page = await console.page("/conversations/tooled")
     await expect(page.locator("#turn-1 [data-reply]")).to_have_text("Let me check.", timeout=WAIT_MS)
@@ -46,6 +47,7 @@ async def test_text_from_a_tool_is_escaped(console: Console) -> None:  # noqa: F
     exchanges = tool_exchanges()
     exchanges[0]["output"][1]["arguments"] = '{"q": "' + attack.replace('"', '\\"') + '"}'
     exchanges[1]["input"][0]["output"] = attack
+    await store_image(console.daemon)
     await console.client.request("conversation:import", {"data": tool_document(*exchanges), "new_id": "tool-hostile"})
     page = await console.page("/conversations/tool-hostile")
     await expect(page.locator("#turn-2 [data-tool-output]")).to_have_text(f"\u2190 c1: {attack}", timeout=WAIT_MS)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import HttpDaemon
 from tests.test_http_openai import request, sdk
-from tests.tool_conversation import IMAGE_SHA, tool_document
+from tests.tool_conversation import IMAGE_SHA, store_image, tool_document
 
 
 @pytest.fixture
@@ -22,6 +22,7 @@ async def client(http_daemon: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
 
 async def test_conversation_items_and_input_items_of_a_tool_conversation(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI) -> None:
+    await store_image(http_daemon.daemon)
     await request(http_daemon, "conversation:import", {"data": tool_document(), "new_id": "tools"})
     listed = (await client.conversations.items.list("tools", order="asc")).data
     assert [item.type for item in listed] == ["message", "message", "function_call", "function_call_output",

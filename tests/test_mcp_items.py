@@ -12,7 +12,7 @@ from tests.conftest import HttpDaemon, connected, running_daemon
 from tests.test_cli_ask import where
 from tests.test_mcp_http import mcp_over_http
 from tests.test_mcp_stdio import mcp_session
-from tests.tool_conversation import IMAGE_SHA, tool_document
+from tests.tool_conversation import IMAGE_SHA, store_image, tool_document
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
 
@@ -35,6 +35,7 @@ async def shows_the_items(client: Client) -> None:
 
 async def test_the_stdio_transcript_shows_tool_calls_outputs_and_images(short_tmp: Path) -> None:
     async with running_daemon(short_tmp) as daemon:
+        await store_image(daemon)
         async with connected(daemon) as socket:
             await socket.request("conversation:import", {"data": tool_document(), "new_id": "tools"})
         async with mcp_session(short_tmp, *where(short_tmp)) as client:
@@ -42,6 +43,7 @@ async def test_the_stdio_transcript_shows_tool_calls_outputs_and_images(short_tm
 
 
 async def test_the_http_transcript_shows_tool_calls_outputs_and_images(http_daemon: HttpDaemon) -> None:
+    await store_image(http_daemon.daemon)
     async with connected(http_daemon.daemon) as socket:
         await socket.request("conversation:import", {"data": tool_document(), "new_id": "tools"})
     async with mcp_over_http(http_daemon) as client:

@@ -18,11 +18,12 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
 from ksi_common.transcripts import Transcripts
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.services.completion.image_tokens import image_tokens
 from ksi_daemon.storage.jsonl.storage import JsonlStorage
 from ksi_daemon.storage.migrate import migrate
 from tests.conftest import connected, make_settings, running_daemon
 from tests.stored import stored_index, stored_response, stored_snapshot
-from tests.tool_conversation import IMAGE_SHA, TS, tool_document, tool_exchanges
+from tests.tool_conversation import IMAGE_SHA, TS, store_image, tool_document, tool_exchanges
 
 pytestmark = pytest.mark.backends
 
@@ -42,6 +43,7 @@ async def imported(client: KsiClient, document: dict[str, Any], new_id: str = "t
 
 async def test_an_imported_tool_conversation_shows_its_items_and_is_stored_as_record_lines(
         daemon: Daemon, client: KsiClient) -> None:
+    await store_image(daemon)
     result = await imported(client, tool_document())
     assert (result["exchanges"], result["skipped"]) == (3, 0)
     shown = await client.request("conversation:show", {"conversation_id": "tools"})
@@ -76,6 +78,7 @@ async def test_an_imported_tool_conversation_shows_its_items_and_is_stored_as_re
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 async def test_export_then_import_then_export_gives_the_same_transcript(
         daemon: Daemon, client: KsiClient, fmt: str) -> None:
+    await store_image(daemon)
     await imported(client, tool_document(), "first")
     exported = await client.request("conversation:export", {"conversation_id": "first", "format": fmt})
     again = await client.request("conversation:import", {"data": exported["content"], "new_id": "second"})
@@ -118,6 +121,13 @@ def _damaged(change: Any) -> dict[str, Any]:
     # an image carried as its bytes (a data URL) is never imported
     (lambda x: x[2]["input"][0]["content"][1]["image"].update(url="data:image/png;base64,AAAA"), "validation_error",
      "data.exchanges.2.input.0.content.1.image.url"),
+    # a plain http URL is refused here as a request's image URL is
+    (lambda x: x[2]["input"][0]["content"][1]["image"].update(url="http://images.invalid/cat.png"),
+     "validation_error", "data.exchanges.2.input.0.content.1.image.url"),
+    (lambda x: x[2]["input"][0]["content"][1]["image"].update(width=0), "validation_error",
+     "data.exchanges.2.input.0.content.1.image.width"),
+    # the picture's bytes were never stored here (this test stores none): an export from another machine
+    (lambda x: None, "image_not_stored", "data.exchanges.2.input.0.content.1.image.sha256"),
 ])
 async def test_each_fault_of_imported_items_has_its_code_and_writes_nothing(
         daemon: Daemon, client: KsiClient, change: Any, code: str, field: str) -> None:
@@ -176,6 +186,7 @@ async def test_an_export_made_before_items_still_imports_and_shows_as_messages(d
 
 async def test_markdown_export_shows_calls_outputs_reasoning_and_image_references(
         daemon: Daemon, client: KsiClient) -> None:
+    await store_image(daemon)
     await imported(client, tool_document())
     markdown = (await client.request("conversation:export", {"conversation_id": "tools", "format": "markdown"}))["content"]
     assert "**User**\n\nWhat is the weather in Oslo?\n\n**Assistant**\n\nLet me check.\n\n" \
@@ -186,6 +197,7 @@ async def test_markdown_export_shows_calls_outputs_reasoning_and_image_reference
 
 
 async def test_what_was_sent_shows_the_tool_turns(daemon: Daemon, client: KsiClient) -> None:
+    await store_image(daemon)
     await imported(client, tool_document())
     sent = await client.request("conversation:sent", {"conversation_id": "tools", "n": 3})
     history = [m for m in sent["messages"] if m["part"] == "history"]
@@ -254,6 +266,7 @@ async def test_a_tool_output_given_as_an_input_line_imports_like_its_item(daemon
 async def test_a_migration_carries_the_items_of_a_tool_conversation(short_tmp: Path) -> None:
     """Records are moved as the readers see them: a tool output line is an input like any other."""
     async with running_daemon(short_tmp / "a") as source_daemon, connected(source_daemon) as client:
+        await store_image(source_daemon)
         await imported(client, tool_document())
         exported = (await client.request("conversation:export", {"conversation_id": "tools", "format": "jsonl"}))
     source, destination = (JsonlStorage(make_settings(short_tmp / side, fsync="never")) for side in ("a", "b"))
@@ -268,3 +281,42 @@ async def test_a_migration_carries_the_items_of_a_tool_conversation(short_tmp: P
         copied = await client.request("conversation:export", {"conversation_id": "tools", "format": "jsonl"})
     assert copied["content"] == exported["content"]
     assert '"function_call_output"' in copied["content"]
+
+
+async def test_a_call_whose_output_is_in_a_skipped_exchange_is_refused_before_the_user_speaks_again(
+        daemon: Daemon, client: KsiClient) -> None:
+    """Exchanges without a reply are skipped first; calls are matched with outputs over the kept ones."""
+    first, second, _third = tool_exchanges()
+    lost = {**second, "output": [], "reply": None}  # the tool's output came back, the reply was lost
+    later = {"ts": TS, "model": "openai/stub-a", "input": [{"type": "message", "role": "user", "content": "and now?"}],
+             "output": [{"type": "message", "role": "assistant", "content": "Sunny."}],
+             "reply": {"content": "Sunny.", "model": "openai/stub-a", "ts": TS}}
+    before = await stored_snapshot(daemon.settings)
+    with pytest.raises(KsiError) as caught:
+        await imported(client, tool_document(first, lost, later))
+    assert caught.value.code == "validation_error"
+    assert "data.exchanges.2.input.0" in caught.value.details["fields"], caught.value.details
+    assert await stored_snapshot(daemon.settings) == before
+    # skipped last, the call is simply the newest one still waiting for its output: imported
+    result = await imported(client, tool_document(first, lost))
+    assert (result["exchanges"], result["skipped"]) == (1, 1)
+    shown = await client.request("conversation:show", {"conversation_id": "tools"})
+    assert [x["output"][-1]["type"] for x in shown["exchanges"]] == ["function_call"]
+
+
+async def test_an_imported_image_keeps_its_size_and_counts_as_an_image(daemon: Daemon, client: KsiClient) -> None:
+    await store_image(daemon)
+    exchanges = tool_exchanges()
+    image = exchanges[2]["input"][0]["content"][1]["image"]
+    image.update(width=1024, height=1024, name="/home/someone/pictures/cat.png")
+    await imported(client, tool_document(*exchanges))
+    index = await stored_index(daemon, "tools")
+    text = "And what is in this picture? [image cat.png]"
+    assert index[2]["tokens_in"] == len(text) // 4 + 4 + image_tokens("openai/stub-a", 1024, 1024)
+    assert image_tokens("openai/stub-a", 1024, 1024) > 700  # four tiles: far more than its label
+    exported = await client.request("conversation:export", {"conversation_id": "tools", "format": "json"})
+    ref = orjson.loads(exported["content"])["exchanges"][2]["input"][0]["content"][1]["image"]
+    assert ref == {**IMAGE, "width": 1024, "height": 1024, "name": "cat.png"}  # no directory of the other machine
+    again = await client.request("conversation:import", {"data": exported["content"], "new_id": "again"})
+    assert again["exchanges"] == 3
+    assert (await stored_index(daemon, "again"))[2]["tokens_in"] == index[2]["tokens_in"]

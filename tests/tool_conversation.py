@@ -3,9 +3,14 @@ a call and its output, a reasoning summary, an image by reference."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-IMAGE_SHA = "ab12" * 16
+from ksi_daemon.daemon import Daemon
+from tests.image_bytes import png
+
+IMAGE_BYTES = png(64, 48, shade=31).ljust(3072, b"\0")  # 3 KB, as the reference says
+IMAGE_SHA = hashlib.sha256(IMAGE_BYTES).hexdigest()
 TS = "2026-01-02T03:04:05Z"
 
 
@@ -36,3 +41,9 @@ def tool_exchanges() -> list[dict[str, Any]]:
 def tool_document(*exchanges: dict[str, Any], title: str = "Tools") -> dict[str, Any]:
     return {"v": 1, "format": "ksi.conversation", "conversation": {"conversation_id": "elsewhere", "title": title},
             "exchanges": list(exchanges) or tool_exchanges()}
+
+
+async def store_image(daemon: Daemon) -> None:
+    """The picture's bytes in the daemon's blob store: an export names them, never carries them, so
+    an import is refused unless they are stored where it is imported."""
+    await daemon.storage.blobs.put(IMAGE_BYTES, "image/png")

@@ -33,6 +33,7 @@ class ExchangeItems:
     input: list[Item] = field(default_factory=list)
     lines: list[ImportedInput | None] = field(default_factory=list)
     output: list[Item] = field(default_factory=list)
+    stored_images: list[tuple[str, str]] = field(default_factory=list)  # (field, sha256) of each stored image
 
 
 def _fault(code: ErrorCode, where: str, message: str) -> KsiError:
@@ -62,14 +63,25 @@ def _ref(ref: Any, where: str) -> dict[str, Any]:
         checked["sha256"] = sha
     url = ref.get("url")
     if url is not None:
-        if not isinstance(url, str) or not url.lower().startswith(("https://", "http://")):
-            raise _invalid(f"{where}.url", "must be an http(s) URL; bytes (a data URL) are never imported")
+        # https only, as a request's image URL: bytes (a data URL) are never imported
+        if not isinstance(url, str) or not url.lower().startswith("https://"):
+            raise _invalid(f"{where}.url", "must be an https URL; bytes (a data URL) are never imported")
         checked["url"] = url
     if not checked:
         raise _invalid(where, "names no stored bytes: give its sha256 or its https url")
     for key in ("media_type", "detail", "name"):
         if ref.get(key) is not None:
             checked[key] = _text(ref, key, where)
+    if "name" in checked:  # the file's own name: an export from before names were cut kept its path
+        name = items.file_name(checked.pop("name"))
+        if name:
+            checked["name"] = name
+    for key in ("width", "height"):  # an image's size in pixels: what its prompt tokens are counted by
+        value = ref.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _invalid(f"{where}.{key}", "must be the size in pixels, a whole number from 1")
+            checked[key] = value
     size = ref.get("bytes")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -119,6 +131,11 @@ class _Calls:
     def __init__(self) -> None:
         self.made: set[str] = set()
         self.answered: set[str] = set()
+
+    def copy(self) -> _Calls:
+        calls = _Calls()
+        calls.made, calls.answered = set(self.made), set(self.answered)
+        return calls
 
     def answer(self, call_id: str, where: str) -> None:
         if call_id not in self.made:
@@ -204,6 +221,12 @@ def _exchange_items(exchange: ImportedExchange, where: str, calls: _Calls) -> Ex
         found.lines = list(exchange.inputs)
         side = f"{where}.inputs"
     found.input = [_input_item(item, f"{side}.{k}", calls) for k, item in enumerate(raw)]
+    for k, item in enumerate(found.input):
+        content = item.get("content")
+        for position, part in enumerate(content if isinstance(content, list) else ()):
+            sha256 = (part.get("image") or {}).get("sha256") if part.get("type") == "input_image" else None
+            if sha256 is not None and not (part.get("image") or {}).get("url"):
+                found.stored_images.append((f"data.{side}.{k}.content.{position}.image.sha256", sha256))
     if exchange.output is not None:
         found.output = [_output_item(item, f"{where}.output.{k}", calls) for k, item in enumerate(exchange.output)]
         if not found.output and exchange.reply is not None:
@@ -215,9 +238,19 @@ def _exchange_items(exchange: ImportedExchange, where: str, calls: _Calls) -> Ex
 
 def checked_items(document: ImportedDocument) -> list[ExchangeItems]:
     """Every exchange's items in document order, or the first fault (nothing is written before this
-    passes)."""
+    passes).
+
+    An exchange without a reply is not imported, so which ones are skipped is decided first and
+    calls are matched with their outputs over the kept exchanges only: a skipped exchange's items
+    are checked on a copy of the calls so far, and the outputs it gave count for nothing (a kept
+    call whose only output was skipped is then unanswered before the next user message, refused
+    as any such history)."""
     calls = _Calls()
-    return [_exchange_items(exchange, f"exchanges.{k}", calls) for k, exchange in enumerate(document.exchanges)]
+    found = []
+    for k, exchange in enumerate(document.exchanges):
+        kept = exchange.reply is not None or bool(exchange.output)
+        found.append(_exchange_items(exchange, f"exchanges.{k}", calls if kept else calls.copy()))
+    return found
 
 
 def imported_lines(found: ExchangeItems, is_feedback: bool, conversation_id: str, ts: str) -> list[dict[str, Any]]:

@@ -48,7 +48,8 @@ from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
 from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
-from ksi_daemon.storage.ports import ConversationExists
+from ksi_daemon.services.completion.image_tokens import image_tokens
+from ksi_daemon.storage.ports import BlobStore, ConversationExists
 
 log = structlog.get_logger("ksi.conversation")
 IMPORTED_ON_THE_LOOP = 200  # exchanges of an import checked and built on the loop; more go to a thread
@@ -80,6 +81,7 @@ class ConversationService:
         settings: Settings,
         router: Router,
         cache: ConversationCache,
+        blobs: BlobStore,
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
         calibration: Callable[[list[str]], dict[str, Any]] = lambda _models: {},
@@ -91,6 +93,7 @@ class ConversationService:
         self.router = router
         self.cache = cache
         self.store = cache.store
+        self.blobs = blobs
         self.responses = cache.responses
         self.clock = clock
         self.cancel_requests = cancel_requests
@@ -326,16 +329,18 @@ class ConversationService:
         conversation_id = data.new_id or new_id("conv-")
         now = format_ts(self.clock())
 
-        def prepared() -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int]:
+        def prepared() -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int,
+                                list[tuple[str, str]]]:
             checked = checked_document(document)  # whole, before anything is written
             return self._imported(checked, conversation_id, now, data.title)
 
         exchanges_sent = document.get("exchanges")
         if isinstance(exchanges_sent, list) and len(exchanges_sent) > IMPORTED_ON_THE_LOOP:
             # checking and building 5,000 exchanges takes the loop for a quarter of a second
-            meta, exchanges, skipped = await asyncio.to_thread(prepared)
+            meta, exchanges, skipped, stored_images = await asyncio.to_thread(prepared)
         else:
-            meta, exchanges, skipped = prepared()
+            meta, exchanges, skipped, stored_images = prepared()
+        await self._check_stored(stored_images)
         await self._check_free(conversation_id, "new_id")
         meta.origin = data.origin
         try:
@@ -348,9 +353,21 @@ class ConversationService:
                 "imported_from": document["conversation"].get("conversation_id"),
                 "conversation": self._summary(meta)}
 
+    async def _check_stored(self, stored_images: list[tuple[str, str]]) -> None:
+        """Every image the kept exchanges name by hash is in this daemon's blob store: an export
+        from another machine names bytes that never came with it, and a later turn could not send them."""
+        for where, sha256 in stored_images:
+            if not await self.blobs.has(sha256):
+                raise KsiError(ErrorCode.IMAGE_NOT_STORED,
+                               f"the export cannot be imported: {where}: the image sha256:{sha256} is not stored "
+                               "here (an export carries references, not the bytes)",
+                               fields={where: "no stored image has this hash"}, sha256=sha256)
+
     def _imported(self, document: ImportedDocument, conversation_id: str, now: str, title: str | None
-                  ) -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int]:
-        """The new conversation's metadata and exchanges (index entry and response lines each).
+                  ) -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int,
+                             list[tuple[str, str]]]:
+        """The new conversation's metadata and exchanges (index entry and response lines each), the
+        number of exchanges skipped, and the stored images the kept ones name (field, sha256).
 
         The models the document names are history: they stay on its exchanges but are not the
         conversation's models, so a continuation never routes to a provider an import chose."""
@@ -360,12 +377,14 @@ class ConversationService:
         tokens_in = tokens_out = 0
         cost = 0.0
         skipped = 0
+        stored_images: list[tuple[str, str]] = []
         renumbered: dict[int, int] = {}  # the document's exchange numbers -> the new ones (for pins)
         for position, (exchange, found) in enumerate(zip(document.exchanges, checked_items(document), strict=True),
                                                      start=1):
             if not found.output:
                 skipped += 1  # an exchange whose reply was lost cannot be continued from
                 continue
+            stored_images.extend(found.stored_images)
             reply = exchange.reply or ImportedReply(content="")
             renumbered[position] = len(exchanges) + 1
             model = exchange.model or reply.model or "imported"
@@ -383,10 +402,12 @@ class ConversationService:
             text_in = sum(len(item_text(item)) for item in found.input
                           if not (item["type"] == "message" and item["role"] == "system"))
             text_out = sum(len(item_text(item)) for item in found.output)
+            images_in = sum(image_tokens(model, ref.get("width"), ref.get("height"), ref.get("detail"))
+                            for ref in _image_refs(found.input))
             exchanges.append((IndexEntry(
                 n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
                 agent_id=exchange.agent_id,
-                tokens_in=exchange.tokens_in if exchange.tokens_in is not None else text_in // 4 + 4,
+                tokens_in=exchange.tokens_in if exchange.tokens_in is not None else text_in // 4 + 4 + images_in,
                 tokens_out=exchange.tokens_out if exchange.tokens_out is not None else text_out // 4 + 4,
                 is_feedback=exchange.is_feedback,
             ), [*lines, outcome]))
@@ -407,7 +428,7 @@ class ConversationService:
             preview=next((preview_of(line["content"]) for _entry, lines in exchanges[:1] for line in lines
                           if line["type"] in ("user", "feedback")), None),
         )
-        return meta, exchanges, skipped
+        return meta, exchanges, skipped, stored_images
 
     # -- append ---------------------------------------------------------------
     async def handle_append(self, data: ConversationAppend, context: EventContext) -> dict[str, Any]:
@@ -507,3 +528,9 @@ class ConversationService:
         self._changed(conversation_id, "deleted", context)
         return {"conversation_id": conversation_id, "deleted": True, "removed": removed,
                 "cancelled_requests": cancelled, "orphaned_forks": forks}
+
+
+def _image_refs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The references of the images among input items (counted by the image rule, not as text)."""
+    return [part.get("image") or {} for item in inputs if isinstance(item.get("content"), list)
+            for part in item["content"] if part.get("type") == "input_image"]
