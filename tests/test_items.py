@@ -11,6 +11,7 @@ from ksi_common.items import (
     output_fields,
     output_items,
     output_text,
+    part_text,
     ref_public,
 )
 
@@ -74,3 +75,12 @@ def test_what_a_person_is_shown_of_an_item_names_references_never_bytes_or_paths
         == '\u2192 call weather({"city": "Oslo"}) [c1]'
     assert item_line({"type": "function_call_output", "call_id": "c1", "output": "12C"}) == "\u2190 c1: 12C"
     assert item_line({"type": "reasoning", "summary": "thought"}) == "(reasoning) thought"
+
+
+def test_a_record_that_kept_a_client_path_as_the_image_name_is_shown_with_the_file_name_only() -> None:
+    ref = {"sha256": "cd34" * 16, "media_type": "image/png", "bytes": 10, "width": 4, "height": 3,
+           "name": "/home/me/private/cat.png"}
+    assert ref_public(ref) == {**ref, "name": "cat.png"}  # with the size in pixels an import counts by
+    part = {"type": "input_image", "image": ref}
+    assert "/home/me" not in item_line({"type": "message", "role": "user", "content": [part]})
+    assert part_text([part]) == "[image cat.png]"  # the note a model without vision is sent
