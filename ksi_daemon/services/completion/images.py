@@ -42,6 +42,7 @@ DECLARED_ALIASES = {"image/jpg": "image/jpeg"}
 READ_CHUNK = 1024 * 1024
 PART_KEYS = frozenset({"type", "image_url", "path", "file_path", "detail"})
 DATA_URL_CACHE_BYTES = 64 * 1024 * 1024  # data URLs kept for the next turns of the same conversations
+ENCODE_STEP = 3 * 64 * 1024  # bytes base64-encoded at a time (a multiple of 3: the pieces join as one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +341,11 @@ class DataUrlCache:
 def _encoded(data: bytes, claimed: str) -> str:
     # the type its bytes show, not the one a record (perhaps imported) claims
     media_type = media_type_of(data[:SNIFF_BYTES]) or claimed
-    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+    # in pieces: base64 holds the interpreter lock while it runs, so one call over megabytes would
+    # stall the event loop even from a worker thread; the one join is the only copy of the whole
+    view = memoryview(data)
+    return "".join([f"data:{media_type};base64,", *(base64.b64encode(view[start:start + ENCODE_STEP]).decode("ascii")
+                                                    for start in range(0, len(data), ENCODE_STEP))])
 
 
 def _invalid(field: str, key: str, why: str) -> KsiError:
