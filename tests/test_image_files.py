@@ -222,15 +222,19 @@ async def test_a_request_refused_as_overloaded_after_its_image_was_read_stores_n
         late = asyncio.create_task(other.send_frame("completion:async", {
             "prompt": "look", "files": [str(files_root / "late.png")], "model": "openai/stub-vision"}))
         assert await asyncio.to_thread(gated.reached.wait, 30)
+        accepted = []
         for n in range(4):  # requests the stub holds, until the queue is full
             full = await client.send_frame("completion:async", {"prompt": f"p{n}", "model": "openai/stub-text",
                                                                 "conversation_id": f"c{n}", "create": True})
             if "error" in full:
                 break
+            accepted.append(full["data"]["request_id"])
         assert full["error"]["code"] == ErrorCode.OVERLOADED
         gated.go.set()
         frame = await late
         held.set()
+        for request_id in accepted:  # each held one finishes: none is cut off by the daemon's stop
+            await client.request("completion:wait", {"request_id": request_id, "timeout": 30})
     assert frame["error"]["code"] == ErrorCode.OVERLOADED
     assert blob_files(short_tmp / "var") == []
 
