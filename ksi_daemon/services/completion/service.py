@@ -48,6 +48,7 @@ from ksi_daemon.services.conversations.history import (
     select_history,
     sent_record,
 )
+from ksi_daemon.services.conversations.digests import next_digest
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
@@ -763,7 +764,9 @@ class CompletionService:
             tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
+        system = state.request.instructions if state.request.instructions is not None else prepared.system
         while True:
+            entry.digest = await next_digest(self.cache, memory, system, lines, self.settings.max_fork_depth)
             meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
                                         prepared.system_changed, now)
             try:
