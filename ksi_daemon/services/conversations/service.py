@@ -335,6 +335,8 @@ class ConversationService:
             meta, exchanges, skipped = prepared()
         await self._check_free(conversation_id, "new_id")
         meta.origin = data.origin
+        if data.continues is not None:
+            meta.extra["continues"] = data.continues
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
