@@ -31,8 +31,9 @@ client resends, with its whitespace or its JSON keys in another order, is recogn
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
+
+import orjson
 
 Item = dict[str, Any]
 
@@ -135,10 +136,10 @@ def canonical_text(text: str) -> str:
 
 def _canonical_arguments(arguments: str) -> str:
     try:
-        parsed = json.loads(arguments)
-    except ValueError:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
         return canonical_text(arguments)
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _canonical_content(content: Any) -> Any:
@@ -179,8 +180,7 @@ def exchange_digest(previous: str | None, system: str | None, inputs: list[Item]
     body = [previous or "", canonical_text(system) if system else "",
             [c for c in map(canonical_item, inputs) if c is not None],
             [c for c in map(canonical_item, outputs) if c is not None]]
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def digest_chain(system: str | None, exchanges: list[tuple[list[Item], list[Item]]],

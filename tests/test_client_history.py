@@ -157,12 +157,16 @@ async def test_a_thousand_conversations_sharing_the_first_turn(stub_daemon: Daem
         result = await complete(client, prompt="who am I?",
                                 history=turns(("hello", "hi"), ("I am number 737", "noted 737")))
         assert result["conversation_id"] == "c737" and result["exchange"] == 3
-        # a history the same in two conversations: the most recently active one continues
-        await complete(client, prompt="again", conversation_id="c12")  # c12 now holds exchange 3 too
-        await client.request("conversation:fork", {"conversation_id": "c737", "new_id": "copy"})
-        shared = turns(("hello", "hi"), ("I am number 737", "noted 737"), ("who am I?", answer("who am I?")))
-        result = await complete(client, prompt="next", history=shared)
-        assert result["conversation_id"] == "c737" and result["exchange"] == 4
+        # the same whole history in several conversations: the one where it is the newest exchange,
+        # then the most recently active
+        twin = {"format": "ksi.conversation", "v": 1, "conversation": {"system": None}, "exchanges": [
+            {"inputs": [{"type": "user", "content": "hello"}], "reply": {"content": "hi"}},
+            {"inputs": [{"type": "user", "content": "twins"}], "reply": {"content": "yes"}}]}
+        for name in ("moved-on", "older", "newer"):
+            await client.request("conversation:import", {"data": twin, "new_id": name})
+        await complete(client, prompt="moved on", conversation_id="moved-on")  # the most recent, not newest there
+        result = await complete(client, prompt="which?", history=turns(("hello", "hi"), ("twins", "yes")))
+        assert result["conversation_id"] == "newer"  # "older" holds it as its newest too, but less recently
 
 
 async def test_a_history_contradicting_previous_response_id_is_refused(stub_daemon: Daemon) -> None:

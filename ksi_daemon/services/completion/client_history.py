@@ -201,8 +201,8 @@ class ClientHistory:
 
     # -- matching ------------------------------------------------------------------
     async def _matches(self, digest: str, n: int) -> list[Match]:
-        """The stored exchanges numbered `n` holding `digest` (checked against the store: the JSONL
-        lookup is derived data)."""
+        """The stored exchanges numbered `n` holding `digest`, checked against the conversation as
+        loaded (the JSONL lookup is derived data) without reading more of it."""
         found = []
         for candidate in await self.cache.store.find_digest(digest):
             if candidate.n != n:
@@ -210,7 +210,8 @@ class ClientHistory:
             memory = await self.cache.get(candidate.conversation_id)
             if memory is None or memory.retired or candidate.n > memory.total:
                 continue
-            if await digest_at(self.cache, memory, candidate.n, self.max_depth) not in (digest, None):
+            entry = memory.entry(candidate.n)
+            if entry is not None and entry.digest != digest:
                 continue
             found.append(Match(memory, candidate.n))
         return found

@@ -12,7 +12,7 @@ from ksi_daemon.providers.options import check_request_options
 
 
 class InputMessage(EventData):
-    role: Literal["user", "system"] = Field(description="user or system; history is never sent by clients")
+    role: Literal["user", "system"] = Field(description="user or system; earlier turns go in history")
     content: Text = Field(min_length=1)
 
 

@@ -430,7 +430,8 @@ class JsonlConversations(JsonlReader):
         return await asyncio.to_thread(read_index_tail, self.layout.index_file(conversation_id), token_budget)
 
     async def find_digest(self, digest: str) -> list[DigestMatch]:
-        found = await asyncio.to_thread(self.digests.find, digest)
+        # the first lookup reads (or rebuilds) the log off the loop; later ones are a dict lookup
+        found = self.digests.find(digest) if self.digests.loaded else await asyncio.to_thread(self.digests.find, digest)
         return [DigestMatch(conversation_id, n) for conversation_id, n in found]
 
     # -- moves -----------------------------------------------------------------

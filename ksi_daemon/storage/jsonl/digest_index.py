@@ -49,6 +49,10 @@ class DigestIndex:
     def dropped(self, conversation_id: str) -> None:
         self._append([{"drop": conversation_id}])
 
+    @property
+    def loaded(self) -> bool:
+        return self._table is not None
+
     def find(self, digest: str) -> list[tuple[str, int]]:
         """Blocking on the first call (the log is read, or rebuilt); a dict lookup after it."""
         with self._lock:
