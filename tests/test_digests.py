@@ -7,10 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from ksi_common.items import digest_chain, exchange_digest
+from ksi_common.records import IndexEntry
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.storage.jsonl.digest_index import DigestIndex
 from ksi_daemon.storage.ports import DigestMatch
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index
@@ -109,3 +112,17 @@ async def test_the_jsonl_lookup_log_is_rebuilt_when_missing_or_damaged(short_tmp
             await complete(client, prompt="more", conversation_id="c0")  # appended after a torn line
             second = (await stored_index(daemon, "c0"))[-1]["digest"]
             assert await store.find_digest(second) == [DigestMatch("c0", len(await stored_index(daemon, "c0")))]
+
+
+def test_a_lookup_line_that_cannot_be_written_never_fails_the_exchange(tmp_path: Path) -> None:
+    conversations = tmp_path / "conversations"
+    conversations.mkdir()
+    entry = IndexEntry(n=1, response_id="r1", digest="ab" * 32)
+    (conversations / "c1.jsonl").write_bytes(orjson.dumps(entry.to_record()) + b"\n")
+    log_file = tmp_path / "digests.jsonl"
+    log_file.symlink_to("/dev/full")  # the write fails (a link is never followed; a full device if it were)
+    index = DigestIndex(log_file, conversations)
+    index.record("c1", [entry])  # the exchange's index line is written: this must not raise
+    assert not log_file.exists() and not log_file.is_symlink()  # dropped: rebuilt from the indexes
+    assert index.find("ab" * 32) == [("c1", 1)]
+    assert log_file.read_bytes().count(b"\n") == 2

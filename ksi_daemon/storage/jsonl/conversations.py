@@ -268,9 +268,9 @@ class JsonlConversations(JsonlReader):
         if n > self._head(conversation_id):
             append_lines(self.layout.index_file(conversation_id), jsonl([entry]), fsync=False)
             self._heads[conversation_id] = n
-            digest = entry.get("digest")
-            if isinstance(digest, str):
-                self.digests.record(conversation_id, [IndexEntry(n=n, response_id=response_id, digest=digest)])
+        digest = entry.get("digest")
+        if isinstance(digest, str):  # its unsynced lookup line may be lost with the index line's sync
+            self.digests.record(conversation_id, [IndexEntry(n=n, response_id=response_id, digest=digest)])
 
     async def checkpoint(self) -> None:
         """Sync the files of the exchanges logged so far and drop their records."""

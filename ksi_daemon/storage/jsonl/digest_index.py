@@ -20,8 +20,9 @@ from typing import Any
 import orjson
 import structlog
 
+from ksi_common.errors import KsiError
 from ksi_common.records import IndexEntry, read_index
-from ksi_daemon.storage.jsonl.files import jsonl, replace_file, storage_failures
+from ksi_daemon.storage.jsonl.files import jsonl, replace_file
 
 log = structlog.get_logger("ksi.storage.digests")
 
@@ -66,8 +67,7 @@ class DigestIndex:
         rebuilds it on the first lookup (not on the way to serving)."""
         has_index = self.conversations_dir.is_dir() and next(self.conversations_dir.glob("*.jsonl"), None)
         if not self.path.exists() and not has_index:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            replace_file(self.path, jsonl([HEADER]))
+            self._write_whole([HEADER])
 
     def close(self) -> None:
         with self._lock:
@@ -81,12 +81,27 @@ class DigestIndex:
             if self._table is not None:
                 for line in lines:
                     self._apply(line)
-            if self._fd is None:
-                if not self.path.exists():
-                    return  # rebuilt from the indexes (which hold these lines) when first needed
-                self._fd = self._open()
-            with storage_failures():
+            try:
+                if self._fd is None:
+                    if not self.path.exists():
+                        return  # rebuilt from the indexes (which hold these lines) when first needed
+                    self._fd = self._open()
                 os.write(self._fd, jsonl(lines))
+            except OSError as error:
+                # called after the exchange's index line, its commit: a full disk must not fail it.
+                # Without the file, the next daemon rebuilds the log from the indexes; this one
+                # answers from memory once loaded (or rebuilds then)
+                log.warning("digest_log_write_failed", reason=str(error)[:200])
+                self._drop_file()
+
+    def _drop_file(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            log.warning("digest_log_not_removed", path=self.path.name)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW)
@@ -130,9 +145,17 @@ class DigestIndex:
                     line = {"d": entry.digest, "c": conversation_id, "n": entry.n}
                     self._apply(line)
                     out.append(line)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(self.path, jsonl(out))
+        self._write_whole(out)
         log.info("digest_index_rebuilt", exchanges=len(out) - 1)
+
+    def _write_whole(self, lines: list[dict[str, Any]]) -> None:
+        """A fresh log; when it cannot be written (a full disk), the lookups this run makes are
+        answered from memory and the next run rebuilds it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            replace_file(self.path, jsonl(lines))
+        except (KsiError, OSError) as error:
+            log.warning("digest_log_write_failed", reason=str(error)[:200])
 
     def _apply(self, line: dict[str, Any]) -> None:
         assert self._table is not None
