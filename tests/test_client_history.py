@@ -241,6 +241,7 @@ async def test_bad_histories_are_refused_before_anything_is_written(stub_daemon:
             ([*turns(("a", "b")), {"role": "system", "content": "late"}], "history.2.role"),
             ([{"type": "item_reference", "id": "x"}], "history.0.type"),
             ([{"role": "robot", "content": "x"}], "history.0.role"),
+            ([{"role": "user", "content": " "}, {"role": "assistant", "content": "x"}], "history.0.content"),
         ):
             with pytest.raises(KsiError) as refused:
                 await client.request("completion:async", {"prompt": "new", "history": history})

@@ -83,6 +83,8 @@ def _normalised(raw: Any, where: str) -> items.Item:
                 content = "".join(texts)  # type: ignore[arg-type]
         if not isinstance(content, (str, list)):
             raise _invalid(f"{where}.content", "must be text or a list of parts")
+        if role == "user" and not (content.strip() if isinstance(content, str) else content):
+            raise _invalid(f"{where}.content", "a user message must not be empty")
         return items.message(role, content)
     if kind == "function_call":
         for key in ("call_id", "name"):
