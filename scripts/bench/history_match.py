@@ -94,6 +94,24 @@ async def fill(daemon: Daemon, start: int, stop: int) -> None:
                                     EventContext.root())
 
 
+class SettingsPerStore:
+    """The settings of the daemon holding each store size: a var dir, or a database, of its own."""
+
+    def __init__(self, work: Path, cluster: Any) -> None:
+        self.work = work
+        self.cluster = cluster  # a tests.pg_cluster.ThrowawayCluster, or None for JSONL
+        self.databases: dict[int, str] = {}
+
+    def __call__(self, size: int) -> Settings:
+        overrides: dict[str, Any] = {"var_dir": self.work / f"var-{size}", "socket_path": self.work / f"d-{size}.sock",
+                                     "litellm_preload": False}
+        if self.cluster is not None:
+            if size not in self.databases:
+                self.databases[size] = self.cluster.url(self.cluster.create_database())
+            overrides.update(storage="postgres", database_url=self.databases[size])
+        return Settings(_env_file=None, **overrides)
+
+
 async def run_backend(storage: str, settings_for: Any, turns: list[int], stores: list[int],
                       reps: int) -> list[dict[str, Any]]:
     """One daemon per store size, filled, then `reps` rounds in which each daemon (in rotated
@@ -162,24 +180,13 @@ async def main() -> None:
     for storage in args.storage.split(","):
         work = Path(tempfile.mkdtemp(prefix="ksi-match-"))
         cluster = None
-        databases: dict[int, str] = {}
-
-        def settings_for(size: int) -> Settings:
-            overrides: dict[str, Any] = {"var_dir": work / f"var-{size}", "socket_path": work / f"d-{size}.sock",
-                                         "litellm_preload": False}
-            if cluster is not None:
-                if size not in databases:
-                    databases[size] = cluster.url(cluster.create_database())
-                overrides.update(storage="postgres", database_url=databases[size])
-            return Settings(_env_file=None, **overrides)
-
         try:
             if storage == "postgres":
                 from tests.pg_cluster import ThrowawayCluster
 
                 cluster = ThrowawayCluster(durable=True)
                 cluster.start()
-            rows += await run_backend(storage, settings_for, turns, stores, args.reps)
+            rows += await run_backend(storage, SettingsPerStore(work, cluster), turns, stores, args.reps)
         finally:
             if cluster is not None:
                 cluster.remove()
