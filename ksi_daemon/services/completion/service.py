@@ -682,7 +682,7 @@ class CompletionService:
             messages = build_messages(sent_system, History(), attached.prepend(user_messages))
             messages[1 if messages[0]["role"] == "system" else 0:0] = own.messages
         # the prompt as the daemon counts it, for calibration against the provider's count
-        estimate = (history.tokens + attached.tokens + input_tokens
+        estimate = ((own.tokens if own is not None else history.tokens) + attached.tokens + input_tokens
                     + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
         stats = {**history.stats(), **attached.stats(),
                  "prompt_tokens_estimate": round(estimate * self.calibration.ratio(state.model)),
@@ -706,6 +706,8 @@ class CompletionService:
         )
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
                            stand_in.to_record() if stand_in is not None else None)
+        if own is not None:
+            sent["history_source"] = "client"  # the client's own turns went out, not the rebuild above
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,

@@ -35,7 +35,6 @@ class Door:
         return parse(model, await read_json(request, self.settings.line_limit))
 
 
-
 def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
     """`error` with the fields it names given in the client's terms (`prompt` -> `input`,
     `options.response_format` -> `text.format`)."""
