@@ -29,13 +29,20 @@ log = structlog.get_logger("ksi.storage.digests")
 HEADER = {"v": 1, "kind": "ksi.digests"}
 
 
+Table = dict[str, set[tuple[str, int]]]  # digest -> (conversation, n)
+
+
 class DigestIndex:
     def __init__(self, path: Path, conversations_dir: Path) -> None:
         self.path = path
         self.conversations_dir = conversations_dir
-        self._lock = threading.Lock()  # appends come from several writer threads
-        self._table: dict[str, set[tuple[str, int]]] | None = None  # digest -> (conversation, n)
+        # appends come from several writer threads (or the loop); held only for a write, never
+        # for the first read of the log, which waits on `_loading` instead
+        self._lock = threading.Lock()
+        self._loading = threading.Lock()
+        self._table: Table | None = None
         self._of: dict[str, set[str]] = {}  # conversation -> its digests (for moves and deletes)
+        self._meanwhile: list[dict[str, Any]] | None = None  # appended while the log is read
         self._fd: int | None = None
 
     def record(self, conversation_id: str, entries: list[IndexEntry]) -> None:
@@ -56,9 +63,9 @@ class DigestIndex:
 
     def find(self, digest: str) -> list[tuple[str, int]]:
         """Blocking on the first call (the log is read, or rebuilt); a dict lookup after it."""
+        if self._table is None:
+            self._load()
         with self._lock:
-            if self._table is None:
-                self._load()
             assert self._table is not None
             return sorted(self._table.get(digest, ()))
 
@@ -80,7 +87,9 @@ class DigestIndex:
         with self._lock:
             if self._table is not None:
                 for line in lines:
-                    self._apply(line)
+                    _apply(self._table, self._of, line)
+            elif self._meanwhile is not None:
+                self._meanwhile.extend(lines)
             try:
                 if self._fd is None:
                     if not self.path.exists():
@@ -111,42 +120,56 @@ class DigestIndex:
         return fd
 
     def _load(self) -> None:
-        self._table, self._of = {}, {}
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
-        lines = raw.split(b"\n")
-        try:
-            header = orjson.loads(lines[0]) if lines[0] else None
-        except orjson.JSONDecodeError:
-            header = None
-        if header != HEADER:
-            self._rebuild()
-            return
-        for text in lines[1:]:
+        """Read the log (or rebuild it from the indexes) while appends go on: what they add
+        meanwhile is kept aside and applied after."""
+        with self._loading:
+            if self._table is not None:
+                return  # another caller loaded it meanwhile
+            with self._lock:
+                self._meanwhile = []
+                try:
+                    raw = self.path.read_bytes()
+                except FileNotFoundError:
+                    raw = b""
+            table: Table = {}
+            of: dict[str, set[str]] = {}
+            lines = raw.split(b"\n")
             try:
-                line = orjson.loads(text) if text else None
+                header = orjson.loads(lines[0]) if lines[0] else None
             except orjson.JSONDecodeError:
-                continue  # torn by a crash
-            if isinstance(line, dict):
-                self._apply(line)
+                header = None
+            rebuilt = None if header == HEADER else self._from_indexes(table, of)
+            if rebuilt is None:
+                for text in lines[1:]:
+                    try:
+                        line = orjson.loads(text) if text else None
+                    except orjson.JSONDecodeError:
+                        continue  # torn by a crash
+                    if isinstance(line, dict):
+                        _apply(table, of, line)
+            with self._lock:
+                meanwhile, self._meanwhile = self._meanwhile or [], None
+                for line in meanwhile:
+                    _apply(table, of, line)
+                if rebuilt is not None:
+                    if self._fd is not None:  # appends went to the file being replaced
+                        os.close(self._fd)
+                        self._fd = None
+                    self._write_whole([HEADER, *rebuilt, *meanwhile])
+                    log.info("digest_index_rebuilt", exchanges=len(rebuilt))
+                self._table, self._of = table, of
 
-    def _rebuild(self) -> None:
-        """Every index's digests, written as a fresh log."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        out: list[dict[str, Any]] = [HEADER]
+    def _from_indexes(self, table: Table, of: dict[str, set[str]]) -> list[dict[str, Any]]:
+        """Every index's digests, applied to `table`: the lines of a fresh log."""
+        out: list[dict[str, Any]] = []
         for index in sorted(self.conversations_dir.glob("*.jsonl")) if self.conversations_dir.is_dir() else []:
             conversation_id = index.stem
             for entry in read_index(index):
                 if entry.digest:
                     line = {"d": entry.digest, "c": conversation_id, "n": entry.n}
-                    self._apply(line)
+                    _apply(table, of, line)
                     out.append(line)
-        self._write_whole(out)
-        log.info("digest_index_rebuilt", exchanges=len(out) - 1)
+        return out
 
     def _write_whole(self, lines: list[dict[str, Any]]) -> None:
         """A fresh log; when it cannot be written (a full disk), the lookups this run makes are
@@ -157,26 +180,27 @@ class DigestIndex:
         except (KsiError, OSError) as error:
             log.warning("digest_log_write_failed", reason=str(error)[:200])
 
-    def _apply(self, line: dict[str, Any]) -> None:
-        assert self._table is not None
-        if "d" in line:
-            digest, conversation_id, n = line.get("d"), line.get("c"), line.get("n")
-            if isinstance(digest, str) and isinstance(conversation_id, str) and isinstance(n, int):
-                self._table.setdefault(digest, set()).add((conversation_id, n))
-                self._of.setdefault(conversation_id, set()).add(digest)
-        elif "move" in line:
-            old, new = str(line.get("move")), str(line.get("to"))
-            for digest in self._of.pop(old, set()):
-                held = self._table.get(digest, set())
-                for match in [m for m in held if m[0] == old]:
-                    held.discard(match)
-                    held.add((new, match[1]))
-                self._of.setdefault(new, set()).add(digest)
-        elif "drop" in line:
-            gone = str(line.get("drop"))
-            for digest in self._of.pop(gone, set()):
-                held = self._table.get(digest, set())
-                for match in [m for m in held if m[0] == gone]:
-                    held.discard(match)
-                if not held:
-                    self._table.pop(digest, None)
+
+def _apply(table: Table, of: dict[str, set[str]], line: dict[str, Any]) -> None:
+    """One log line: an exchange's digest, a conversation moved to another id, or one deleted."""
+    if "d" in line:
+        digest, conversation_id, n = line.get("d"), line.get("c"), line.get("n")
+        if isinstance(digest, str) and isinstance(conversation_id, str) and isinstance(n, int):
+            table.setdefault(digest, set()).add((conversation_id, n))
+            of.setdefault(conversation_id, set()).add(digest)
+    elif "move" in line:
+        old, new = str(line.get("move")), str(line.get("to"))
+        for digest in of.pop(old, set()):
+            held = table.get(digest, set())
+            for match in [m for m in held if m[0] == old]:
+                held.discard(match)
+                held.add((new, match[1]))
+            of.setdefault(new, set()).add(digest)
+    elif "drop" in line:
+        gone = str(line.get("drop"))
+        for digest in of.pop(gone, set()):
+            held = table.get(digest, set())
+            for match in [m for m in held if m[0] == gone]:
+                held.discard(match)
+            if not held:
+                table.pop(digest, None)
