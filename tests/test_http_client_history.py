@@ -103,6 +103,20 @@ async def test_a_responses_input_list_with_assistant_items_is_one_conversation(
     assert list((await conversations(http_daemon)).values()) == [3]
 
 
+async def test_a_streamed_response_with_its_history_says_so_when_completed(
+        http_daemon: HttpDaemon, client: openai.AsyncOpenAI) -> None:
+    first = await client.responses.create(model="openai/stub-model", input="hi")
+    async with client.responses.stream(model="openai/stub-model", input=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "again"}]) as stream:
+        async for _event in stream:
+            pass
+        final = await stream.get_final_response()
+    assert final.metadata == {"ksi_history": "client"}
+    assert final.conversation is not None and first.conversation is not None
+    assert final.conversation.id == first.conversation.id
+
+
 # -- llm, with an OpenAI-compatible model entry pointing at the daemon -------------------------
 def llm_home(root: Path, http: HttpDaemon) -> dict[str, str]:
     home = root / "llm-home"
