@@ -4,6 +4,7 @@ the local stub."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,17 @@ async def test_a_match_only_in_an_archived_conversation_starts_a_linked_one(stub
         assert meta["extra"]["continues"] == {"conversation_id": "c1", "exchange": 2}
         assert meta.get("parent_id") is None
         assert len(await stored_index(stub_daemon, "c1")) == 2
+
+
+async def test_an_expired_conversation_is_not_continued_either(stub_daemon: Daemon) -> None:
+    async with connected(stub_daemon) as client:
+        await stored_turns(client, "c1", ["p1"])
+        await client.request("conversation:update", {"conversation_id": "c1", "ttl": 0.01})
+        await asyncio.sleep(0.05)  # past its time to live
+        result = await complete(client, prompt="p2", history=turns(("p1", answer("p1"))))
+        meta = await stored_meta(stub_daemon, result["conversation_id"]) or {}
+        assert result["conversation_id"] != "c1"
+        assert meta["extra"]["continues"] == {"conversation_id": "c1", "exchange": 1}
 
 
 async def test_a_full_conversation_is_not_continued_either(stub_daemon: Daemon) -> None:
