@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_CALL_ID = "unknown_call_id"  # a function_call_output for a call no earlier exchange made
     DUPLICATE_CALL_ID = "duplicate_call_id"  # two calls with one id, or one call answered twice
     ARGUMENTS_NOT_JSON = "arguments_not_json"  # a function_call's arguments are not JSON text
+    HISTORY_MISMATCH = "history_mismatch"  # a client-held history contradicts the conversation it names
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

@@ -28,12 +28,17 @@ items existed read as one user message and one assistant message:
 This module is the one place that knows how items sit in record lines. Whatever shows an item to
 a person (a transcript, the CLI, the console, an export) shows a reference as `ref_public` keeps it:
 never bytes, never a path on the machine that stored it.
+It also knows their canonical form: what an exchange's chained digest covers (`exchange_digest`), so
+a history a client resends, with its whitespace or its JSON keys in another order, is recognised.
 """
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from typing import Any
+
+import orjson
 
 Item = dict[str, Any]
 
@@ -232,3 +237,73 @@ def item_line(item: Item) -> str:
     if kind == "reasoning":
         return f"(reasoning) {item.get('summary') or ''}"
     return f"[{kind}]"
+
+
+# -- the chained digest: what makes a client-held history findable ------------------------------
+# An exchange's digest covers the digest before it, the system prompt in effect for it and its
+# input and output items in a canonical form: text with its whitespace collapsed, JSON arguments
+# re-dumped with sorted keys, item keys sorted. A reasoning summary is left out (clients drop or
+# keep it at will), and so are system messages among the inputs (the system prompt is its own
+# part of the digest).
+
+def canonical_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _canonical_arguments(arguments: str) -> str:
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return canonical_text(arguments)
+    return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _canonical_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return canonical_text(content)
+    parts = []
+    for part in content if isinstance(content, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            parts.append(canonical_text(str(part.get("text") or "")))
+        elif kind in ("input_image", "input_file"):
+            ref = part.get("image") or part.get("file") or {}
+            parts.append({"type": kind, "ref": ref.get("sha256") or ref.get("url") or ref.get("name")})
+    if all(isinstance(p, str) for p in parts):  # text parts alone read as their text
+        return canonical_text(" ".join(parts))
+    return parts
+
+
+def canonical_item(item: Item) -> Item | None:
+    """The form of an item its digest covers (None: the digest leaves it out)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant"):
+            return None
+        return {"type": "message", "role": role, "content": _canonical_content(item.get("content") or "")}
+    if kind == "function_call":
+        return {"type": kind, "call_id": str(item.get("call_id") or ""), "name": str(item.get("name") or ""),
+                "arguments": _canonical_arguments(str(item.get("arguments") or ""))}
+    if kind == "function_call_output":
+        return {"type": kind, "call_id": str(item.get("call_id") or ""),
+                "output": canonical_text(str(item.get("output") or ""))}
+    return None
+
+
+def exchange_digest(previous: str | None, system: str | None, inputs: list[Item], outputs: list[Item]) -> str:
+    """d_n = H(d_{n-1}, system in effect at n, canonical input and output items of n), hex."""
+    body = [previous or "", canonical_text(system) if system else "",
+            [c for c in map(canonical_item, inputs) if c is not None],
+            [c for c in map(canonical_item, outputs) if c is not None]]
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def digest_chain(system: str | None, exchanges: list[tuple[list[Item], list[Item]]],
+                 previous: str | None = None) -> list[str]:
+    """The digests of consecutive exchanges under one system prompt, after `previous`."""
+    chain = []
+    for inputs, outputs in exchanges:
+        previous = exchange_digest(previous, system, inputs, outputs)
+        chain.append(previous)
+    return chain

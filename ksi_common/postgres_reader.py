@@ -22,7 +22,7 @@ from ksi_common.summaries import Summary
 T = TypeVar("T")
 Run = Callable[[Callable[[asyncpg.Connection], Awaitable[T]]], Awaitable[T]]
 
-ENTRY_COLUMNS = "n, response_id, ts, model, provider, agent_id, tokens_in, tokens_out, is_feedback, run_id"
+ENTRY_COLUMNS = "n, response_id, ts, model, provider, agent_id, tokens_in, tokens_out, is_feedback, run_id, digest"
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
@@ -36,7 +36,7 @@ def entry_of(row: asyncpg.Record) -> IndexEntry:
     return IndexEntry(
         n=row["n"], response_id=row["response_id"], ts=row["ts"], model=row["model"], provider=row["provider"],
         agent_id=row["agent_id"], tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-        is_feedback=row["is_feedback"], run_id=row["run_id"],
+        is_feedback=row["is_feedback"], run_id=row["run_id"], digest=row["digest"],
     )
 
 

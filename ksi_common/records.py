@@ -25,6 +25,9 @@ class IndexEntry:
     tokens_out: int = 0
     is_feedback: bool = False
     run_id: str | None = None
+    # the chained content digest (ksi_common.items.exchange_digest); None for an exchange stored
+    # before digests existed, and for every later one of its conversation (the chain is broken)
+    digest: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -42,6 +45,8 @@ class IndexEntry:
             record["is_feedback"] = True
         if self.run_id:
             record["run_id"] = self.run_id
+        if self.digest:
+            record["digest"] = self.digest
         return record
 
 
@@ -69,6 +74,7 @@ def parse_index_line(line: bytes, position: int) -> IndexEntry | None:
         tokens_out=int(record.get("tokens_out") or 0),
         is_feedback=bool(record.get("is_feedback")),
         run_id=record.get("run_id"),
+        digest=record.get("digest") if isinstance(record.get("digest"), str) else None,
     )
 
 

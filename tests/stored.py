@@ -55,7 +55,8 @@ async def stored_meta(daemon: Daemon, conversation_id: str) -> dict[str, Any] | 
 
 
 SKIPPED = ("run/", "logs/daemon/", "state/requests.jsonl", "state/calibration.json",  # what any request changes
-           "state/exchange-log/")  # records wait there until the files they cover are synced
+           "state/exchange-log/",  # records wait there until the files they cover are synced
+           "state/digests.jsonl")  # derived from the indexes (a delete or a move notes itself there)
 
 
 async def stored_snapshot(settings: Settings) -> dict[str, Any]:

@@ -48,6 +48,14 @@ class StoredTail:
     head: int
 
 
+@dataclass(frozen=True, slots=True)
+class DigestMatch:
+    """An exchange whose chained digest is the one looked up."""
+
+    conversation_id: str
+    n: int
+
+
 class ConversationExists(Exception):
     """An exclusive create found the conversation already there."""
 
@@ -119,6 +127,11 @@ class ConversationStore(StoredReader, Protocol):
     async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
         """The newest non-feedback entries whose token counts fit the budget (oldest first) and the
         head; the cost follows the budget, not the length of the conversation."""
+        ...
+
+    async def find_digest(self, digest: str) -> list[DigestMatch]:
+        """Every stored exchange whose chained digest is `digest` (a fork's shared exchanges are its
+        parent's); the cost does not follow the number of stored conversations."""
         ...
 
     async def move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ from ksi_daemon.providers.options import check_request_options
 
 
 class InputMessage(EventData):
-    role: Literal["user", "system"] = Field(description="user or system; history is never sent by clients")
+    role: Literal["user", "system"] = Field(description="user or system; earlier turns go in history")
     content: Text = Field(min_length=1)
 
 
@@ -24,6 +24,10 @@ class CompletionAsync(EventData):
     previous_response_id: SafeId | None = Field(
         default=None, description="continue after this response: its conversation, or a fork at it when it is not the newest exchange")
     agent_id: SafeId | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
+    history: list[dict[str, Any]] | None = Field(
+        default=None, max_length=100_000,
+        description="the client's own earlier turns as items (messages of role user, assistant or system; "
+                    "function_call, function_call_output): matched to the stored conversation they belong to")
     create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
     system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
     instructions: Text | None = Field(default=None, description="system prompt for this request only; the conversation's is kept")

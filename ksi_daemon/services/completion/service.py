@@ -31,6 +31,7 @@ from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.images import CheckedImage, Images
+from ksi_daemon.services.completion.client_history import ClientHistory, own_history
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
     CompletionAsync,
@@ -50,6 +51,7 @@ from ksi_daemon.services.conversations.history import (
     select_history,
     sent_record,
 )
+from ksi_daemon.services.conversations.digests import next_digest
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
@@ -192,6 +194,8 @@ class CompletionService:
                                    facts.count_tokens, self.history_budget)
         self._calibration_saved = time.monotonic()
         self._background: set[asyncio.Task[None]] = set()  # calibration saves, discards under way
+        self.client_history = ClientHistory(cache, responses, router, self.requests.count_live, self._can_continue,
+                                            settings.max_fork_depth)
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -346,6 +350,8 @@ class CompletionService:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        if data.history:
+            data = await self.client_history.resolve(data, context, self._check_before_write)
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
@@ -506,6 +512,23 @@ class CompletionService:
         await self.cache.store.create(meta, durable_with_first_exchange=for_request)
         return self.cache.create(meta)
 
+    async def _check_before_write(self, data: CompletionAsync) -> None:
+        """What `_admit` refuses before a new conversation is written, for one written for a history."""
+        self._check_capacity()
+        model = data.model or (INLINE_CONSORTIUM if data.consortium else None) or self.settings.default_model
+        await self._check_answerer(model, data)
+        await self._check_model_options(model, data)
+        self._check_options(model, data)
+
+    def _can_continue(self, memory: ConversationMemory) -> bool:
+        """Not archived, not expired, not full: a request may be appended to it."""
+        try:
+            self._check_open(memory)
+        except KsiError:
+            return False
+        cap = memory.meta.turn_cap
+        return cap is None or memory.total + self.requests.count_live(memory.conversation_id) < cap
+
     def _check_open(self, memory: ConversationMemory) -> None:
         meta = memory.meta
         if meta.status == "archived":
@@ -650,6 +673,7 @@ class CompletionService:
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
             )
         memory = await self.cache.widen(memory, budget)
+        whole_budget = budget  # what the client's own history, when it sent one, must fit in
         pins_budget = int(budget * self.settings.pins_share)
         history = await select_history(self.cache, memory, budget, self.settings.max_fork_depth)
         stand_in = await self.compactor.for_turn(memory, state.model, budget) if history.omitted else None
@@ -679,13 +703,19 @@ class CompletionService:
         messages = build_messages(sent_system, history,
                                   await self.images.attach(attached.prepend(user_messages), state.images),
                                   stand_in.text() if stand_in is not None else None)
+        own = own_history(data, whole_budget - attached.tokens, count)  # the client's own, when it fits
+        if own is not None:
+            messages = build_messages(sent_system, History(), attached.prepend(user_messages))
+            messages[1 if messages[0]["role"] == "system" else 0:0] = own.messages
         # the prompt as the daemon counts it, for calibration against the provider's count
-        estimate = (history.tokens + attached.tokens + input_tokens
+        estimate = ((own.tokens if own is not None else history.tokens) + attached.tokens + input_tokens
                     + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
         stats = {**history.stats(), **attached.stats(),
                  "prompt_tokens_estimate": round(estimate * self.calibration.ratio(state.model)),
                  "calibration_ratio": round(self.calibration.ratio(state.model), 4)}
-        if stand_in is not None:
+        if data.history:
+            stats.update(own.stats() if own is not None else {"source": "stored"})
+        if stand_in is not None and own is None:
             stats["summary_upto"] = stand_in.upto
             stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
         options = dict(data.options)
@@ -702,6 +732,8 @@ class CompletionService:
         )
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
                            stand_in.to_record() if stand_in is not None else None)
+        if own is not None:
+            sent["history_source"] = "client"  # the client's own turns went out, not the rebuild above
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
         return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
@@ -789,7 +821,9 @@ class CompletionService:
             tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
+        system = state.request.instructions if state.request.instructions is not None else prepared.system
         while True:
+            entry.digest = await next_digest(self.cache, memory, system, lines, self.settings.max_fork_depth)
             meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
                                         prepared.system_changed, now)
             try:

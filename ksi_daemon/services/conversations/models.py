@@ -73,6 +73,9 @@ class ConversationImport(EventData):
     new_id: SafeId | None = Field(default=None, description="id of the new conversation (generated when absent)")
     title: Text | None = Field(default=None, description="title of the new conversation (the export's when absent)")
     origin: Door | None = Field(default=None, description="the door the import came through, recorded on it")
+    continues: dict[str, Any] | None = Field(
+        default=None, description="the conversation (and exchange) this history was found in, recorded in "
+                                  "its metadata's extra when that one could not be continued")
 
 
 class ConversationFork(ConversationRef):

@@ -41,6 +41,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationUpdate,
     ResponseRef,
 )
+from ksi_daemon.services.conversations.digests import digest_at, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate, previous_of
@@ -343,6 +344,8 @@ class ConversationService:
         await self._check_stored(stored_images)
         await self._check_free(conversation_id, "new_id")
         meta.origin = data.origin
+        if data.continues is not None:
+            meta.extra["continues"] = data.continues
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
@@ -418,6 +421,9 @@ class ConversationService:
                 if model in named:
                     named.remove(model)
                 named.append(model)
+        for (entry, _lines), digest in zip(exchanges, record_chain(source.system, [lines for _e, lines in exchanges]),
+                                           strict=True):
+            entry.digest = digest
         meta = ConversationMeta(
             conversation_id=conversation_id, created=now, last_activity=now,
             title=title if title is not None else source.title,
@@ -456,6 +462,12 @@ class ConversationService:
                                    tokens_out=count(exchange.reply) + 4)
                 appended.append((entry, Exchange(inputs=[{"role": "user", "content": t} for t in exchange.inputs],
                                                  reply=exchange.reply)))
+            previous = (await digest_at(self.cache, memory, memory.next_n - 1, self.settings.max_fork_depth)
+                        if memory.next_n > 1 else None)
+            if previous is not None or memory.next_n == 1:  # else the chain broke before (no digests)
+                chain = record_chain(memory.meta.system, [lines for _r, lines in files], previous)
+                for (entry, _exchange), digest in zip(appended, chain, strict=True):
+                    entry.digest = digest
             changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.exchanges[0].inputs[0])

@@ -33,13 +33,14 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import JsonlReader
 from ksi_common.records import IndexEntry, parse_index_line, read_index, read_index_tail
 from ksi_common.tallies import caught_up
+from ksi_daemon.storage.jsonl.digest_index import DigestIndex
 from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
 from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.jsonl.files import (
     append_lines, jsonl, publish_new, read_json, refused_link, replace_file, replace_json, write_new,
 )
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
+from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, StoredTail
 
 T = TypeVar("T")
 log = structlog.get_logger("ksi.storage.conversations")
@@ -61,6 +62,7 @@ class JsonlConversations(JsonlReader):
         self.fsync = fsync
         # with fsync on, an exchange is durable by its exchange log record; read at open either way
         self.log = ExchangeLog(layout.exchange_log_dir)
+        self.digests = DigestIndex(layout.state_dir / "digests.jsonl", layout.conversations_dir)
         self._writers = WriterThreads(WRITER_THREADS, "ksi-synced-writes")
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._checkpointing: asyncio.Task[None] | None = None
@@ -228,6 +230,7 @@ class JsonlConversations(JsonlReader):
         except KsiError as error:  # the records stay: the next start writes from them what is missing
             log.warning("checkpoint_failed", code=error.code, reason=error.message[:200])
         self.log.close()
+        self.digests.close()
 
     # -- the exchange log --------------------------------------------------------
     def replay_log(self) -> None:
@@ -265,6 +268,9 @@ class JsonlConversations(JsonlReader):
         if n > self._head(conversation_id):
             append_lines(self.layout.index_file(conversation_id), jsonl([entry]), fsync=False)
             self._heads[conversation_id] = n
+        digest = entry.get("digest")
+        if isinstance(digest, str):  # its unsynced lookup line may be lost with the index line's sync
+            self.digests.record(conversation_id, [IndexEntry(n=n, response_id=response_id, digest=digest)])
 
     async def checkpoint(self) -> None:
         """Sync the files of the exchanges logged so far and drop their records."""
@@ -410,6 +416,7 @@ class JsonlConversations(JsonlReader):
                 if os.path.islink(path):
                     raise refused_link(path) from None
         append_lines(self.layout.index_file(conversation_id), jsonl([line]), fsync=False)
+        self.digests.record(conversation_id, [entry])
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, *,
                               response: list[dict[str, Any]] | None = None,
@@ -421,6 +428,11 @@ class JsonlConversations(JsonlReader):
 
     async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
         return await asyncio.to_thread(read_index_tail, self.layout.index_file(conversation_id), token_budget)
+
+    async def find_digest(self, digest: str) -> list[DigestMatch]:
+        # the first lookup reads (or rebuilds) the log off the loop; later ones are a dict lookup
+        found = self.digests.find(digest) if self.digests.loaded else await asyncio.to_thread(self.digests.find, digest)
+        return [DigestMatch(conversation_id, n) for conversation_id, n in found]
 
     # -- moves -----------------------------------------------------------------
     def _move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
@@ -437,6 +449,7 @@ class JsonlConversations(JsonlReader):
         index = self.layout.index_file(conversation_id)
         if index.exists():
             os.rename(index, self.layout.index_file(new_id))
+            self.digests.moved(conversation_id, new_id)
         try:
             self.layout.meta_file(conversation_id).unlink()
         except FileNotFoundError:
@@ -485,6 +498,7 @@ class JsonlConversations(JsonlReader):
                 continue
             removed.append(str(path.relative_to(layout.root)))
         self._heads.pop(conversation_id, None)
+        self.digests.dropped(conversation_id)
         return sorted(removed)
 
     def _indexed_elsewhere(self, conversation_id: str) -> set[str]:
@@ -591,6 +605,7 @@ class JsonlConversations(JsonlReader):
                 raise
             if exchanges:
                 os.rename(pending, self.layout.index_file(conversation_id))
+                self.digests.record(conversation_id, [entry for entry, _lines in exchanges])
             self._heads[conversation_id] = exchanges[-1][0].n if exchanges else 0
 
     def finish_imports(self) -> list[str]:
@@ -604,6 +619,7 @@ class JsonlConversations(JsonlReader):
             conversation_id = pending.name[1:-len(f".jsonl{IMPORTING}")]
             if self.layout.meta_file(conversation_id).exists() and not self.layout.index_file(conversation_id).exists():
                 os.rename(pending, self.layout.index_file(conversation_id))
+                self.digests.record(conversation_id, read_index(self.layout.index_file(conversation_id)))
                 finished.append(conversation_id)
             else:
                 pending.unlink(missing_ok=True)

@@ -50,6 +50,7 @@ class JsonlStorage:
                           layout.consortia_dir, layout.exchange_log_dir):
             if directory.is_symlink():
                 raise refused_link(directory)
+        await asyncio.to_thread(self.conversations.digests.prepare)  # before the replay appends to it
         await asyncio.to_thread(self.conversations.replay_log)  # exchanges a crash of the machine kept from their files
         await asyncio.to_thread(self.conversations.finish_imports)  # imports a kill interrupted
 

@@ -16,7 +16,7 @@ import asyncpg
 from ksi_common.postgres_reader import ENTRY_COLUMNS, PostgresReader, entry_of
 from ksi_common.records import IndexEntry
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
+from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, StoredTail
 from ksi_daemon.storage.postgres.database import Database
 
 APPEND = """
@@ -34,8 +34,8 @@ moved AS (
 ),
 inserted AS (
     INSERT INTO ksi_exchanges (conversation_id, n, response_id, ts, model, provider, agent_id,
-                               tokens_in, tokens_out, is_feedback, run_id, tokens_before)
-    SELECT $1, $3, $2, $4, $5, $6, $7, $8, $9, $10, $11, moved.before FROM moved
+                               tokens_in, tokens_out, is_feedback, run_id, tokens_before, digest)
+    SELECT $1, $3, $2, $4, $5, $6, $7, $8, $9, $10, $11, moved.before, $17 FROM moved
     RETURNING n
 )
 SELECT moved.version FROM moved, inserted
@@ -173,7 +173,7 @@ class PostgresConversations(PostgresReader):
             conversation_id, entry.response_id, entry.n, entry.ts, entry.model, entry.provider, entry.agent_id,
             entry.tokens_in, entry.tokens_out, entry.is_feedback, entry.run_id, response, eligible_tokens(entry),
             meta.model_dump(mode="json") if meta is not None else None, meta.last_activity if meta else None,
-            self._versions.get(conversation_id),
+            self._versions.get(conversation_id), entry.digest,
         )
 
         async def work(conn: asyncpg.Connection) -> None:
@@ -192,7 +192,7 @@ class PostgresConversations(PostgresReader):
                 """, conversation_id, entry.response_id)
             if row is None:  # no conversation row yet (an index written without metadata first)
                 await conn.execute(CREATE, conversation_id, None, 0, None, None)
-                version = await conn.fetchval(APPEND, *values[:-1], None)
+                version = await conn.fetchval(APPEND, *values[:-2], None, entry.digest)
                 if version is not None:
                     self._versions[conversation_id] = version
                     return
@@ -211,6 +211,11 @@ class PostgresConversations(PostgresReader):
         if not rows:
             return [], 0
         return [entry_of(r) for r in rows if r["n"] is not None], int(rows[0]["head"])
+
+    async def find_digest(self, digest: str) -> list[DigestMatch]:
+        rows = await self.database.run(lambda c: c.fetch(
+            "SELECT conversation_id, n FROM ksi_exchanges WHERE digest = $1", digest))
+        return [DigestMatch(r["conversation_id"], r["n"]) for r in rows]
 
     async def move(self, conversation_id: str, new_id: str, note: dict[str, Any]) -> list[str]:
         async def work(conn: asyncpg.Connection) -> list[str]:
@@ -303,14 +308,15 @@ class PostgresConversations(PostgresReader):
         rows = []
         for entry, _lines in exchanges:
             rows.append((conversation_id, entry.n, entry.response_id, entry.ts, entry.model, entry.provider,
-                         entry.agent_id, entry.tokens_in, entry.tokens_out, entry.is_feedback, entry.run_id, tokens))
+                         entry.agent_id, entry.tokens_in, entry.tokens_out, entry.is_feedback, entry.run_id, tokens,
+                         entry.digest))
             tokens += eligible_tokens(entry)
             head = max(head, entry.n)
         if rows:
             await conn.copy_records_to_table(
                 "ksi_exchanges", records=rows,
                 columns=["conversation_id", "n", "response_id", "ts", "model", "provider", "agent_id",
-                         "tokens_in", "tokens_out", "is_feedback", "run_id", "tokens_before"])
+                         "tokens_in", "tokens_out", "is_feedback", "run_id", "tokens_before", "digest"])
         await conn.execute("UPDATE ksi_conversations SET head = $2, tokens = $3 WHERE conversation_id = $1",
                            conversation_id, head, tokens)
 

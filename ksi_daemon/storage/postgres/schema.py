@@ -150,6 +150,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(5, "each exchange's chained content digest, looked up to find a client-held history's conversation", (
+        "ALTER TABLE ksi_exchanges ADD COLUMN digest text",
+        "CREATE INDEX ksi_exchanges_digest ON ksi_exchanges (digest) WHERE digest IS NOT NULL",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -24,6 +24,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.AGENT_TERMINATED: 409,
     ErrorCode.CONVERSATION_FULL: 409,
     ErrorCode.CONVERSATION_ARCHIVED: 409,
+    ErrorCode.HISTORY_MISMATCH: 409,
     ErrorCode.CANCELLED: 409,
     ErrorCode.RESPONSE_NOT_DELETABLE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,

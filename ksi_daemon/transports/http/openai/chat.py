@@ -1,6 +1,7 @@
-"""/v1/chat/completions: with a conversation id only the new input is sent and KSI rebuilds the
-history; without one, the call still becomes a conversation (the client's own earlier turns,
-if it sends them, are imported as its first exchanges)."""
+"""/v1/chat/completions: the new input (the messages after the last assistant one) is sent with
+the client's own earlier turns, if any, as the history KSI matches to the conversation they belong
+to (continued, forked where it differs, or new); with a conversation id only the new input is
+needed, and a history sent with one must be that conversation's."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import KsiError
-from ksi_daemon.transports.http.door import call
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.responses import SSE_HEADERS
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate
 from ksi_daemon.transports.http.openai.translate import (
     CHAT_FIELDS,
+    HISTORY_HEADER,
     Door,
     chat_payload,
-    history_document,
+    history_used,
     renamed,
     split_chat,
 )
@@ -37,14 +38,9 @@ class ChatCompletions:
     async def create(self, request: Request) -> Response:
         body: ChatCompletionCreate = await self.door.body(request, ChatCompletionCreate)
         conversation_id = body.conversation_id or request.headers.get(CONVERSATION_HEADER)
-        chat = split_chat(body, conversation_id)
+        chat = split_chat(body)
         created = int(time.time())
         try:
-            if chat.history:  # the client sent its own history: it becomes this new conversation's past
-                self.door.check_routing(body.model, chat.options)  # refused before the history is written
-                imported = await call(self.door.handle_request, "conversation:import",
-                                      {"data": history_document(chat), "format": "json", "origin": "http"})
-                conversation_id = imported["conversation_id"]
             payload = chat_payload(body, chat, conversation_id)
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
@@ -54,8 +50,13 @@ class ChatCompletions:
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, CHAT_FIELDS) from None
-        return JSONResponse(shapes.chat_completion(result, created),
-                            headers={CONVERSATION_HEADER: result["conversation_id"]})
+        shaped = shapes.chat_completion(result, created)
+        headers = {CONVERSATION_HEADER: result["conversation_id"]}
+        used = history_used(result)
+        if used is not None:
+            shaped["metadata"] = {**(body.metadata or {}), "ksi_history": used}
+            headers[HISTORY_HEADER] = used
+        return JSONResponse(shaped, headers=headers)
 
     async def _chunks(self, stream: CompletionStream, ack: dict[str, Any], body: ChatCompletionCreate,
                       created: int) -> AsyncIterator[bytes]:
@@ -73,8 +74,10 @@ class ChatCompletions:
                         yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"content": outcome.text}))
                 elif isinstance(outcome, Done):
                     result = outcome.result
+                    used = history_used(result)
                     yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {},
-                                                 result.get("finish_reason") or "stop", **ids))
+                                                 result.get("finish_reason") or "stop", **ids,
+                                                 **({"metadata": {"ksi_history": used}} if used else {})))
                     if body.stream_options is not None and body.stream_options.include_usage:
                         usage = shapes.chat_completion(result, created)["usage"]
                         yield line({**shapes.chat_chunk(chunk_id, ack["model"], created, {}), "choices": [],

@@ -17,7 +17,14 @@ from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ResponseCreate
-from ksi_daemon.transports.http.openai.translate import RESPONSE_FIELDS, Door, renamed, response_payload
+from ksi_daemon.transports.http.openai.translate import (
+    HISTORY_HEADER,
+    RESPONSE_FIELDS,
+    Door,
+    history_used,
+    renamed,
+    response_payload,
+)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -39,9 +46,13 @@ class Responses:
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, RESPONSE_FIELDS) from None
-        return JSONResponse(self._shape(body, result["response_id"], result["model"], created_at, "completed",
-                                        text=result["content"], usage=result.get("usage"),
-                                        conversation_id=result["conversation_id"]))
+        shaped = self._shape(body, result["response_id"], result["model"], created_at, "completed",
+                             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"])
+        used = history_used(result)
+        if used is None:
+            return JSONResponse(shaped)
+        shaped["metadata"] = {**(shaped.get("metadata") or {}), "ksi_history": used}
+        return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
     @staticmethod
     def _shape(body: ResponseCreate, response_id: str, model: str, created_at: int, status: str,
@@ -83,8 +94,11 @@ class Responses:
                     yield event("response.content_part.done", **where, part=shapes.output_text(text))
                     yield event("response.output_item.done", output_index=0,
                                 item=shapes.message_item(response_id, text))
-                    yield event("response.completed", response=snapshot(
-                        "completed", text=text, usage=outcome.result.get("usage")))
+                    completed = snapshot("completed", text=text, usage=outcome.result.get("usage"))
+                    used = history_used(outcome.result)
+                    if used is not None:
+                        completed["metadata"] = {**(completed.get("metadata") or {}), "ksi_history": used}
+                    yield event("response.completed", response=completed)
                 else:
                     error = outcome.error
                     yield event("response.failed", response=snapshot(

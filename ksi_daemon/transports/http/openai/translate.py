@@ -9,11 +9,18 @@ from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_options, check_request_options
+from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
 
 AGENT_PREFIX = "agent/"
+HISTORY_HEADER = "X-KSI-History"  # client: the client's own history was sent; stored: KSI's rebuild
+
+
+def history_used(result: dict[str, Any]) -> str | None:
+    """Which history the provider received for a request that sent its own (None: it sent none)."""
+    source = (result.get("history") or {}).get("source")
+    return str(source) if source else None
 
 
 @dataclass(slots=True)
@@ -26,13 +33,6 @@ class Door:
 
     async def body(self, request: Request, model: type[Body]) -> Any:
         return parse(model, await read_json(request, self.settings.line_limit))
-
-    def check_routing(self, model: str | None, options: dict[str, Any]) -> None:
-        """The service's refusal of options that pick a host or credentials, for a request whose
-        door writes something first (a chat history); an agent's model is checked by the service."""
-        if model is None or not model.startswith(AGENT_PREFIX):
-            name = model or self.settings.default_model
-            check_options(name, options, self.settings.model_settings(name).allow_options)
 
 
 def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
@@ -54,8 +54,8 @@ def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
-                   "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
-CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages"}
+                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input"}
+CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages"}
 
 
 def _model_fields(payload: dict[str, Any], model: str | None) -> None:
@@ -112,22 +112,30 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
+        # a list holding assistant items carries the client's own history: everything up to the
+        # last assistant item is history (matched to its conversation), what follows is new
+        last_reply = max((p for p, m in enumerate(body.input) if not isinstance(m, ToolItem) and m.role == "assistant"),
+                         default=-1)
+        history: list[dict[str, Any]] = []
         messages = []
         for position, message in enumerate(body.input):
             if isinstance(message, ToolItem):
                 raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
                                f"input.{position} is a {message.type} item: {TOOLS_NOT_STORED}",
                                fields={f"input.{position}.type": TOOLS_NOT_STORED})
-            if message.role == "assistant":
-                raise KsiError(ErrorCode.VALIDATION_ERROR,
-                               "input holds an assistant message: the history comes from previous_response_id "
-                               "or conversation, the input is only what is new",
-                               fields={f"input.{position}.role": "assistant messages are not new input"})
             text = message.text(f"input.{position}.content")
+            if position <= last_reply:
+                history.append({"type": "message", "role": message.role, "content": text})
+                continue
             if not text.strip():
                 raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
                                fields={f"input.{position}.content": "must not be empty"})
             messages.append({"role": "user" if message.role == "user" else "system", "content": text})
+        if history:
+            payload["history"] = history
+        if not any(m["role"] == "user" for m in messages):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "input must end with a user message (the new input)",
+                           fields={"input": "no user message after the last assistant message"})
         payload["messages"] = messages
     _model_fields(payload, body.model)
     for key, value in (("instructions", body.instructions), ("previous_response_id", body.previous_response_id),
@@ -141,18 +149,18 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class ChatInput:
-    """A chat request's messages split into what KSI needs: earlier exchanges (only when the client
-    sends its own history without a conversation), the system prompt, and the new input."""
+    """A chat request's messages split into what KSI needs: the client's own earlier turns (as
+    items, its leading system messages first), the system prompt, and the new input."""
 
     system: str | None
-    history: list[tuple[list[str], str]]  # (user texts, assistant reply) per earlier exchange
+    history: list[dict[str, Any]]  # every message up to the last assistant one
     new: list[dict[str, str]]
-    options: dict[str, Any]  # checked before the history is imported
+    options: dict[str, Any]
 
 
-def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatInput:
+def split_chat(body: ChatCompletionCreate) -> ChatInput:
     system = None
-    history: list[tuple[list[str], str]] = []
+    history: list[dict[str, Any]] = []
     pending: list[dict[str, str]] = []
     options = _extra_fields(body)  # seed, stop, response_format, n, tools, ...: OpenAI's names are the options'
     if body.top_p is not None:
@@ -167,11 +175,10 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
             raise _refuse(f"messages.{position}.{called}", TOOLS_NOT_STORED)
         text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
-            if conversation_id is not None:
-                raise KsiError(ErrorCode.VALIDATION_ERROR,
-                               "with a conversation, send only the new input: KSI rebuilds the history",
-                               fields={f"messages.{position}.role": "no assistant messages with a conversation"})
-            history.append(([m["content"] for m in pending if m["role"] == "user"], text))
+            if not history and system is not None:
+                history.append({"type": "message", "role": "system", "content": system})
+            history.extend({"type": "message", **m} for m in pending)
+            history.append({"type": "message", "role": "assistant", "content": text})
             pending = []
             continue
         if message.role in ("system", "developer") and not history and not any(m["role"] == "user" for m in pending):
@@ -189,28 +196,18 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
     payload: dict[str, Any] = {"messages": chat.new, "origin": "http"}
+    if chat.history:
+        payload["history"] = chat.history  # matched to the conversation it belongs to
     _model_fields(payload, body.model)
     if conversation_id is not None:
         payload["conversation_id"] = conversation_id
         if body.create:
             payload["create"] = True
     if chat.system is not None and not chat.history:
-        payload["system"] = chat.system  # with history, the imported conversation carries it
+        payload["system"] = chat.system  # with history, its leading system message is the history's
     max_tokens = body.max_completion_tokens or body.max_tokens
     for key, value in (("temperature", body.temperature), ("max_tokens", max_tokens), ("metadata", body.metadata),
                        ("options", chat.options)):
         if value is not None and value != {}:
             payload[key] = value
     return payload
-
-
-def history_document(chat: ChatInput) -> dict[str, Any]:
-    """The client's own earlier exchanges as a conversation export, for conversation:import."""
-    return {
-        "format": "ksi.conversation", "v": 1,
-        "conversation": {"system": chat.system},
-        "exchanges": [
-            {"inputs": [{"type": "user", "content": text} for text in users], "reply": {"content": reply}}
-            for users, reply in chat.history
-        ],
-    }

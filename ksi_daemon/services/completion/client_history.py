@@ -1,0 +1,325 @@
+"""Continuity for stateless clients: a request carrying its own earlier turns (`history`) is
+matched to the stored conversation whose chain of digests it extends.
+
+The history is split into exchanges (the input items before each run of output items) and its
+chain of digests computed as stored exchanges compute theirs. Then, before the request is
+admitted:
+
+- with `conversation_id` or `previous_response_id`, the history must be that conversation's (up to
+  that response): else `history_mismatch` naming the first exchange that differs, nothing written;
+- else the newest exchange of the history is looked up: found as a conversation's newest exchange,
+  the request continues it; found as an older one, or only a shorter part of the history found, a
+  copy-free fork is made there and the turns that differ are appended to it; nothing found, the
+  history is imported as a new conversation. A match only in an archived, expired or full
+  conversation imports the history as a new conversation whose metadata names it.
+
+Several conversations holding the digest hold the same whole history (the chain covers every
+exchange before): open ones first, then the one where it is the newest exchange, then the most
+recently active.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ksi_common import items
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.timefmt import parse_ts
+from ksi_daemon.context import EventContext
+from ksi_daemon.router import Router
+from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.conversations.digests import digest_at
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.storage.ports import ResponseStore
+
+INPUT_KINDS = frozenset({"function_call_output"})
+OUTPUT_KINDS = frozenset({"function_call", "reasoning"})
+MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD: tokens a chat message costs beyond its text
+
+
+def _invalid(where: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.VALIDATION_ERROR, f"{where}: {why}", fields={where: why})
+
+
+@dataclass(slots=True)
+class ClientTurns:
+    """A client-held history as exchanges (input items, output items), under one system prompt."""
+
+    system: str | None
+    exchanges: list[tuple[list[items.Item], list[items.Item]]] = field(default_factory=list)
+
+    def chain(self) -> list[str]:
+        return items.digest_chain(self.system, self.exchanges)
+
+    def text_only(self) -> bool:
+        """Every item a message whose content is text (what an import or an append can store)."""
+        return all(item.get("type", "message") == "message" and isinstance(item.get("content"), str)
+                   for inputs, outputs in self.exchanges for item in (*inputs, *outputs))
+
+    def messages(self) -> list[dict[str, str]]:
+        """The history as chat messages (text-only histories)."""
+        return [{"role": str(item["role"]), "content": str(item["content"])}
+                for inputs, outputs in self.exchanges for item in (*inputs, *outputs)]
+
+
+def _normalised(raw: Any, where: str) -> items.Item:
+    if not isinstance(raw, dict):
+        raise _invalid(where, "an item must be an object")
+    kind = raw.get("type") or "message"
+    if kind == "message":
+        role = raw.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("user", "assistant", "system"):
+            raise _invalid(f"{where}.role", "must be user, assistant, system or developer")
+        content = raw.get("content")
+        if isinstance(content, list):  # text parts read as their text; other parts stay parts
+            texts = [p.get("text") for p in content if isinstance(p, dict)
+                     and p.get("type") in ("input_text", "output_text", "text")]
+            if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+                content = "".join(texts)  # type: ignore[arg-type]
+        if not isinstance(content, (str, list)):
+            raise _invalid(f"{where}.content", "must be text or a list of parts")
+        if role == "user" and not (content.strip() if isinstance(content, str) else content):
+            raise _invalid(f"{where}.content", "a user message must not be empty")
+        return items.message(role, content)
+    if kind == "function_call":
+        for key in ("call_id", "name"):
+            if not isinstance(raw.get(key), str) or not raw.get(key):
+                raise _invalid(f"{where}.{key}", "must be a non-empty string")
+        return {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
+    if kind == "function_call_output":
+        if not isinstance(raw.get("call_id"), str) or not raw.get("call_id"):
+            raise _invalid(f"{where}.call_id", "must be a non-empty string")
+        return {"type": kind, "call_id": raw["call_id"], "output": str(raw.get("output") or "")}
+    if kind == "reasoning":
+        return {"type": kind, "summary": str(raw.get("summary") or "")}
+    raise _invalid(f"{where}.type", f"{kind} items cannot be part of a history "
+                                    "(message, function_call, function_call_output, reasoning)")
+
+
+def split_history(history: list[Any], instructions: str | None = None) -> ClientTurns:
+    """The client's earlier turns as exchanges; system messages only before the first exchange
+    (the system prompt of the whole history; `instructions`, when given, is it instead)."""
+    turns = ClientTurns(system=None)
+    system_parts: list[str] = []
+    inputs: list[items.Item] = []
+    outputs: list[items.Item] = []
+    for position, raw in enumerate(history):
+        where = f"history.{position}"
+        item = _normalised(raw, where)
+        kind, role = item["type"], item.get("role")
+        if kind == "message" and role == "system":
+            if turns.exchanges or inputs or outputs:
+                raise _invalid(f"{where}.role", "a system message can only open the history "
+                                                "(a changed system prompt starts another conversation)")
+            system_parts.append(items.part_text(item["content"]))
+            continue
+        is_output = kind in OUTPUT_KINDS or (kind == "message" and role == "assistant")
+        if is_output:
+            if not inputs and not outputs:
+                raise _invalid(f"{where}.role", "an assistant turn needs a user turn before it")
+            outputs.append(item)
+            continue
+        if outputs:  # an input after outputs opens the next exchange
+            turns.exchanges.append((inputs, outputs))
+            inputs, outputs = [], []
+        inputs.append(item)
+    if inputs and not outputs:
+        raise _invalid(f"history.{len(history) - 1}", "the history must end with an assistant turn "
+                                                      "(what is new goes in prompt, messages or input)")
+    if outputs:
+        turns.exchanges.append((inputs, outputs))
+    turns.system = instructions if instructions is not None else ("\n\n".join(system_parts) or None)
+    return turns
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    memory: ConversationMemory
+    n: int
+
+
+class ClientHistory:
+    """Resolves a request's client-held history to the conversation it continues."""
+
+    def __init__(self, cache: ConversationCache, responses: ResponseStore, router: Router,
+                 count_live: Callable[[str], int], is_open: Callable[[ConversationMemory], bool],
+                 max_depth: int) -> None:
+        self.cache = cache
+        self.responses = responses
+        self.router = router
+        self.count_live = count_live  # requests queued or running on a conversation
+        self.is_open = is_open  # active, not expired, not full
+        self.max_depth = max_depth
+
+    async def resolve(self, data: CompletionAsync, context: EventContext,
+                      before_write: Callable[[CompletionAsync], Awaitable[None]]) -> CompletionAsync:
+        """`data` naming the conversation its history belongs to (made when needed); its history
+        stays, for the provider to be sent when it fits. `before_write` refuses the request before
+        a conversation is written for it."""
+        assert data.history is not None
+        turns = split_history(data.history, data.instructions)
+        if not turns.exchanges:
+            return data
+        chain = turns.chain()
+        if data.previous_response_id is not None:
+            found = await locate(self.cache, self.responses, data.previous_response_id,
+                                 ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
+            if found.memory is not None and found.n is not None:
+                await self._check_same(found.memory, found.n, chain)
+            return data  # continued after that response, as without a history
+        if data.conversation_id is not None:
+            memory = await self.cache.get(data.conversation_id)
+            if memory is not None:
+                await self._check_same(memory, memory.total, chain)
+                return data
+            if not data.create:
+                return data  # conversation_not_found, as without a history
+            await before_write(data)
+            await self._import(turns, context, data, new_id=data.conversation_id)
+            return data
+        newest = await self._best(await self._matches(chain[-1], len(chain)))
+        if newest is not None and self.is_open(newest.memory):
+            if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
+                return data.model_copy(update={"conversation_id": newest.memory.conversation_id})
+            await before_write(data)
+            fork = await self._fork(newest, context, data)
+            return data.model_copy(update={"conversation_id": fork})
+        await before_write(data)
+        if newest is not None:  # only in a conversation that cannot continue
+            imported = await self._import(turns, context, data, linked=newest)
+            return data.model_copy(update={"conversation_id": imported})
+        shared = await self._longest_prefix(chain)
+        if shared is None or not self.is_open(shared.memory) or not turns.text_only():
+            imported = await self._import(turns, context, data, linked=shared)
+            return data.model_copy(update={"conversation_id": imported})
+        fork = await self._fork(shared, context, data)
+        await self._append(fork, turns.exchanges[shared.n:], context)
+        return data.model_copy(update={"conversation_id": fork})
+
+    # -- matching ------------------------------------------------------------------
+    async def _matches(self, digest: str, n: int) -> list[Match]:
+        """The stored exchanges numbered `n` holding `digest`, checked against the conversation as
+        loaded (the JSONL lookup is derived data) without reading more of it."""
+        found = []
+        for candidate in await self.cache.store.find_digest(digest):
+            if candidate.n != n:
+                continue
+            memory = await self.cache.get(candidate.conversation_id)
+            if memory is None or memory.retired or candidate.n > memory.total:
+                continue
+            entry = memory.entry(candidate.n)
+            if entry is not None and entry.digest != digest:
+                continue
+            found.append(Match(memory, candidate.n))
+        return found
+
+    async def _best(self, matches: list[Match]) -> Match | None:
+        if not matches:
+            return None
+        return max(matches, key=lambda m: (self.is_open(m.memory), m.n == m.memory.total,
+                                           parse_ts(m.memory.meta.last_activity)))
+
+    async def _longest_prefix(self, chain: list[str]) -> Match | None:
+        """The longest leading part of the history some conversation holds (a chained digest found
+        at k means every one before it is held too: bisection)."""
+        low, high, best = 1, len(chain) - 1, None
+        while low <= high:
+            middle = (low + high) // 2
+            found = await self._best(await self._matches(chain[middle - 1], middle))
+            if found is not None:
+                best, low = found, middle + 1
+            else:
+                high = middle - 1
+        return best
+
+    async def _check_same(self, memory: ConversationMemory, n: int, chain: list[str]) -> None:
+        """The history must be the conversation's exchanges 1..n: else `history_mismatch` naming the
+        first that differs. An exchange stored before digests cannot be compared and is not."""
+        for k in range(1, max(n, len(chain)) + 1):
+            if k > n or k > len(chain):
+                why = ("the history has more exchanges than the conversation" if k > n
+                       else "the conversation has more exchanges than the history")
+                raise self._mismatch(memory, k, why, len(chain), n)
+            stored = await digest_at(self.cache, memory, k, self.max_depth)
+            if stored is not None and stored != chain[k - 1]:
+                raise self._mismatch(memory, k, "the exchange differs from the stored one", len(chain), n)
+
+    @staticmethod
+    def _mismatch(memory: ConversationMemory, k: int, why: str, sent: int, stored: int) -> KsiError:
+        return KsiError(ErrorCode.HISTORY_MISMATCH,
+                        f"the history differs from conversation {memory.conversation_id} at exchange {k}: {why}",
+                        conversation_id=memory.conversation_id, exchange=k, history_exchanges=sent,
+                        stored_exchanges=stored, fields={"history": f"differs at exchange {k}"})
+
+    # -- writing ------------------------------------------------------------------
+    async def _fork(self, at: Match, context: EventContext, data: CompletionAsync) -> str:
+        fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n}
+        if data.origin is not None:
+            fork_data["origin"] = data.origin
+        fork = await self.router.request("conversation:fork", fork_data, context.child())
+        return str(fork["conversation_id"])
+
+    async def _append(self, conversation_id: str, exchanges: list[tuple[list[items.Item], list[items.Item]]],
+                      context: EventContext) -> None:
+        appended = [{"inputs": [str(i["content"]) for i in inputs],
+                     "reply": "".join(str(o["content"]) for o in outputs)} for inputs, outputs in exchanges]
+        await self.router.request("conversation:append", {"conversation_id": conversation_id, "exchanges": appended},
+                                  context.child())
+
+    async def _import(self, turns: ClientTurns, context: EventContext, data: CompletionAsync, *,
+                      new_id: str | None = None, linked: Match | None = None) -> str:
+        if not turns.text_only():
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           "history: a history holding tool calls or images is matched to a stored conversation "
+                           "but cannot be imported as a new one",
+                           fields={"history": "tool calls and images are not imported"})
+        document: dict[str, Any] = {
+            "format": "ksi.conversation", "v": 1,
+            "conversation": {"system": turns.system},
+            "exchanges": [{"inputs": [{"type": "user", "content": str(i["content"])} for i in inputs],
+                           "reply": {"content": "".join(str(o["content"]) for o in outputs)}}
+                          for inputs, outputs in turns.exchanges],
+        }
+        request: dict[str, Any] = {"data": document, "format": "json"}
+        if new_id is not None:
+            request["new_id"] = new_id
+        if data.origin is not None:
+            request["origin"] = data.origin
+        if linked is not None:
+            request["continues"] = {"conversation_id": linked.memory.conversation_id, "exchange": linked.n}
+        imported = await self.router.request("conversation:import", request, context.child())
+        return str(imported["conversation_id"])
+
+
+@dataclass(frozen=True, slots=True)
+class OwnHistory:
+    """The client's own history, as sent to the provider."""
+
+    messages: list[dict[str, str]]
+    exchanges: int
+    tokens: int
+
+    def stats(self) -> dict[str, Any]:
+        return {"source": "client", "exchanges_total": self.exchanges, "exchanges_sent": self.exchanges,
+                "exchanges_omitted": 0, "tokens_sent": self.tokens}
+
+
+def own_history(data: CompletionAsync, budget: int, count_tokens: Callable[[str], int]) -> OwnHistory | None:
+    """The client's own history as the provider's messages when the request has one that fits
+    `budget` (text-only); None: KSI's budgeted rebuild is sent instead."""
+    if not data.history:
+        return None
+    try:
+        turns = split_history(data.history, data.instructions)
+    except KsiError:
+        return None
+    if not turns.exchanges or not turns.text_only():
+        return None
+    messages = turns.messages()
+    tokens = sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
+    return OwnHistory(messages, len(turns.exchanges), tokens) if tokens <= budget else None
