@@ -52,6 +52,9 @@ class ErrorCode(StrEnum):
     API_KEY_MISSING = "api_key_missing"  # the provider needs a key the daemon's environment lacks
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
+    RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"  # only a queued or running background response is
+    STREAM_NOT_FOUND = "stream_not_found"  # a response whose events are not kept (not background, or long ended)
+    STARTING_AFTER_OUT_OF_RANGE = "starting_after_out_of_range"  # past the last event of an ended stream
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

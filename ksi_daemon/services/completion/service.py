@@ -54,6 +54,7 @@ from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, R
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
+from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import (
@@ -170,6 +171,7 @@ class CompletionService:
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.requests = RequestRegistry(settings.finished_requests_kept)
+        self.streams = ChunkLogs()  # the chunks of background requests, readable again
         self.activity = CompletionActivity()
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
@@ -199,6 +201,8 @@ class CompletionService:
                        "State of a request: queued, running, done, failed or cancelled."),
             r.register("completion:cancel", self.handle_cancel, CompletionCancel,
                        "Cancel a queued or running request."),
+            r.register("completion:chunks", self.handle_chunks, CompletionChunks,
+                       "A background request's chunks after an index, its status and, once ended, its outcome."),
             r.register("completion:models", self.handle_models, NoData,
                        "Models to offer by name: the default, those configured by exact name, the built-in echo."),
         ]
@@ -280,6 +284,9 @@ class CompletionService:
                 await found.done.wait()
             return {**self.describe(found), "cancelled": found.status == "cancelled"}
         return {**self.describe(found), "cancelled": False}
+
+    async def handle_chunks(self, data: CompletionChunks, _context: EventContext) -> dict[str, Any]:
+        return await self.streams.read(data)
 
     async def handle_models(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
         # Any model litellm reaches is served; these are the names worth offering to a picker.
@@ -418,6 +425,8 @@ class CompletionService:
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
         self.requests.add(state)
+        if data.background:
+            self.streams.open(state)
         memory.users += 1  # held in memory until the request ends (see ConversationCache._keep)
         self._held[state.request_id] = memory
         # two lines a request, queued and its end: the response id is known from here, so a
@@ -668,7 +677,7 @@ class CompletionService:
         call = ProviderCall(
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
             timeout=data.timeout or self.settings.request_timeout, options=options,
-            on_chunk=self._chunk_sink(state) if data.stream else None,
+            on_chunk=self._chunk_sink(state) if data.stream or data.background else None,
             resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
@@ -735,6 +744,7 @@ class CompletionService:
 
         def emit(text: str) -> None:
             nonlocal index
+            self.streams.add(state.request_id, text)
             self.router.emit("completion:chunk", {"request_id": state.request_id,
                                                   "conversation_id": state.conversation_id,
                                                   "index": index, "text": text}, context)
@@ -831,6 +841,7 @@ class CompletionService:
             held.users -= 1
         state.finish(status, result, error)
         self.requests.retire(state)
+        self.streams.ended(state)
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
         if status == "done" and result is not None:
