@@ -149,7 +149,7 @@ async def test_conversation_objects_with_items(
     assert [line["n"] for line in index_of(http_daemon, conversation.id)] == [1, 2, 3, 4]
     with pytest.raises(openai.BadRequestError) as unpaired:
         await client.conversations.items.create(conversation.id, items=[
-            {"type": "message", "role": "user", "content": "no reply"}])
+            {"type": "message", "role": "assistant", "content": "a reply to nothing"}])
     assert unpaired.value.code == "validation_error"
     assert len(index_of(http_daemon, conversation.id)) == 4
     updated = await client.conversations.update(conversation.id, metadata={"project": "beta"})

@@ -49,6 +49,7 @@ from ksi_daemon.services.conversations.history import (
     sent_record,
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.pending import with_pending, without_consumed
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
@@ -617,7 +618,7 @@ class CompletionService:
         await self.facts.ready(state.model)
         memory = await self.cache.require(state.conversation_id)
         self._check_open(memory)
-        inputs = records.input_lines(state)
+        inputs = with_pending(memory.meta, records.input_lines(state))  # messages added without a reply
         new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
         system = new_system if new_system is not None else memory.meta.system
         # instructions are this request's own system prompt; the conversation keeps its own
@@ -774,8 +775,8 @@ class CompletionService:
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         while True:
-            meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
-                                        prepared.system_changed, now)
+            meta = without_consumed(records.updated_meta(memory.meta, state, reply, entry, prepared.system,
+                                                         prepared.system_changed, now), prepared.inputs)
             try:
                 # Too late to cancel once the write has begun: the index line would be stored but
                 # not in memory. A cancel arriving now is absorbed; the request is reported done.

@@ -111,3 +111,9 @@ class AppendedExchange(EventData):
 class ConversationAppend(ConversationRef):
     exchanges: list[AppendedExchange] = Field(min_length=1, max_length=1000,
                                               description="exchanges to add at the end, oldest first")
+
+
+class ConversationPend(ConversationRef):
+    inputs: list[NonBlank] = Field(min_length=1, max_length=1000,
+                                   description="user messages without a reply yet; the next request here takes them "
+                                               "as its first input")

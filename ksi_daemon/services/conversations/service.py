@@ -33,6 +33,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationFork,
     ConversationImport,
     ConversationList,
+    ConversationPend,
     ConversationPin,
     ConversationSent,
     ConversationShow,
@@ -42,6 +43,7 @@ from ksi_daemon.services.conversations.models import (
 )
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta, preview_of
@@ -124,6 +126,8 @@ class ConversationService:
                        "Delete a conversation's index, metadata and response files, and nothing else."),
             r.register("conversation:append", self.handle_append, ConversationAppend,
                        "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
+            r.register("conversation:pend", self.handle_pend, ConversationPend,
+                       "Hold user messages without a reply; the next request in the conversation takes them first."),
             r.register("response:show", self.handle_response_show, ResponseRef,
                        "One response: its inputs, outcome, and its place in its conversation."),
             r.register("response:delete", self.handle_response_delete, ResponseRef,
@@ -456,6 +460,32 @@ class ConversationService:
         return {"conversation_id": memory.conversation_id,
                 "response_ids": [entry.response_id for entry, _exchange in appended],
                 "exchanges": [entry.n for entry, _exchange in appended]}
+
+    async def handle_pend(self, data: ConversationPend, context: EventContext) -> dict[str, Any]:
+        """User messages a client added without a reply (the Conversations API's items): kept in the
+        metadata under the lock an exchange commits under, which takes and clears them."""
+        memory = await self.cache.require(data.conversation_id)
+        if memory.meta.status == "archived":
+            raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
+                           conversation_id=data.conversation_id)
+        async with memory.lock:
+            pending = pending_of(memory.meta)
+            if len(pending) + len(data.inputs) > MAX_PENDING:
+                raise KsiError(ErrorCode.VALIDATION_ERROR,
+                               f"conversation {data.conversation_id} would hold more than {MAX_PENDING} messages "
+                               "without a reply", fields={"inputs": f"at most {MAX_PENDING} pending messages"},
+                               pending=len(pending))
+            now = format_ts(self.clock())
+            added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in data.inputs]
+            changes: dict[str, Any] = {"extra": {**memory.meta.extra, PENDING_KEY: [*pending, *added]},
+                                       "last_activity": now}
+            if memory.total == 0 and memory.meta.preview is None:
+                changes["preview"] = preview_of(data.inputs[0])
+            meta = memory.meta.model_copy(update=changes)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        self._changed(memory.conversation_id, "updated", context)
+        return {"conversation_id": memory.conversation_id, "added": added, "pending": [*pending, *added]}
 
     # -- responses ------------------------------------------------------------
     async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:

@@ -21,9 +21,10 @@ from ksi_daemon.transports.http.openai.schemas import (
 from ksi_daemon.transports.http.openai.translate import Door
 
 
-def items_document(items: list[ConversationItem]) -> dict[str, Any]:
-    """Initial items as a conversation export: system items first, then user messages each
-    followed by the assistant reply (KSI stores exchanges, never a question without its answer)."""
+def items_document(items: list[ConversationItem]) -> tuple[dict[str, Any], list[str]]:
+    """Items as a conversation export (system items first, then user messages each followed by the
+    assistant reply) and the user messages after the last reply: they wait, as the conversation's
+    pending input, for the next response."""
     system: list[str] = []
     exchanges: list[dict[str, Any]] = []
     pending: list[str] = []
@@ -42,12 +43,12 @@ def items_document(items: list[ConversationItem]) -> dict[str, Any]:
         else:
             exchanges.append({"inputs": [{"type": "user", "content": t} for t in pending], "reply": {"content": text}})
             pending = []
-    if pending:
-        raise KsiError(ErrorCode.VALIDATION_ERROR,
-                       "the last user item has no assistant reply: send new input with POST /v1/responses "
-                       "and this conversation", fields={f"items.{len(items) - 1}": "a user item needs its reply"})
-    return {"format": "ksi.conversation", "v": 1,
-            "conversation": {"system": "\n\n".join(system) if system else None}, "exchanges": exchanges}
+    for position, text in enumerate(pending, start=len(items) - len(pending)):
+        if not text.strip():
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"items.{position}.content is empty",
+                           fields={f"items.{position}.content": "must not be empty"})
+    return ({"format": "ksi.conversation", "v": 1,
+             "conversation": {"system": "\n\n".join(system) if system else None}, "exchanges": exchanges}, pending)
 
 
 class Conversations:
@@ -61,13 +62,20 @@ class Conversations:
 
     async def create(self, request: Request) -> Response:
         body: ConversationCreate = await self.door.body(request, ConversationCreate)
-        document = items_document(body.items or [])
+        document, pending = items_document(body.items or [])
         imported = await call(self.door.handle_request, "conversation:import",
                               {"data": document, "format": "json", "origin": "http"})
         conversation_id = imported["conversation_id"]
-        if body.metadata:
-            await call(self.door.handle_request, "conversation:update",
-                       {"conversation_id": conversation_id, "metadata": body.metadata})
+        try:
+            if pending:
+                await call(self.door.handle_request, "conversation:pend",
+                           {"conversation_id": conversation_id, "inputs": pending})
+            if body.metadata:
+                await call(self.door.handle_request, "conversation:update",
+                           {"conversation_id": conversation_id, "metadata": body.metadata})
+        except KsiError:  # the conversation is made whole or not at all
+            await call(self.door.handle_request, "conversation:delete", {"conversation_id": conversation_id})
+            raise
         return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
 
     async def retrieve(self, request: Request) -> Response:
@@ -90,13 +98,15 @@ class Conversations:
     async def list_items(self, request: Request) -> Response:
         conversation_id = request.path_params["id"]
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
-        items = shapes.conversation_items(conversation_id, shown["exchanges"])
+        items = [*shapes.conversation_items(conversation_id, shown["exchanges"]),
+                 *shapes.pending_items(shown["conversation"])]
         return JSONResponse(list_page(items, request))
 
     async def add_items(self, request: Request) -> Response:
-        """New items are exchanges a client already has: user messages each followed by the reply."""
+        """New items are exchanges a client already has (user messages each followed by the reply),
+        then user messages that wait for the next response."""
         body: ItemsCreate = await self.door.body(request, ItemsCreate)
-        document = items_document(body.items)
+        document, pending = items_document(body.items)
         if document["conversation"]["system"] is not None:
             position = next(i for i, item in enumerate(body.items) if item.role in ("system", "developer"))
             raise KsiError(ErrorCode.VALIDATION_ERROR, "system items can only start a conversation",
@@ -104,10 +114,16 @@ class Conversations:
         conversation_id = request.path_params["id"]
         exchanges = [{"inputs": [line["content"] for line in exchange["inputs"]],
                       "reply": exchange["reply"]["content"]} for exchange in document["exchanges"]]
-        await call(self.door.handle_request, "conversation:append",
-                   {"conversation_id": conversation_id, "exchanges": exchanges})
+        if exchanges:
+            await call(self.door.handle_request, "conversation:append",
+                       {"conversation_id": conversation_id, "exchanges": exchanges})
+        if pending:
+            await call(self.door.handle_request, "conversation:pend",
+                       {"conversation_id": conversation_id, "inputs": pending})
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
-        added = sum(len(exchange["inputs"]) + 1 for exchange in document["exchanges"])
-        items = shapes.conversation_items(conversation_id, shown["exchanges"])[-added:]
+        appended = sum(len(exchange["inputs"]) + 1 for exchange in document["exchanges"])
+        exchange_items = shapes.conversation_items(conversation_id, shown["exchanges"])
+        waiting = shapes.pending_items(shown["conversation"])
+        items = exchange_items[len(exchange_items) - appended:] + waiting[len(waiting) - len(pending):]
         return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
                              "has_more": False})

@@ -75,6 +75,13 @@ def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) ->
     return items
 
 
+def pending_items(conversation: dict[str, Any]) -> list[dict[str, Any]]:
+    """A conversation's pending input (user messages with no reply yet) as user message items."""
+    return [{"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
+             "content": [{"type": "input_text", "text": str(item.get("content") or "")}]}
+            for item in conversation.get("pending_input") or []]
+
+
 def chat_completion(result: dict[str, Any], created: int) -> dict[str, Any]:
     usage = result.get("usage") or {}
     return {
