@@ -89,3 +89,13 @@ async def test_too_many_or_too_large_ended_logs_go_oldest_first_running_ones_sta
     ended(logs, large, "x" * 11)  # alone over the text bound: it goes at once, the others with it
     assert len(logs) == 1
     assert (await read(logs, running))["status"] == "queued"
+
+
+async def test_a_reader_is_shown_the_sampling_options_but_no_others() -> None:
+    logs = ChunkLogs()
+    state = request(1)
+    state.request = CompletionAsync(prompt="go", background=True, temperature=0.3,
+                                    options={"top_p": 0.5, "extra_headers": {"X-Secret": "s3cret"}})
+    logs.open(state)
+    shown = (await read(logs, state))["request"]
+    assert shown["temperature"] == 0.3 and shown["options"] == {"top_p": 0.5}

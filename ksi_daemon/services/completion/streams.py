@@ -23,6 +23,10 @@ from ksi_daemon.services.completion.requests import FINISHED, RequestState
 KEPT_AFTER_END = 600.0  # seconds an ended request's chunks stay readable
 MAX_LOGS = 1000  # logs kept at once; the oldest ended ones go first
 MAX_ENDED_CHARS = 32 * 1024 * 1024  # text the ended logs may hold together
+# the request's options a reader is shown (what a Responses object reports back); others, such as
+# headers, stay with the request: anyone holding the response id may read its log
+SHOWN_OPTIONS = frozenset({"top_p", "presence_penalty", "frequency_penalty", "user", "reasoning_effort",
+                           "response_format", "safety_identifier", "prompt_cache_key"})
 
 
 class CompletionChunks(EventData):
@@ -133,7 +137,7 @@ class ChunkLogs:
             "status": state.status, "created": log.created, "ended": log.ended_wall,
             "request": {"temperature": request.temperature, "max_tokens": request.max_tokens,
                         "instructions": request.instructions, "metadata": request.metadata,
-                        "options": request.options},
+                        "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}},
             "first": after + 1, "chunks": log.chunks[after + 1:], "total_chunks": len(log.chunks),
             "result": None, "error": None,
         }
