@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.conversations import Conversation, ConversationItemList
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+RESPONSE_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseItem)
 
 # the Open Responses ResponseResource's required fields
 SPEC_REQUIRED = (
@@ -50,3 +52,18 @@ def conforming_events(events: list[Any]) -> list[dict[str, Any]]:
     for data in sent:
         conforming_event(data)
     return sent
+
+
+def conforming_conversation(data: dict[str, Any]) -> Conversation:
+    return Conversation.model_validate(data)
+
+
+def conforming_conversation_items(data: dict[str, Any]) -> ConversationItemList:
+    """A page of conversation items as sent (`GET`/`POST .../items`), checked against the SDK type."""
+    return ConversationItemList.model_validate(data)
+
+
+def conforming_input_items(data: dict[str, Any]) -> list[Any]:
+    """A page of a response's input items as sent, each checked against the SDK's item union."""
+    assert data["object"] == "list"
+    return [RESPONSE_ITEM.validate_python(item) for item in data["data"]]

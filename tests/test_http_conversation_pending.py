@@ -15,7 +15,12 @@ import pytest
 from ksi_common.errors import ErrorCode
 from ksi_daemon.context import EventContext
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
-from tests.responses_conformance import conforming_response
+from tests.responses_conformance import (
+    conforming_conversation,
+    conforming_conversation_items,
+    conforming_input_items,
+    conforming_response,
+)
 from tests.stub_openai import Reply, StubOpenAI
 
 pytestmark = pytest.mark.backends
@@ -35,7 +40,8 @@ async def shown(http: HttpDaemon, conversation_id: str) -> dict[str, Any]:
 
 
 async def item_texts(api: openai.AsyncOpenAI, conversation_id: str) -> list[tuple[str, str]]:
-    items = await api.conversations.items.list(conversation_id, order="asc")
+    raw = await api.conversations.items.with_raw_response.list(conversation_id, order="asc")
+    items = conforming_conversation_items(raw.http_response.json())
     return [(item.role, item.content[0].text) for item in items.data]  # type: ignore[union-attr]
 
 
@@ -53,8 +59,9 @@ async def test_items_given_at_creation_are_the_first_exchanges_input_after_a_res
         short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
     settings = {**stub_settings(stub), **backend}
     async with running_http_daemon(short_tmp, **settings) as http, sdk(http) as api:
-        conversation = await api.conversations.create(
+        raw = await api.conversations.with_raw_response.create(
             items=[{"type": "message", "role": "user", "content": "My name is Ada"}], metadata={"app": "x"})
+        conversation = conforming_conversation(raw.http_response.json())
         assert await item_texts(api, conversation.id) == [("user", "My name is Ada")]
         assert (await shown(http, conversation.id))["exchanges"] == []
     async with running_http_daemon(short_tmp, **settings) as http, sdk(http) as api:  # held in the metadata
@@ -73,8 +80,8 @@ async def test_items_given_at_creation_are_the_first_exchanges_input_after_a_res
         assert (await api.conversations.retrieve(conversation.id)).metadata == {"app": "x"}
         assert await item_texts(api, conversation.id) == [
             ("user", "My name is Ada"), ("user", "What is my name?"), ("assistant", "stub answer to: What is my name?")]
-        inputs = await api.responses.input_items.list(reply.id, order="asc")
-        assert [item.content[0].text for item in inputs.data] == [  # type: ignore[union-attr]
+        inputs = await api.responses.input_items.with_raw_response.list(reply.id, order="asc")
+        assert [item.content[0].text for item in conforming_input_items(inputs.http_response.json())] == [
             "My name is Ada", "What is my name?"]
     async with running_http_daemon(short_tmp, **settings) as http:  # the clearing was durable too
         assert (await shown(http, conversation.id))["conversation"]["pending_input"] == []
@@ -85,8 +92,9 @@ async def test_a_user_item_added_later_waits_and_a_failed_response_leaves_it_wai
     async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as http, sdk(http) as api:
         conversation = await api.conversations.create()
         first = await api.responses.create(input="one", conversation=conversation.id)
-        added = await api.conversations.items.create(conversation.id, items=[
+        raw = await api.conversations.items.with_raw_response.create(conversation.id, items=[
             {"type": "message", "role": "user", "content": "I moved to Oslo"}])
+        added = conforming_conversation_items(raw.http_response.json())
         assert [(item.role, item.content[0].text) for item in added.data] == [  # type: ignore[union-attr]
             ("user", "I moved to Oslo")]
         with pytest.raises(openai.BadRequestError) as empty:
