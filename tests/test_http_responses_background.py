@@ -127,6 +127,9 @@ async def test_starting_after_beyond_the_stream_and_a_stream_not_kept_are_refuse
         await client.responses.retrieve(response_id, stream=True, starting_after=last + 1)
     assert beyond.value.code == ErrorCode.STARTING_AFTER_OUT_OF_RANGE
     assert isinstance(beyond.value.body, dict) and beyond.value.body["param"] == "starting_after"
+    with pytest.raises(openai.BadRequestError) as negative:
+        await client.responses.retrieve(response_id, stream=True, starting_after=-2)
+    assert negative.value.code == ErrorCode.VALIDATION_ERROR
     # the last event itself: nothing is missing
     assert [event async for event in await client.responses.retrieve(
         response_id, stream=True, starting_after=last)] == []

@@ -47,8 +47,10 @@ def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
 
 
 def _starting_after(request: Request) -> int:
-    raw = request.query_params.get("starting_after", "-1")
-    if not raw.lstrip("-").isdigit() or int(raw) < -1:
+    raw = request.query_params.get("starting_after")
+    if raw is None:
+        return -1  # from the first event
+    if not raw.isdigit():
         raise KsiError(ErrorCode.VALIDATION_ERROR, "starting_after must be a sequence number (0 or more)",
                        fields={"starting_after": "an integer, 0 or more"})
     return int(raw)
