@@ -135,3 +135,31 @@ async def test_an_item_added_while_a_response_runs_waits_for_the_next_one(
         await api.responses.create(input="two", conversation=conversation.id)
         assert stub.messages()[-2:] == [{"role": "user", "content": "meanwhile"}, {"role": "user", "content": "two"}]
         assert (await shown(http, conversation.id))["conversation"]["pending_input"] == []
+
+
+async def test_an_assistant_item_answers_the_waiting_user_items_as_one_exchange(
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as http, sdk(http) as api:
+        conversation = await api.conversations.create()
+        with pytest.raises(openai.BadRequestError) as nothing_waits:
+            await api.conversations.items.create(conversation.id, items=[
+                {"type": "message", "role": "assistant", "content": "a reply to nothing"}])
+        assert nothing_waits.value.code == ErrorCode.VALIDATION_ERROR
+        assert isinstance(nothing_waits.value.body, dict) and nothing_waits.value.body["param"] == "items.0"
+        assert (await shown(http, conversation.id))["exchanges"] == []  # nothing written
+        # a client keeping its own session adds the user's item, is answered elsewhere, adds the answer
+        await api.conversations.items.create(conversation.id, items=[
+            {"type": "message", "role": "user", "content": "My name is Ada"}])
+        raw = await api.conversations.items.with_raw_response.create(conversation.id, items=[
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ada"}]}])
+        added = conforming_conversation_items(raw.http_response.json())
+        assert [(item.role, item.content[0].text) for item in added.data] == [  # type: ignore[union-attr]
+            ("assistant", "Hello Ada")]
+        after = await shown(http, conversation.id)
+        assert after["conversation"]["pending_input"] == []
+        assert [([line["content"] for line in e["inputs"]], e["reply"]["content"]) for e in after["exchanges"]] == [
+            (["My name is Ada"], "Hello Ada")]
+        await api.responses.create(input="Who am I?", conversation=conversation.id)
+        assert stub.messages() == [{"role": "user", "content": "My name is Ada"},
+                                   {"role": "assistant", "content": "Hello Ada"},
+                                   {"role": "user", "content": "Who am I?"}]

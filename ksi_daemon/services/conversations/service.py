@@ -26,6 +26,7 @@ from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
+    AppendedExchange,
     ConversationAppend,
     ConversationArchive,
     ConversationDelete,
@@ -428,7 +429,16 @@ class ConversationService:
             now = format_ts(self.clock())
             appended: list[tuple[IndexEntry, Exchange]] = []
             files: list[tuple[str, list[dict[str, Any]]]] = []
-            for position, exchange in enumerate(data.exchanges):
+            held = pending_of(memory.meta)
+            exchanges = list(data.exchanges)
+            if data.reply_to_pending is not None:
+                if not held:
+                    raise KsiError(ErrorCode.VALIDATION_ERROR,
+                                   f"conversation {data.conversation_id} holds no user input waiting for a reply",
+                                   fields={"reply_to_pending": "no pending input to reply to"})
+                exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
+                                                     reply=data.reply_to_pending))
+            for position, exchange in enumerate(exchanges):
                 response_id = new_response_id("appended")
                 lines: list[dict[str, Any]] = [
                     {"v": 1, "type": "user", "content": text, "ts": now, "conversation_id": memory.conversation_id}
@@ -443,7 +453,9 @@ class ConversationService:
                                                  reply=exchange.reply)))
             changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
-                changes["preview"] = preview_of(data.exchanges[0].inputs[0])
+                changes["preview"] = preview_of(exchanges[0].inputs[0])
+            if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
+                changes["extra"] = {k: v for k, v in memory.meta.extra.items() if k != PENDING_KEY}
             meta = memory.meta.model_copy(update=changes)
 
             # each exchange's response record, then its index line; the metadata with the last one
