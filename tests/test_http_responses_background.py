@@ -149,7 +149,8 @@ async def test_cancel_a_running_background_response_and_a_finished_one(
     gate = asyncio.Event()
     stub.enqueue(Reply(text=ANSWER, gate=gate))
     created = await client.responses.create(model="openai/stub-model", input="go", background=True)
-    await until(lambda: fetched(client, created.id), lambda r: r["status"] == "in_progress")
+    # cancelled once the provider is answering (its first word is in), held there by the gate
+    await until(lambda: fetched(client, created.id), lambda r: text_of(r) == "alpha ")
     raw = await client.responses.with_raw_response.cancel(ksi_id(created.id))  # either form of the id
     cancelled = conforming_response(raw.http_response.json())
     assert cancelled.id == created.id and cancelled.status == "cancelled" and cancelled.error is None

@@ -156,9 +156,9 @@ class Responses:
         `starting_after` sent. Leaving changes nothing: the response runs on."""
         response_id = view["response_id"]
         numbering = ResponseEvents(response_id)
-        created = "queued" if view["status"] == "queued" else "running"
-        opening = numbering.opening(from_chunks({**view, "status": created, "chunks": []}),
-                                    from_chunks({**view, "status": "running", "chunks": []}))
+        start = {**view, "chunks": [], "result": None, "error": None}  # the response as it began
+        opening = numbering.opening(from_chunks({**start, "status": "queued" if view["status"] == "queued" else "running"}),
+                                    from_chunks({**start, "status": "running"}))
         for event in opening:
             if event["sequence_number"] > starting_after:
                 yield sse(event)
