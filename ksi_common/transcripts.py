@@ -88,6 +88,8 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
         "metadata": dict((meta.get("extra") or {}).get("metadata") or {}),
         "cost": float(meta.get("cost") or 0.0),
         "external_ids": dict((meta.get("extra") or {}).get("external_ids") or {}),
+        # user messages a client added that have no reply yet (the next request takes them first)
+        "pending_input": list((meta.get("extra") or {}).get("pending_input") or []),
         "pins": [int(n) for n in meta.get("pins") or [] if isinstance(n, int)],
     }
 

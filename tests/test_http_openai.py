@@ -27,6 +27,12 @@ def seen(stub: StubOpenAI, index: int = -1) -> list[tuple[str, str]]:
     return [(m["role"], m["content"]) for m in stub.messages(index)]
 
 
+def ksi_id(response_id: str) -> str:
+    """The KSI response id of a Responses id (`resp_` and the KSI id)."""
+    assert response_id.startswith("resp_")
+    return response_id.removeprefix("resp_")
+
+
 def index_of(http: HttpDaemon, conversation_id: str) -> list[dict[str, Any]]:
     return read_records(http.daemon.layout.index_file(conversation_id))
 
@@ -45,14 +51,14 @@ async def test_two_responses_chained_by_previous_response_id(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     first = await client.responses.create(model="openai/stub-model", input="My name is Ada")
     assert first.output_text == "stub answer to: My name is Ada"
-    assert http_daemon.daemon.layout.response_file(first.id).exists()  # the id IS the KSI response_id
+    assert http_daemon.daemon.layout.response_file(ksi_id(first.id)).exists()  # resp_ and the KSI response_id
     second = await client.responses.create(input="What is my name?", previous_response_id=first.id)
     assert seen(stub) == [("user", "My name is Ada"), ("assistant", "stub answer to: My name is Ada"),
                           ("user", "What is my name?")]
     assert second.previous_response_id == first.id
     assert second.conversation is not None and first.conversation is not None
     assert second.conversation.id == first.conversation.id
-    assert [line["response_id"] for line in index_of(http_daemon, first.conversation.id)] == [first.id, second.id]
+    assert [line["response_id"] for line in index_of(http_daemon, first.conversation.id)] == [ksi_id(first.id), ksi_id(second.id)]
     assert second.usage is not None and second.usage.input_tokens > 0
 
 
@@ -79,7 +85,7 @@ async def test_sync_client_chains_too(http_daemon: HttpDaemon, stub: StubOpenAI)
     assert seen(stub, 0) == [("system", "Be brief."), ("user", "one")]
     # instructions are not carried to the next response
     assert seen(stub) == [("user", "one"), ("assistant", "stub answer to: one"), ("user", "two")]
-    shown = await request(http_daemon, "response:show", {"response_id": second_id})
+    shown = await request(http_daemon, "response:show", {"response_id": ksi_id(second_id)})
     assert shown["exchange"] == 2 and shown["newest"]
 
 
@@ -110,7 +116,7 @@ async def test_previous_response_id_of_an_older_exchange_continues_a_fork(
     assert (await client.responses.retrieve(one.id)).previous_response_id is None
     fork = await request(http_daemon, "conversation:show", {"conversation_id": branch.conversation.id})
     assert fork["conversation"]["parent_id"] == original and fork["conversation"]["fork_at"] == 1
-    assert [e["response_id"] for e in fork["exchanges"]] == [one.id, branch.id]  # shared, not copied
+    assert [e["response_id"] for e in fork["exchanges"]] == [ksi_id(one.id), ksi_id(branch.id)]  # shared, not copied
     # the newest response still continues the original itself
     four = await client.responses.create(input="u4", previous_response_id=three.id)
     assert four.conversation is not None and four.conversation.id == original
@@ -143,7 +149,7 @@ async def test_conversation_objects_with_items(
     assert [line["n"] for line in index_of(http_daemon, conversation.id)] == [1, 2, 3, 4]
     with pytest.raises(openai.BadRequestError) as unpaired:
         await client.conversations.items.create(conversation.id, items=[
-            {"type": "message", "role": "user", "content": "no reply"}])
+            {"type": "message", "role": "assistant", "content": "a reply to nothing"}])
     assert unpaired.value.code == "validation_error"
     assert len(index_of(http_daemon, conversation.id)) == 4
     updated = await client.conversations.update(conversation.id, metadata={"project": "beta"})
@@ -190,7 +196,7 @@ async def test_retrieve_input_items_and_delete_a_response(
     with pytest.raises(openai.ConflictError) as caught:
         await client.responses.delete(created.id)
     assert caught.value.code == "response_not_deletable"
-    assert http_daemon.daemon.layout.response_file(created.id).exists()
+    assert http_daemon.daemon.layout.response_file(ksi_id(created.id)).exists()
     with pytest.raises(openai.NotFoundError) as missing:
         await client.responses.retrieve("openai-stub-model-000000000000")
     assert missing.value.code == "response_not_found"

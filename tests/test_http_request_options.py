@@ -134,7 +134,6 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
 @pytest.mark.parametrize(("extra", "field"), [
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"background": True}, "background"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),

@@ -116,7 +116,7 @@ TOOLS_NOT_STORED = "tool calls are not stored by this version of KSI (an exchang
 ONE_ANSWER = "KSI stores one answer per exchange"
 NO_LOGPROBS = "answers are not returned with logprobs"
 OWN_STREAMING = "KSI owns streaming: use the request's own stream field"
-NO_BACKGROUND = "KSI answers within the request (or streams it); background runs are not offered"
+NO_BACKGROUND = "a background run is asked with completion:async's own background field, not as a provider option"
 
 
 def _unset(value: Any) -> bool:

@@ -35,6 +35,9 @@ class CompletionAsync(EventData):
     max_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS, description="upper bound on the answer's tokens")
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT, description="seconds allowed per provider attempt")
     stream: bool = Field(default=False, description="push completion:chunk events while the answer arrives")
+    background: bool = Field(
+        default=False, description="keep the answer's chunks for completion:chunks while it runs and for some "
+                                   "minutes after, so it can be read (again) by response id whoever is connected")
     files: list[PathText] = Field(default_factory=list, description="paths to attach (within allowed roots)")
     is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")

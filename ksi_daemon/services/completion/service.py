@@ -53,11 +53,13 @@ from ksi_daemon.services.conversations.history import (
 )
 from ksi_daemon.services.conversations.digests import next_digest
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.pending import with_pending, without_consumed
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
+from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import (
@@ -178,6 +180,7 @@ class CompletionService:
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.images = images
         self.requests = RequestRegistry(settings.finished_requests_kept)
+        self.streams = ChunkLogs()  # the chunks of background requests, readable again
         self.activity = CompletionActivity()
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
@@ -209,6 +212,8 @@ class CompletionService:
                        "State of a request: queued, running, done, failed or cancelled."),
             r.register("completion:cancel", self.handle_cancel, CompletionCancel,
                        "Cancel a queued or running request."),
+            r.register("completion:chunks", self.handle_chunks, CompletionChunks,
+                       "A background request's chunks after an index, its status and, once ended, its outcome."),
             r.register("completion:models", self.handle_models, NoData,
                        "Models to offer by name: the default, those configured by exact name, the built-in echo."),
         ]
@@ -290,6 +295,9 @@ class CompletionService:
                 await found.done.wait()
             return {**self.describe(found), "cancelled": found.status == "cancelled"}
         return {**self.describe(found), "cancelled": False}
+
+    async def handle_chunks(self, data: CompletionChunks, _context: EventContext) -> dict[str, Any]:
+        return await self.streams.read(data)
 
     async def handle_models(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
         # Any model litellm reaches is served; these are the names worth offering to a picker.
@@ -434,6 +442,8 @@ class CompletionService:
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state))
         self.requests.add(state)
+        if data.background:
+            self.streams.open(state)
         memory.users += 1  # held in memory until the request ends (see ConversationCache._keep)
         self._held[state.request_id] = memory
         # two lines a request, queued and its end: the response id is known from here, so a
@@ -652,7 +662,7 @@ class CompletionService:
         await self.facts.ready(state.model)
         memory = await self.cache.require(state.conversation_id)
         self._check_open(memory)
-        inputs = records.input_lines(state)
+        inputs = with_pending(memory.meta, records.input_lines(state))  # messages added without a reply
         new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
         system = new_system if new_system is not None else memory.meta.system
         # instructions are this request's own system prompt; the conversation keeps its own
@@ -724,7 +734,7 @@ class CompletionService:
         call = ProviderCall(
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
             timeout=data.timeout or self.settings.request_timeout, options=options,
-            on_chunk=self._chunk_sink(state) if data.stream else None,
+            on_chunk=self._chunk_sink(state) if data.stream or data.background else None,
             resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
@@ -793,6 +803,7 @@ class CompletionService:
 
         def emit(text: str) -> None:
             nonlocal index
+            self.streams.add(state.request_id, text)
             self.router.emit("completion:chunk", {"request_id": state.request_id,
                                                   "conversation_id": state.conversation_id,
                                                   "index": index, "text": text}, context)
@@ -824,8 +835,8 @@ class CompletionService:
         system = state.request.instructions if state.request.instructions is not None else prepared.system
         while True:
             entry.digest = await next_digest(self.cache, memory, system, lines, self.settings.max_fork_depth)
-            meta = records.updated_meta(memory.meta, state, reply, entry, prepared.system,
-                                        prepared.system_changed, now)
+            meta = without_consumed(records.updated_meta(memory.meta, state, reply, entry, prepared.system,
+                                                         prepared.system_changed, now), prepared.inputs)
             try:
                 # Too late to cancel once the write has begun: the index line would be stored but
                 # not in memory. A cancel arriving now is absorbed; the request is reported done.
@@ -892,6 +903,7 @@ class CompletionService:
             held.users -= 1
         state.finish(status, result, error)
         self.requests.retire(state)
+        self.streams.ended(state)
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
         if status == "done" and result is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
@@ -112,5 +112,20 @@ class AppendedExchange(EventData):
 
 
 class ConversationAppend(ConversationRef):
-    exchanges: list[AppendedExchange] = Field(min_length=1, max_length=1000,
+    exchanges: list[AppendedExchange] = Field(default_factory=list, max_length=1000,
                                               description="exchanges to add at the end, oldest first")
+    reply_to_pending: Text | None = Field(
+        default=None, description="the reply to the conversation's pending input: they become one exchange, "
+                                  "added before `exchanges`")
+
+    @model_validator(mode="after")
+    def _something(self) -> ConversationAppend:
+        if not self.exchanges and self.reply_to_pending is None:
+            raise ValueError("give exchanges, reply_to_pending or both")
+        return self
+
+
+class ConversationPend(ConversationRef):
+    inputs: list[NonBlank] = Field(min_length=1, max_length=1000,
+                                   description="user messages without a reply yet; the next request here takes them "
+                                               "as its first input")

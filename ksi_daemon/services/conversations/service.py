@@ -27,6 +27,7 @@ from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
+    AppendedExchange,
     ConversationAppend,
     ConversationArchive,
     ConversationDelete,
@@ -34,6 +35,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationFork,
     ConversationImport,
     ConversationList,
+    ConversationPend,
     ConversationPin,
     ConversationSent,
     ConversationShow,
@@ -44,6 +46,7 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import digest_at, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta, preview_of
@@ -132,6 +135,8 @@ class ConversationService:
                        "Delete a conversation's index, metadata and response files, and nothing else."),
             r.register("conversation:append", self.handle_append, ConversationAppend,
                        "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
+            r.register("conversation:pend", self.handle_pend, ConversationPend,
+                       "Hold user messages without a reply; the next request in the conversation takes them first."),
             r.register("response:show", self.handle_response_show, ResponseRef,
                        "One response: its inputs, outcome, and its place in its conversation."),
             r.register("response:delete", self.handle_response_delete, ResponseRef,
@@ -449,7 +454,16 @@ class ConversationService:
             now = format_ts(self.clock())
             appended: list[tuple[IndexEntry, Exchange]] = []
             files: list[tuple[str, list[dict[str, Any]]]] = []
-            for position, exchange in enumerate(data.exchanges):
+            held = pending_of(memory.meta)
+            exchanges = list(data.exchanges)
+            if data.reply_to_pending is not None:
+                if not held:
+                    raise KsiError(ErrorCode.VALIDATION_ERROR,
+                                   f"conversation {data.conversation_id} holds no user input waiting for a reply",
+                                   fields={"reply_to_pending": "no pending input to reply to"})
+                exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
+                                                     reply=data.reply_to_pending))
+            for position, exchange in enumerate(exchanges):
                 response_id = new_response_id("appended")
                 lines: list[dict[str, Any]] = [
                     {"v": 1, "type": "user", "content": text, "ts": now, "conversation_id": memory.conversation_id}
@@ -470,7 +484,9 @@ class ConversationService:
                     entry.digest = digest
             changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
-                changes["preview"] = preview_of(data.exchanges[0].inputs[0])
+                changes["preview"] = preview_of(exchanges[0].inputs[0])
+            if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
+                changes["extra"] = {k: v for k, v in memory.meta.extra.items() if k != PENDING_KEY}
             meta = memory.meta.model_copy(update=changes)
 
             # each exchange's response record, then its index line; the metadata with the last one
@@ -487,6 +503,32 @@ class ConversationService:
         return {"conversation_id": memory.conversation_id,
                 "response_ids": [entry.response_id for entry, _exchange in appended],
                 "exchanges": [entry.n for entry, _exchange in appended]}
+
+    async def handle_pend(self, data: ConversationPend, context: EventContext) -> dict[str, Any]:
+        """User messages a client added without a reply (the Conversations API's items): kept in the
+        metadata under the lock an exchange commits under, which takes and clears them."""
+        memory = await self.cache.require(data.conversation_id)
+        if memory.meta.status == "archived":
+            raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
+                           conversation_id=data.conversation_id)
+        async with memory.lock:
+            pending = pending_of(memory.meta)
+            if len(pending) + len(data.inputs) > MAX_PENDING:
+                raise KsiError(ErrorCode.VALIDATION_ERROR,
+                               f"conversation {data.conversation_id} would hold more than {MAX_PENDING} messages "
+                               "without a reply", fields={"inputs": f"at most {MAX_PENDING} pending messages"},
+                               pending=len(pending))
+            now = format_ts(self.clock())
+            added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in data.inputs]
+            changes: dict[str, Any] = {"extra": {**memory.meta.extra, PENDING_KEY: [*pending, *added]},
+                                       "last_activity": now}
+            if memory.total == 0 and memory.meta.preview is None:
+                changes["preview"] = preview_of(data.inputs[0])
+            meta = memory.meta.model_copy(update=changes)
+            await self.store.save_meta(meta)
+            memory.meta = meta
+        self._changed(memory.conversation_id, "updated", context)
+        return {"conversation_id": memory.conversation_id, "added": added, "pending": [*pending, *added]}
 
     # -- responses ------------------------------------------------------------
     async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:

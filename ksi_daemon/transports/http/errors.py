@@ -27,6 +27,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.HISTORY_MISMATCH: 409,
     ErrorCode.CANCELLED: 409,
     ErrorCode.RESPONSE_NOT_DELETABLE: 409,
+    ErrorCode.RESPONSE_NOT_CANCELLABLE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.IMAGE_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

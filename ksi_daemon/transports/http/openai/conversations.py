@@ -3,6 +3,7 @@ continues from the CLI, an agent or the MCP server."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -18,15 +19,26 @@ from ksi_daemon.transports.http.openai.schemas import (
     ConversationUpdate,
     ItemsCreate,
 )
-from ksi_daemon.transports.http.openai.translate import Door
+from ksi_daemon.transports.http.openai.translate import Door, renamed
 
 
-def items_document(items: list[ConversationItem]) -> dict[str, Any]:
-    """Initial items as a conversation export: system items first, then user messages each
-    followed by the assistant reply (KSI stores exchanges, never a question without its answer)."""
+@dataclass(slots=True)
+class Items:
+    document: dict[str, Any]  # a conversation export: system items, then the exchanges the items make
+    pending: list[str]  # the user messages after the last reply: they wait for the next response
+    reply_to_held: str | None = None  # an assistant item first: the reply to the messages already waiting
+
+
+def items_document(items: list[ConversationItem], *, may_answer_held: bool = False) -> Items:
+    """Items as a conversation export (system items first, then user messages each followed by the
+    assistant reply) and the user messages after the last reply, which wait, as the conversation's
+    pending input, for the next response. With `may_answer_held`, an assistant item before any user
+    item answers the messages the conversation already holds (a client that keeps its own session
+    adds the user's item, asks elsewhere, then adds the answer)."""
     system: list[str] = []
     exchanges: list[dict[str, Any]] = []
     pending: list[str] = []
+    reply_to_held = None
     for position, item in enumerate(items):
         text = item.text(f"items.{position}.content")
         if item.role in ("system", "developer"):
@@ -36,18 +48,21 @@ def items_document(items: list[ConversationItem]) -> dict[str, Any]:
             system.append(text)
         elif item.role == "user":
             pending.append(text)
+        elif not pending and may_answer_held and position == 0:
+            reply_to_held = text
         elif not pending:
             raise KsiError(ErrorCode.VALIDATION_ERROR, "an assistant item must follow a user item",
                            fields={f"items.{position}.role": "no user item before it"})
         else:
             exchanges.append({"inputs": [{"type": "user", "content": t} for t in pending], "reply": {"content": text}})
             pending = []
-    if pending:
-        raise KsiError(ErrorCode.VALIDATION_ERROR,
-                       "the last user item has no assistant reply: send new input with POST /v1/responses "
-                       "and this conversation", fields={f"items.{len(items) - 1}": "a user item needs its reply"})
-    return {"format": "ksi.conversation", "v": 1,
-            "conversation": {"system": "\n\n".join(system) if system else None}, "exchanges": exchanges}
+    for position, text in enumerate(pending, start=len(items) - len(pending)):
+        if not text.strip():
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"items.{position}.content is empty",
+                           fields={f"items.{position}.content": "must not be empty"})
+    document = {"format": "ksi.conversation", "v": 1,
+                "conversation": {"system": "\n\n".join(system) if system else None}, "exchanges": exchanges}
+    return Items(document, pending, reply_to_held)
 
 
 class Conversations:
@@ -61,13 +76,21 @@ class Conversations:
 
     async def create(self, request: Request) -> Response:
         body: ConversationCreate = await self.door.body(request, ConversationCreate)
-        document = items_document(body.items or [])
+        made = items_document(body.items or [])
+        document, pending = made.document, made.pending
         imported = await call(self.door.handle_request, "conversation:import",
                               {"data": document, "format": "json", "origin": "http"})
         conversation_id = imported["conversation_id"]
-        if body.metadata:
-            await call(self.door.handle_request, "conversation:update",
-                       {"conversation_id": conversation_id, "metadata": body.metadata})
+        try:
+            if pending:
+                await call(self.door.handle_request, "conversation:pend",
+                           {"conversation_id": conversation_id, "inputs": pending})
+            if body.metadata:
+                await call(self.door.handle_request, "conversation:update",
+                           {"conversation_id": conversation_id, "metadata": body.metadata})
+        except KsiError:  # the conversation is made whole or not at all
+            await call(self.door.handle_request, "conversation:delete", {"conversation_id": conversation_id})
+            raise
         return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
 
     async def retrieve(self, request: Request) -> Response:
@@ -90,13 +113,16 @@ class Conversations:
     async def list_items(self, request: Request) -> Response:
         conversation_id = request.path_params["id"]
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
-        items = shapes.conversation_items(conversation_id, shown["exchanges"])
+        items = [*shapes.conversation_items(conversation_id, shown["exchanges"]),
+                 *shapes.pending_items(shown["conversation"])]
         return JSONResponse(list_page(items, request))
 
     async def add_items(self, request: Request) -> Response:
-        """New items are exchanges a client already has: user messages each followed by the reply."""
+        """New items are exchanges a client already has (user messages each followed by the reply),
+        then user messages that wait for the next response."""
         body: ItemsCreate = await self.door.body(request, ItemsCreate)
-        document = items_document(body.items)
+        made = items_document(body.items, may_answer_held=True)
+        document, pending = made.document, made.pending
         if document["conversation"]["system"] is not None:
             position = next(i for i, item in enumerate(body.items) if item.role in ("system", "developer"))
             raise KsiError(ErrorCode.VALIDATION_ERROR, "system items can only start a conversation",
@@ -104,10 +130,24 @@ class Conversations:
         conversation_id = request.path_params["id"]
         exchanges = [{"inputs": [line["content"] for line in exchange["inputs"]],
                       "reply": exchange["reply"]["content"]} for exchange in document["exchanges"]]
-        await call(self.door.handle_request, "conversation:append",
-                   {"conversation_id": conversation_id, "exchanges": exchanges})
+        numbers: list[int] = []
+        if exchanges or made.reply_to_held is not None:
+            try:
+                appended = await call(self.door.handle_request, "conversation:append",
+                                      {"conversation_id": conversation_id, "exchanges": exchanges,
+                                       "reply_to_pending": made.reply_to_held})
+            except KsiError as error:
+                raise renamed(error, {"reply_to_pending": "items.0"}) from None
+            numbers = appended["exchanges"]
+        if pending:
+            await call(self.door.handle_request, "conversation:pend",
+                       {"conversation_id": conversation_id, "inputs": pending})
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
-        added = sum(len(exchange["inputs"]) + 1 for exchange in document["exchanges"])
-        items = shapes.conversation_items(conversation_id, shown["exchanges"])[-added:]
+        added = [e for e in shown["exchanges"] if e.get("n") in numbers]
+        items = shapes.conversation_items(conversation_id, added)
+        if made.reply_to_held is not None:  # its inputs were listed already, as the waiting messages
+            items = items[len(added[0].get("inputs") or []):]
+        waiting = shapes.pending_items(shown["conversation"])
+        items += waiting[len(waiting) - len(pending):] if pending else []
         return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
                              "has_more": False})

@@ -35,7 +35,8 @@ _RESPONSE = {
     "type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
     "properties": {
         "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "failed", "in_progress"]}, "model": {"type": "string"},
+        "status": {"enum": ["completed", "incomplete", "failed", "cancelled", "in_progress", "queued"]},
+        "model": {"type": "string"}, "background": {"type": "boolean"},
         "output": {"type": "array", "items": _MESSAGE},
         "usage": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
         "previous_response_id": {"type": ["string", "null"]}, "instructions": {"type": ["string", "null"]},
@@ -94,6 +95,8 @@ _ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string
 _PAGE = [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
          {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
          {"name": "after", "in": "query", "schema": {"type": "string"}}]
+_RESUME = [{"name": "stream", "in": "query", "schema": {"type": "boolean"}},
+           {"name": "starting_after", "in": "query", "schema": {"type": "integer", "minimum": 0}}]
 _COMPLETION_ERRORS = (404, 409, 413, 429, 500, 502, 503, 504)
 
 
@@ -120,11 +123,19 @@ def openapi_document() -> dict[str, Any]:
                           **_errors(*_COMPLETION_ERRORS)}}},
         "/v1/responses/{id}": {
             "parameters": _ID,
-            "get": {"operationId": "getResponse", "responses": {"200": _json(response_ref), **_errors(404)}},
+            "get": {"operationId": "getResponse", "parameters": _RESUME,
+                    "description": "With stream=true, a background response's events after starting_after.",
+                    "responses": {"200": {"description": "the response; server-sent events with stream=true",
+                                          "content": {"application/json": {"schema": response_ref}, **stream}},
+                                  **_errors(404)}},
             "delete": {"operationId": "deleteResponse", "description":
                        "Refused (409): a response stays while its conversation does; delete the conversation.",
                        "responses": {"200": _json(_DELETED), **_errors(404, 409)}},
         },
+        "/v1/responses/{id}/cancel": {"post": {
+            "operationId": "cancelResponse", "parameters": _ID,
+            "description": "Cancel a background response that is queued or running (409 once it ended).",
+            "responses": {"200": _json(response_ref), **_errors(404, 409)}}},
         "/v1/responses/{id}/input_items": {"get": {
             "operationId": "listInputItems", "parameters": _ID + _PAGE,
             "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}}},
@@ -149,7 +160,8 @@ def openapi_document() -> dict[str, Any]:
             "get": {"operationId": "listConversationItems", "parameters": _PAGE,
                     "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}},
             "post": {"operationId": "createConversationItems", "requestBody": body(ItemsCreate),
-                     "description": "Items are exchanges: user messages each followed by the assistant reply.",
+                     "description": "Items are exchanges (user messages each followed by the assistant reply); user "
+                                    "messages with no reply after them wait for the next response.",
                      "responses": {"200": _json(_list(_MESSAGE)), **_errors(404, 409, 413)}}},
     }
     return {

@@ -1,20 +1,35 @@
-"""/v1/responses: create (waiting or streamed), retrieve, delete, and a response's input items."""
+"""/v1/responses: create (waiting, streamed, or in the background), retrieve (or resume a background
+response's stream), cancel, delete, and a response's input items. Ids are shown as `resp_` and the
+KSI response id; either form is taken."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ksi_common.errors import KsiError
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.lists import list_page
+from ksi_daemon.transports.http.openai.response_object import (
+    Asked,
+    from_chunks,
+    from_record,
+    ksi_id,
+    public_id,
+    response_error,
+    response_object,
+)
+from ksi_daemon.transports.http.openai.response_stream import (
+    ResponseEvents,
+    chunks_before,
+    last_sequence,
+    sse,
+)
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ResponseCreate
 from ksi_daemon.transports.http.openai.translate import (
@@ -27,6 +42,25 @@ from ksi_daemon.transports.http.openai.translate import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+POLL_SLICE = 15.0  # seconds one completion:chunks waits for more of a background response
+FINISHED = ("done", "failed", "cancelled")
+
+
+def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
+    return Asked(options=dict(payload.get("options") or {}), temperature=body.temperature,
+                 max_output_tokens=body.max_output_tokens, instructions=body.instructions,
+                 metadata=dict(body.metadata or {}), previous_response_id=body.previous_response_id,
+                 background=body.background, store=body.store, truncation=body.truncation or "auto")
+
+
+def _starting_after(request: Request) -> int:
+    raw = request.query_params.get("starting_after")
+    if raw is None:
+        return -1  # from the first event
+    if not raw.isdigit():
+        raise KsiError(ErrorCode.VALIDATION_ERROR, "starting_after must be a sequence number (0 or more)",
+                       fields={"starting_after": "an integer, 0 or more"})
+    return int(raw)
 
 
 class Responses:
@@ -36,85 +70,158 @@ class Responses:
     async def create(self, request: Request) -> Response:
         body: ResponseCreate = await self.door.body(request, ResponseCreate)
         payload = response_payload(body)
+        asked = _asked(body, payload)
         created_at = int(time.time())
         try:
+            if body.background:  # runs in the daemon whatever this client does; its chunks are kept
+                ack = await call(self.door.handle_request, "completion:async", {**payload, "background": True})
+                if body.stream:
+                    return await self._resume(ack["response_id"], -1)
+                return JSONResponse(response_object(ack["response_id"], asked, model=ack["model"], status="queued",
+                                                    created_at=created_at, conversation_id=ack["conversation_id"]))
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
                 ack = await stream.start(payload)
-                return StreamingResponse(self._events(stream, ack, body, created_at),
+                return StreamingResponse(self._events(stream, ack, asked, created_at),
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, RESPONSE_FIELDS) from None
-        shaped = self._shape(body, result["response_id"], result["model"], created_at, "completed",
-                             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"])
+        shaped = response_object(
+            result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
+            text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],
+            finish_reason=result.get("finish_reason"))
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
         shaped["metadata"] = {**(shaped.get("metadata") or {}), "ksi_history": used}
         return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
-    @staticmethod
-    def _shape(body: ResponseCreate, response_id: str, model: str, created_at: int, status: str,
-               **fields: Any) -> dict[str, Any]:
-        return shapes.response_object(
-            response_id, model=model, status=status, created_at=created_at,
-            previous_response_id=body.previous_response_id, instructions=body.instructions,
-            metadata=body.metadata, temperature=body.temperature, top_p=body.top_p,
-            max_output_tokens=body.max_output_tokens, **fields)
-
-    async def _events(self, stream: CompletionStream, ack: dict[str, Any], body: ResponseCreate,
+    async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked,
                       created_at: int) -> AsyncIterator[bytes]:
-        """The event order the official SDK's `responses.stream()` helper accumulates."""
-        sequence = itertools.count()
+        """A foreground stream: followed through pushed events; a client that leaves cancels it."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
-        item_id = f"msg_{response_id}"
-        where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-
-        def event(kind: str, **fields: Any) -> bytes:
-            data = orjson.dumps({"type": kind, "sequence_number": next(sequence), **fields})
-            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+        numbering = ResponseEvents(response_id)
 
         def snapshot(status: str, **fields: Any) -> dict[str, Any]:
-            return self._shape(body, response_id, model, created_at, status, conversation_id=conversation_id, **fields)
+            return response_object(response_id, asked, model=model, status=status, created_at=created_at,
+                                   conversation_id=conversation_id, **fields)
 
+        chunks = 0
         try:
-            yield event("response.created", response=snapshot("in_progress"))
-            yield event("response.in_progress", response=snapshot("in_progress"))
-            yield event("response.output_item.added", output_index=0,
-                        item=shapes.message_item(response_id, "", status="in_progress"))
-            yield event("response.content_part.added", **where, part=shapes.output_text(""))
+            for event in numbering.opening(snapshot("in_progress"), snapshot("in_progress")):
+                yield sse(event)
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
                     if outcome.text:
-                        yield event("response.output_text.delta", **where, delta=outcome.text, logprobs=[])
-                elif isinstance(outcome, Done):
-                    text = str(outcome.result["content"])
-                    yield event("response.output_text.done", **where, text=text, logprobs=[])
-                    yield event("response.content_part.done", **where, part=shapes.output_text(text))
-                    yield event("response.output_item.done", output_index=0,
-                                item=shapes.message_item(response_id, text))
-                    completed = snapshot("completed", text=text, usage=outcome.result.get("usage"))
-                    used = history_used(outcome.result)
-                    if used is not None:
-                        completed["metadata"] = {**(completed.get("metadata") or {}), "ksi_history": used}
-                    yield event("response.completed", response=completed)
+                        yield sse(numbering.delta(chunks, outcome.text))
+                        chunks += 1
+                    continue
+                if isinstance(outcome, Done):
+                    result = outcome.result
+                    final = snapshot("completed", text=str(result["content"]), usage=result.get("usage"),
+                                     finish_reason=result.get("finish_reason"))
+                    used = history_used(result)
+                    if used is not None:  # which history the model was sent: the client's or the stored one
+                        final["metadata"] = {**(final.get("metadata") or {}), "ksi_history": used}
                 else:
                     error = outcome.error
-                    yield event("response.failed", response=snapshot(
-                        "failed", error={"code": error.code, "message": error.message}))
+                    cancelled = error.code == ErrorCode.CANCELLED
+                    final = snapshot("cancelled" if cancelled else "failed",
+                                     error=None if cancelled else response_error(error.code, error.message))
+                for event in numbering.closing(chunks, final):
+                    yield sse(event)
         finally:
             stream.abandon()  # the client left early: cancel what is still running
 
+    async def _chunks(self, response_id: str, after: int = -1, wait: float = 0.0) -> dict[str, Any]:
+        return await call(self.door.handle_request, "completion:chunks",
+                          {"response_id": response_id, "after": after, "wait": wait})
+
+    async def _kept(self, response_id: str) -> dict[str, Any] | None:
+        """A background response's chunks and state, or None when none are kept for it (a
+        foreground response, or one that ended minutes ago); an unknown id is response_not_found."""
+        try:
+            return await self._chunks(response_id)
+        except KsiError as error:
+            if error.code != ErrorCode.RESPONSE_NOT_FOUND:
+                raise
+        await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        return None
+
+    async def _resume(self, response_id: str, starting_after: int) -> Response:
+        """A background response's stream from the event after `starting_after` (-1: from its start)."""
+        view = await self._kept(response_id)
+        if view is None:
+            raise KsiError(ErrorCode.STREAM_NOT_FOUND,
+                           f"the stream of response {response_id} is not kept: only a background response's "
+                           "stream is, while it runs and for some minutes after", response_id=response_id)
+        if view["status"] in FINISHED:
+            last = last_sequence(view["total_chunks"], view["status"] == "done")
+            if starting_after > last:
+                raise KsiError(ErrorCode.STARTING_AFTER_OUT_OF_RANGE,
+                               f"starting_after {starting_after} is beyond the stream of response {response_id}, "
+                               f"whose last event is {last}", fields={"starting_after": f"at most {last}"},
+                               last_sequence_number=last)
+        return StreamingResponse(self._replayed(view, starting_after), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    async def _replayed(self, view: dict[str, Any], starting_after: int) -> AsyncIterator[bytes]:
+        """The events of a background response numbered from its kept chunks, those after
+        `starting_after` sent. Leaving changes nothing: the response runs on."""
+        response_id = view["response_id"]
+        numbering = ResponseEvents(response_id)
+        start = {**view, "chunks": [], "result": None, "error": None}  # the response as it began
+        opening = numbering.opening(from_chunks({**start, "status": "queued" if view["status"] == "queued" else "running"}),
+                                    from_chunks({**start, "status": "running"}))
+        for event in opening:
+            if event["sequence_number"] > starting_after:
+                yield sse(event)
+        seen = chunks_before(starting_after)  # chunks the client has
+        if seen:
+            view = await self._chunks(response_id, after=seen - 1)
+        while True:
+            for offset, text in enumerate(view["chunks"]):
+                yield sse(numbering.delta(view["first"] + offset, text))
+            seen = view["first"] + len(view["chunks"])
+            if view["status"] in FINISHED:
+                for event in numbering.closing(view["total_chunks"], from_chunks(view)):
+                    if event["sequence_number"] > starting_after:
+                        yield sse(event)
+                return
+            view = await self._chunks(response_id, after=seen - 1, wait=POLL_SLICE)
+
     async def retrieve(self, request: Request) -> Response:
-        shown = await call(self.door.handle_request, "response:show", {"response_id": request.path_params["id"]})
-        return JSONResponse(shapes.from_record(shown))
+        response_id = ksi_id(request.path_params["id"])
+        if request.query_params.get("stream", "false").lower() == "true":
+            return await self._resume(response_id, _starting_after(request))
+        view = await self._kept(response_id)
+        if view is not None:
+            return JSONResponse(from_chunks(view))
+        shown = await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        return JSONResponse(from_record(shown))
+
+    async def cancel(self, request: Request) -> Response:
+        """Cancel a background response that is queued or running; any other is refused."""
+        response_id = ksi_id(request.path_params["id"])
+        view = await self._kept(response_id)
+        if view is not None and view["status"] not in FINISHED:
+            await call(self.door.handle_request, "completion:cancel", {"request_id": view["request_id"]})
+            view = await self._chunks(response_id)
+            if view["status"] == "cancelled":
+                return JSONResponse(from_chunks(view))
+        status = view["status"] if view is not None else "ended"
+        raise KsiError(ErrorCode.RESPONSE_NOT_CANCELLABLE,
+                       f"response {response_id} has ended ({status}): only a background response that is queued "
+                       "or running can be cancelled", response_id=response_id, status=status)
 
     async def delete(self, request: Request) -> Response:
-        reply = await call(self.door.handle_request, "response:delete", {"response_id": request.path_params["id"]})
-        return JSONResponse({"id": reply["response_id"], "object": "response", "deleted": True})
+        reply = await call(self.door.handle_request, "response:delete",
+                           {"response_id": ksi_id(request.path_params["id"])})
+        return JSONResponse({"id": public_id(reply["response_id"]), "object": "response", "deleted": True})
 
     async def input_items(self, request: Request) -> Response:
-        shown = await call(self.door.handle_request, "response:show", {"response_id": request.path_params["id"]})
+        shown = await call(self.door.handle_request, "response:show",
+                           {"response_id": ksi_id(request.path_params["id"])})
         items = shapes.input_items(shown["response_id"], shown.get("inputs") or [])
         return JSONResponse(list_page(items, request))

@@ -51,6 +51,7 @@ def build_routes(handle_request: RequestHandler, settings: Settings) -> list[Bas
         Route("/v1/responses/{id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{id}", responses.delete, methods=["DELETE"]),
         Route("/v1/responses/{id}/input_items", responses.input_items, methods=["GET"]),
+        Route("/v1/responses/{id}/cancel", responses.cancel, methods=["POST"]),
         Route("/v1/chat/completions", chat.create, methods=["POST"]),
         Route("/v1/conversations", conversations.create, methods=["POST"]),
         Route("/v1/conversations/{id}", conversations.retrieve, methods=["GET"]),

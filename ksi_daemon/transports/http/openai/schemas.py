@@ -131,6 +131,8 @@ class ResponseCreate(CreateBody):
     # (said in the README), so it is accepted rather than refused
     store: bool = True
     stream: bool = False  # how KSI answers (streamed or whole), not a provider option
+    # run in the daemon whatever the client does: polled, cancelled and its stream resumed by id
+    background: bool = False
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     max_output_tokens: int | None = Field(default=None, gt=0)

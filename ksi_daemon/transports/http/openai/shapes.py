@@ -1,5 +1,5 @@
-"""KSI results and records in OpenAI's shapes: Response objects, their stream events, chat
-completions and conversation items. Pure functions of the data; no I/O."""
+"""KSI results and records in OpenAI's shapes: output and input items, chat completions and
+conversation items (the Response object is response_object.py's). Pure functions of the data; no I/O."""
 
 from __future__ import annotations
 
@@ -22,65 +22,13 @@ def _epoch(ts: Any, default: float | None = None) -> int:
     return int(default if default is not None else time.time())
 
 
-def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not usage:
-        return None
-    tokens_in = int(usage.get("prompt_tokens") or 0)
-    tokens_out = int(usage.get("completion_tokens") or 0)
-    return {
-        "input_tokens": tokens_in, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": tokens_out, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": int(usage.get("total_tokens") or tokens_in + tokens_out),
-    }
-
-
 def message_item(response_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [output_text(text)] if status == "completed" else []
+    content = [output_text(text)] if text or status == "completed" else []  # a partial answer shows its text
     return {"type": "message", "id": f"msg_{response_id}", "status": status, "role": "assistant", "content": content}
 
 
 def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def response_object(
-    response_id: str, *, model: str, status: str, created_at: int, text: str | None = None,
-    usage: dict[str, Any] | None = None, conversation_id: str | None = None,
-    previous_response_id: str | None = None, instructions: str | None = None,
-    metadata: dict[str, str] | None = None, temperature: float | None = None, top_p: float | None = None,
-    max_output_tokens: int | None = None, error: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A Response object; `output` holds the assistant message once the text is complete."""
-    return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "model": model, "output": [message_item(response_id, text)] if text is not None else [],
-        "usage": response_usage(usage), "error": error, "incomplete_details": None,
-        "instructions": instructions, "metadata": metadata or {}, "previous_response_id": previous_response_id,
-        "conversation": {"id": conversation_id} if conversation_id else None,
-        "temperature": temperature, "top_p": top_p, "max_output_tokens": max_output_tokens,
-        "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "store": True, "background": False,
-        "text": {"format": {"type": "text"}}, "truncation": "disabled",
-    }
-
-
-def from_record(shown: dict[str, Any]) -> dict[str, Any]:
-    """A stored response (the data of response:show) as a Response object."""
-    outcome = shown.get("outcome") or {}
-    inputs = shown.get("inputs") or []
-    first = inputs[0] if inputs else outcome
-    metadata = next((line["metadata"] for line in inputs if isinstance(line.get("metadata"), dict)), {})
-    completed = shown["status"] == "completed"
-    error = None if completed else {"code": outcome.get("code") or "incomplete",
-                                    "message": outcome.get("message") or "the response has no outcome"}
-    return response_object(
-        shown["response_id"], model=str(outcome.get("model") or ""),
-        status="completed" if completed else "failed", created_at=_epoch(first.get("ts")),
-        text=str(outcome.get("content") or "") if completed else None, usage=outcome.get("usage"),
-        conversation_id=shown.get("conversation_id"), instructions=outcome.get("instructions"),
-        previous_response_id=shown.get("previous_response_id"),
-        metadata={str(k): str(v) for k, v in metadata.items()}, error=error,
-    )
 
 
 def input_items(response_id: str, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,6 +105,13 @@ def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) ->
         if isinstance(exchange.get("reply"), dict):
             items += [_output_item(item, response_id, position) for position, item in enumerate(output)]
     return items
+
+
+def pending_items(conversation: dict[str, Any]) -> list[dict[str, Any]]:
+    """A conversation's pending input (user messages with no reply yet) as user message items."""
+    return [{"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
+             "content": [{"type": "input_text", "text": str(item.get("content") or "")}]}
+            for item in conversation.get("pending_input") or []]
 
 
 def chat_completion(result: dict[str, Any], created: int) -> dict[str, Any]:

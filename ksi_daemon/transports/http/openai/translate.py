@@ -11,6 +11,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
 from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
+from ksi_daemon.transports.http.openai.response_object import ksi_id
 from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
 
 AGENT_PREFIX = "agent/"
@@ -138,7 +139,8 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
                            fields={"input": "no user message after the last assistant message"})
         payload["messages"] = messages
     _model_fields(payload, body.model)
-    for key, value in (("instructions", body.instructions), ("previous_response_id", body.previous_response_id),
+    previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else None
+    for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
                        ("max_tokens", body.max_output_tokens), ("metadata", body.metadata),
                        ("options", options)):

@@ -1,0 +1,147 @@
+"""The answers of background requests, kept as they arrive: a door reads a request's chunks from
+any position (again after its client lost the connection) while it runs and for some minutes
+after it ended, whoever was listening when they were produced. Bounded: an ended log goes after
+`KEPT_AFTER_END` seconds, or earlier, oldest first, when the ended logs hold too much text or
+too many are kept."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.limits import MAX_TIMEOUT
+from ksi_daemon.events import EventData, SafeId
+from ksi_daemon.services.completion.requests import FINISHED, RequestState
+
+KEPT_AFTER_END = 600.0  # seconds an ended request's chunks stay readable
+MAX_LOGS = 1000  # logs kept at once; the oldest ended ones go first
+MAX_ENDED_CHARS = 32 * 1024 * 1024  # text the ended logs may hold together
+# the request's options a reader is shown (what a Responses object reports back); others, such as
+# headers, stay with the request: anyone holding the response id may read its log
+SHOWN_OPTIONS = frozenset({"top_p", "presence_penalty", "frequency_penalty", "user", "reasoning_effort",
+                           "response_format", "safety_identifier", "prompt_cache_key"})
+
+
+class CompletionChunks(EventData):
+    response_id: SafeId = Field(description="the response of a request submitted with background: true")
+    after: int = Field(default=-1, ge=-1, description="only the chunks after this index (-1: all of them)")
+    wait: float = Field(default=0.0, ge=0, le=MAX_TIMEOUT,
+                        description="seconds to wait for a chunk after `after` or the end, when there is none yet")
+
+
+@dataclass(eq=False)
+class ChunkLog:
+    """One background request: its state (for status and outcome) and its non-empty chunks in order."""
+
+    state: RequestState
+    created: float  # wall clock, seconds: what a door shows as the creation time
+    chunks: list[str] = field(default_factory=list)
+    chars: int = 0
+    ended_at: float | None = None  # monotonic
+    ended_wall: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def touch(self) -> None:
+        """Wake the readers waiting for more; later readers wait on a fresh event."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class ChunkLogs:
+    """The chunk logs of background requests, by response id."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 kept_after_end: float = KEPT_AFTER_END, max_logs: int = MAX_LOGS,
+                 max_ended_chars: int = MAX_ENDED_CHARS) -> None:
+        self.clock = clock
+        self.monotonic = monotonic
+        self.kept_after_end = kept_after_end
+        self.max_logs = max_logs
+        self.max_ended_chars = max_ended_chars
+        self._logs: OrderedDict[str, ChunkLog] = OrderedDict()  # response id -> log, oldest first
+        self._by_request: dict[str, ChunkLog] = {}
+        self._ended_chars = 0
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def open(self, state: RequestState) -> None:
+        """Start keeping the chunks of `state` (a request that has its response id)."""
+        assert state.response_id is not None
+        self._prune()
+        log = ChunkLog(state, created=self.clock())
+        self._logs[state.response_id] = log
+        self._by_request[state.request_id] = log
+
+    def add(self, request_id: str, text: str) -> None:
+        log = self._by_request.get(request_id)
+        if log is None or not text:  # an empty chunk shows nothing: it is not an event of the stream
+            return
+        log.chunks.append(text)
+        log.chars += len(text)
+        log.touch()
+
+    def ended(self, state: RequestState) -> None:
+        log = self._by_request.pop(state.request_id, None)
+        if log is None:
+            return
+        log.ended_at = self.monotonic()
+        log.ended_wall = self.clock()
+        self._ended_chars += log.chars
+        log.touch()
+        self._prune()
+
+    def _prune(self) -> None:
+        """Ended logs past their time go; then the oldest ended ones while over the bounds."""
+        now = self.monotonic()
+        for response_id, log in list(self._logs.items()):
+            if log.ended_at is None:
+                continue
+            over = len(self._logs) >= self.max_logs or self._ended_chars > self.max_ended_chars
+            if now - log.ended_at < self.kept_after_end and not over:
+                continue
+            del self._logs[response_id]
+            self._ended_chars -= log.chars
+
+    async def read(self, data: CompletionChunks) -> dict[str, Any]:
+        """The chunks after `data.after`, the request's status and, once it ended, its outcome."""
+        self._prune()
+        log = self._logs.get(data.response_id)
+        if log is None:
+            raise KsiError(ErrorCode.RESPONSE_NOT_FOUND,
+                           f"no background response {data.response_id} is running or recently ended",
+                           response_id=data.response_id)
+        if data.wait > 0 and len(log.chunks) <= data.after + 1 and log.ended_at is None:
+            changed = log.changed
+            try:
+                async with asyncio.timeout(data.wait):
+                    await changed.wait()
+            except TimeoutError:
+                pass
+        return self._view(log, data.after)
+
+    @staticmethod
+    def _view(log: ChunkLog, after: int) -> dict[str, Any]:
+        state = log.state
+        request = state.request
+        view: dict[str, Any] = {
+            "request_id": state.request_id, "response_id": state.response_id,
+            "conversation_id": state.conversation_id, "model": state.model, "agent_id": state.agent_id,
+            "status": state.status, "created": log.created, "ended": log.ended_wall,
+            "request": {"temperature": request.temperature, "max_tokens": request.max_tokens,
+                        "instructions": request.instructions, "metadata": request.metadata,
+                        "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}},
+            "first": after + 1, "chunks": log.chunks[after + 1:], "total_chunks": len(log.chunks),
+            "result": None, "error": None,
+        }
+        if state.status in FINISHED:
+            view["result"] = state.result
+            view["error"] = state.error.to_wire() if state.error is not None else None
+        return view
