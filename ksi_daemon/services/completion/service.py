@@ -527,7 +527,7 @@ class CompletionService:
         self._check_capacity()
         model = data.model or (INLINE_CONSORTIUM if data.consortium else None) or self.settings.default_model
         await self._check_answerer(model, data)
-        await self._check_model_options(model, data)
+        await self._check_model_options(model, data, [])  # the request's images are checked at its admission
         self._check_options(model, data)
 
     def _can_continue(self, memory: ConversationMemory) -> bool:
