@@ -149,8 +149,9 @@ async def test_cancel_a_running_background_response_and_a_finished_one(
     gate = asyncio.Event()
     stub.enqueue(Reply(text=ANSWER, gate=gate))
     created = await client.responses.create(model="openai/stub-model", input="go", background=True)
-    # cancelled once the provider is answering (its first word is in), held there by the gate
-    await until(lambda: fetched(client, created.id), lambda r: text_of(r) == "alpha ")
+    # cancelled in the first moments of its run (while the model's window is looked up), the gate
+    # holding its answer: the cancel must not be lost there
+    await until(lambda: fetched(client, created.id), lambda r: r["status"] == "in_progress")
     raw = await client.responses.with_raw_response.cancel(ksi_id(created.id))  # either form of the id
     cancelled = conforming_response(raw.http_response.json())
     assert cancelled.id == created.id and cancelled.status == "cancelled" and cancelled.error is None
@@ -211,3 +212,16 @@ async def test_an_answer_cut_by_its_token_limit_is_incomplete(
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == "cut sho"
     assert cut.max_output_tokens == 2
+
+
+async def test_cancel_while_the_provider_is_answering(
+        http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    gate = asyncio.Event()
+    stub.enqueue(Reply(text=ANSWER, gate=gate))
+    created = await client.responses.create(model="openai/stub-model", input="go", background=True)
+    await until(lambda: fetched(client, created.id), lambda r: text_of(r) == "alpha ")  # its first word is in
+    cancelled = conforming_response((await client.responses.with_raw_response.cancel(created.id)).http_response.json())
+    assert cancelled.status == "cancelled" and cancelled.output_text == ""
+    listing = await http_daemon.daemon.router.request("conversation:list", {}, EventContext.root())
+    assert listing["conversations"] == []
+    gate.set()

@@ -249,7 +249,8 @@ class LiteLLMProvider:
             litellm = await self.ensure_loaded()
             try:
                 # ollama models make get_model_info call the local server: keep it off the loop
-                info = await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0)
+                async with asyncio.timeout(5.0):
+                    info = await asyncio.to_thread(litellm.get_model_info, model)
                 window = int(info.get("max_input_tokens") or info.get("max_tokens") or window)
             except Exception:
                 pass
@@ -265,7 +266,8 @@ class LiteLLMProvider:
             if not model.startswith(OWN_PREFIXES):
                 litellm = await self.ensure_loaded()
                 try:
-                    info = dict(await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0))
+                    async with asyncio.timeout(5.0):
+                        info = dict(await asyncio.to_thread(litellm.get_model_info, model))
                 except Exception:  # a model litellm does not list: nothing is known of it
                     info = {}
             # a CLI session is sent text alone: an image would never reach it
