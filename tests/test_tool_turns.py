@@ -16,7 +16,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
-from tests.stub_openai import Reply, StubOpenAI
+from tests.stub_openai import Reply, StubOpenAI, served_from_a_thread
 
 WEATHER = {"type": "function", "name": "weather", "description": "today's weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -173,8 +173,12 @@ async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_bloc
     assert sent[3]["tool_calls"][0]["id"] == "toolu_b" and sent[4]["tool_call_id"] == "toolu_b"
 
 
-async def test_a_conversation_continues_on_an_ollama_model_with_its_tool_calls(
-        short_tmp: Path, stub: StubOpenAI) -> None:
+async def test_a_conversation_continues_on_an_ollama_model_with_its_tool_calls(short_tmp: Path) -> None:
+    with served_from_a_thread(StubOpenAI()) as stub:
+        await ollama_loop(short_tmp, stub)
+
+
+async def ollama_loop(short_tmp: Path, stub: StubOpenAI) -> None:
     settings = stub_settings(stub, models={"ollama_chat/stub*": {"api_base": f"http://127.0.0.1:{stub.port}"}})
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         await loop_step_one(client, stub)
