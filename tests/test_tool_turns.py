@@ -244,6 +244,24 @@ async def test_the_oldest_tool_turn_leaves_with_its_output_and_the_summary_names
     assert sent[0]["role"] == "system" and "weather" in sent[0]["content"] and "call_first" in sent[0]["content"]
 
 
+async def test_outputs_whose_call_no_longer_fits_are_context_window_exceeded(short_tmp: Path,
+                                                                            stub: StubOpenAI) -> None:
+    small = "openai/stub-small"
+    settings = stub_settings(stub, models={small: {"api_base": stub.api_base, "context_window": 700,
+                                                   "output_reserve": 100}},
+                             calibration=False, summariser="off", default_model=small)
+    long_arguments = {"notes": "the quick brown fox jumps over the lazy dog " * 60}
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        stub.enqueue(Reply(calls=[{"id": "call_big", "name": "weather", "arguments": long_arguments}]))
+        await complete(client, prompt="Weather?", tools=TOOLS, conversation_id="big", create=True)
+        with pytest.raises(KsiError) as caught:
+            await complete(client, input=[output("call_big", "12C")], tools=TOOLS, conversation_id="big")
+        index = await stored_index(daemon, "big")
+    # the call would be left out and its output sent alone: the turn does not fit, and is not sent
+    assert caught.value.code == ErrorCode.CONTEXT_WINDOW_EXCEEDED and caught.value.details["call_ids"] == ["call_big"]
+    assert len(stub.requests) == 1 and len(index) == 1
+
+
 # -- bad input ----------------------------------------------------------------------------------------
 
 async def refused(client: KsiClient, daemon: Daemon, data: dict[str, Any]) -> KsiError:
