@@ -143,8 +143,10 @@ async def test_a_fork_before_the_tool_call_continues_without_it(stub_daemon: Dae
 
 
 @pytest.mark.backends
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_blocks(
-        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        stream: bool) -> None:
     monkeypatch.setenv("KSI_TEST_ANTHROPIC_KEY", "sk-ant-stub")
     anthropic = {"api_base": f"http://127.0.0.1:{stub.port}", "api_key_env": "KSI_TEST_ANTHROPIC_KEY"}
     settings = stub_settings(stub, models={"anthropic/stub*": anthropic}, **backend)
@@ -153,7 +155,7 @@ async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_bloc
         # the outputs go to a Claude-style model, which calls another tool in its own format
         stub.enqueue(Reply(calls=[{"id": "toolu_b", "name": "clock", "arguments": {"city": "Bergen"}}]))
         second = await complete(client, input=[output("call_a", "12C")], tools=TOOLS, model="anthropic/stub-claude",
-                                conversation_id="tools")
+                                conversation_id="tools", stream=stream)
         # and back on the OpenAI-style model for the last step
         stub.enqueue(Reply(text="Done."))
         third = await complete(client, input=[output("toolu_b", "14:05")], tools=TOOLS,
