@@ -331,6 +331,11 @@ async def test_tools_go_only_where_they_can_be_called(short_tmp: Path, stub: Stu
         error = await refused(client, daemon, {"input": [{"role": "user", "content": [
             {"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "https://x.test/a.png"}]}]})
         assert error.code == ErrorCode.UNSUPPORTED_PARAMETER and list(error.details["fields"]) == ["input.0.content.1"]
-        # a model nobody declared gets the tools
+        # a model nobody declared gets the tools, and its own refusal of them comes back
         await complete(client, prompt="hi", tools=[WEATHER], model="openai/stub-undeclared")
-    assert stub.requests[-1]["tools"][0]["function"]["name"] == "weather"
+        assert stub.requests[-1]["tools"][0]["function"]["name"] == "weather"
+        stub.enqueue(Reply(status=400, body=json.dumps({"error": {
+            "message": "stub-undeclared does not support tools", "type": "invalid_request_error"}})))
+        with pytest.raises(KsiError) as caught:
+            await complete(client, prompt="hi", tools=[WEATHER], model="openai/stub-undeclared")
+    assert caught.value.code == ErrorCode.PROVIDER_ERROR and "does not support tools" in caught.value.message
