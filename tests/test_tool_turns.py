@@ -109,6 +109,9 @@ async def test_a_restart_in_the_middle_of_the_loop(short_tmp: Path, stub: StubOp
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         first = await loop_step_one(client, stub)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        # the first turn's result, asked for again after the restart, still holds the call
+        again = await client.request("completion:wait", {"request_id": first["request_id"], "timeout": 5})
+        assert again["recovered"] is True and calls_of(again) == calls_of(first)
         # the new daemon knows the open call from storage alone: a plain prompt is refused...
         with pytest.raises(KsiError) as caught:
             await client.request("completion:async", {"prompt": "never mind", "conversation_id": "tools"})
