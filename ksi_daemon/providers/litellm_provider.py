@@ -290,7 +290,10 @@ class LiteLLMProvider:
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
                            f"tools is not supported: {model} runs the {program} CLI, which takes no tools from a request",
                            fields={"tools": f"not passed to the {program} CLI"}, model=model)
-        if (await self.abilities(model)).function_calling is False:
+        declared = self.settings.model_settings(model).supports_function_calling
+        # a declaration answers without litellm's model list (the ack need not wait for its import)
+        able = declared if declared is not None else (await self.abilities(model)).function_calling
+        if able is False:
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
                            f"tools is not supported: {model} cannot call tools (declare supports_function_calling "
                            "for it in KSI_MODELS if it can)",
