@@ -152,7 +152,7 @@ class StubOpenAI:
             text = reply.text if reply.text is not None else "" if reply.calls else self.answer(body.get("messages", []))
             if body.get("stream"):
                 return await self._stream(request, body, text, counted, cut=reply.cut, drip=reply.drip or 0.0,
-                                          gate=reply.gate, calls=reply.tool_calls())
+                                          gate=reply.gate, calls=reply.tool_calls(), reasoning=reply.reasoning)
             return web.json_response(self._completion(body, text, counted, reply))
         finally:
             self.in_flight -= 1
@@ -220,10 +220,15 @@ class StubOpenAI:
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
                       prompt_tokens: int, cut: bool = False, drip: float = 0.0,
                       gate: asyncio.Event | None = None,
-                      calls: list[dict[str, Any]] | None = None) -> web.StreamResponse:
+                      calls: list[dict[str, Any]] | None = None, reasoning: str | None = None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
+        if reasoning:  # a reasoning model's summary comes before its answer
+            chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": body.get("model", "stub"),
+                     "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}, "finish_reason": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         words = text.split(" ") if text or not calls else []
         for position, word in enumerate(words):
             piece = word if position == len(words) - 1 else word + " "

@@ -206,7 +206,9 @@ async def ollama_loop(short_tmp: Path, stub: StubOpenAI) -> None:
     assert sent[3]["tool_calls"][0]["id"] == sent[4]["tool_call_id"] == call["call_id"]
 
 
-async def test_json_schema_and_sampling_fields_reach_the_stub(stub_daemon: Daemon, stub: StubOpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_json_schema_and_sampling_fields_reach_the_stub(stub_daemon: Daemon, stub: StubOpenAI,
+                                                             stream: bool) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
               "additionalProperties": False}
     fields = {"seed": 7, "stop": ["END"], "top_p": 0.5, "presence_penalty": 0.5, "frequency_penalty": -0.5,
@@ -215,7 +217,7 @@ async def test_json_schema_and_sampling_fields_reach_the_stub(stub_daemon: Daemo
                                                                           "strict": True}}}
     stub.enqueue(Reply(text='{"city": "Oslo"}', reasoning="the user named Oslo"))
     async with connected(stub_daemon) as client:
-        result = await complete(client, prompt="Where?", **fields)
+        result = await complete(client, prompt="Where?", stream=stream, **fields)
     assert {name: stub.requests[-1].get(name) for name in fields} == fields
     assert result["output"] == [{"type": "reasoning", "summary": "the user named Oslo"},
                                 {"type": "message", "role": "assistant", "content": '{"city": "Oslo"}'}]
