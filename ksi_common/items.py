@@ -117,6 +117,12 @@ def call_ids_answered(inputs: list[Item]) -> list[str]:
     return [str(item["call_id"]) for item in inputs if item.get("type") == "function_call_output"]
 
 
+def image_parts(items: Any) -> list[dict[str, Any]]:
+    """The stored `input_image` parts of a list of items, in order."""
+    return [part for item in items if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
+            for part in item["content"] if isinstance(part, dict) and part.get("type") == "input_image"]
+
+
 def part_text(content: str | list[dict[str, Any]]) -> str:
     """A message's text: its text parts joined, images and files named by reference."""
     if isinstance(content, str):

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ksi_common.items import message
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.providers.base import ModelAbilities
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
@@ -216,9 +217,10 @@ async def test_a_damaged_image_is_sent_as_a_note_and_a_later_turn_replays_withou
         digest = stored["image"]["sha256"]
         await damage(storage, short_tmp, digest)
     async with images_on(short_tmp, roots, backend) as (images, storage):
-        history = [Exchange(inputs=[{"role": "user", "content": "look"}], reply="a square", images=[stored])]
+        history = [Exchange(input=[message("user", [{"type": "input_text", "text": "look"}, stored])],
+                            output=[message("assistant", "a square")])]
         replayed = await images.replay(history, vision=True)
-        assert replayed[0].inputs[-1]["content"] == [
+        assert replayed[0].chat_messages()[0]["content"] == [
             {"type": "text", "text": "look"},
             {"type": "text", "text": f"[image sha256:{digest[:12]}] (its stored bytes are missing)"}]
 
@@ -262,9 +264,10 @@ async def test_only_the_file_name_of_a_path_is_kept(short_tmp: Path, roots: Path
     async with images_on(short_tmp, roots, backend) as (images, _storage):
         stored = await images.admit({"type": "input_image", "path": str(roots / "deep" / "er" / "holiday.jpg")})
         assert stored["image"]["name"] == "holiday.jpg"
-        history = [Exchange(inputs=[{"role": "user", "content": "see"}], reply="ok", images=[stored])]
-        note = (await images.replay(history, vision=False))[0].inputs[-1]["content"]
-        assert note == "see\n\n[image holiday.jpg]" and str(roots) not in note
+        history = [Exchange(input=[message("user", [{"type": "input_text", "text": "see"}, stored])],
+                            output=[message("assistant", "ok")])]
+        note = (await images.replay(history, vision=False))[0].chat_messages()[0]["content"]
+        assert note == "see [image holiday.jpg]" and str(roots) not in note
 
 
 class SwappingRoots(FileRoots):

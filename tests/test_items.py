@@ -14,6 +14,7 @@ from ksi_common.items import (
     part_text,
     ref_public,
 )
+from ksi_daemon.providers.tool_calls import input_messages, output_message, with_calls_answered
 
 
 def test_a_record_written_before_items_reads_as_one_user_and_one_assistant_message() -> None:
@@ -84,3 +85,17 @@ def test_a_record_that_kept_a_client_path_as_the_image_name_is_shown_with_the_fi
     part = {"type": "input_image", "image": ref}
     assert "/home/me" not in item_line({"type": "message", "role": "user", "content": [part]})
     assert part_text([part]) == "[image cat.png]"  # the note a model without vision is sent
+
+
+def test_a_call_without_its_output_and_an_output_without_its_call_are_shown_as_text() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
+    made = output_message([call])
+    answer = input_messages([{"type": "function_call_output", "call_id": "c1", "output": "12C"}])
+    paired = [{"role": "user", "content": "hi"}, made, *answer]
+    assert with_calls_answered(paired) == paired  # kept as they are when whole
+    # a pinned exchange shown without the one that answers it, and an answer without its call
+    broken = with_calls_answered([{"role": "user", "content": "hi"}, made, {"role": "user", "content": "next"},
+                                  *answer])
+    assert [m["role"] for m in broken] == ["user", "assistant", "user", "user"]
+    assert "tool_calls" not in broken[1] and "weather" in broken[1]["content"] and "c1" in broken[1]["content"]
+    assert broken[3]["content"] == "[output of c1: 12C]"

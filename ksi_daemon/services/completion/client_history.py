@@ -28,6 +28,7 @@ from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.timefmt import parse_ts
 from ksi_daemon.context import EventContext
+from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.router import Router
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.digests import digest_at
@@ -55,14 +56,17 @@ class ClientTurns:
         return items.digest_chain(self.system, self.exchanges)
 
     def text_only(self) -> bool:
-        """Every item a message whose content is text (what an import or an append can store)."""
+        """Every item a message whose content is text (what `conversation:append` can store)."""
         return all(item.get("type", "message") == "message" and isinstance(item.get("content"), str)
                    for inputs, outputs in self.exchanges for item in (*inputs, *outputs))
 
-    def messages(self) -> list[dict[str, str]]:
-        """The history as chat messages (text-only histories)."""
-        return [{"role": str(item["role"]), "content": str(item["content"])}
-                for inputs, outputs in self.exchanges for item in (*inputs, *outputs)]
+    def has_images(self) -> bool:
+        return any(items.image_parts(inputs) for inputs, _outputs in self.exchanges)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The history as chat messages: its tool calls and their outputs as the provider takes them."""
+        return [message for inputs, outputs in self.exchanges
+                for message in (*input_messages(inputs), output_message(outputs))]
 
 
 def _normalised(raw: Any, where: str) -> items.Item:
@@ -273,16 +277,15 @@ class ClientHistory:
 
     async def _import(self, turns: ClientTurns, context: EventContext, data: CompletionAsync, *,
                       new_id: str | None = None, linked: Match | None = None) -> str:
-        if not turns.text_only():
+        if turns.has_images():
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           "history: a history holding tool calls or images is matched to a stored conversation "
-                           "but cannot be imported as a new one",
-                           fields={"history": "tool calls and images are not imported"})
+                           "history: a history holding images is matched to a stored conversation but cannot be "
+                           "imported as a new one (its image bytes are not stored here)",
+                           fields={"history": "images are not imported"})
         document: dict[str, Any] = {
             "format": "ksi.conversation", "v": 1,
             "conversation": {"system": turns.system},
-            "exchanges": [{"inputs": [{"type": "user", "content": str(i["content"])} for i in inputs],
-                           "reply": {"content": "".join(str(o["content"]) for o in outputs)}}
+            "exchanges": [{"input": inputs, "output": outputs, "reply": {"content": items.output_text(outputs)}}
                           for inputs, outputs in turns.exchanges],
         }
         request: dict[str, Any] = {"data": document, "format": "json"}
@@ -300,7 +303,7 @@ class ClientHistory:
 class OwnHistory:
     """The client's own history, as sent to the provider."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     exchanges: int
     tokens: int
 
@@ -311,15 +314,16 @@ class OwnHistory:
 
 def own_history(data: CompletionAsync, budget: int, count_tokens: Callable[[str], int]) -> OwnHistory | None:
     """The client's own history as the provider's messages when the request has one that fits
-    `budget` (text-only); None: KSI's budgeted rebuild is sent instead."""
+    `budget`; None: KSI's budgeted rebuild is sent instead."""
     if not data.history:
         return None
     try:
         turns = split_history(data.history, data.instructions)
     except KsiError:
         return None
-    if not turns.exchanges or not turns.text_only():
+    if not turns.exchanges or turns.has_images():
         return None
     messages = turns.messages()
-    tokens = sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
+    tokens = sum(count_tokens(items.item_text(item)) + MESSAGE_OVERHEAD
+                 for inputs, outputs in turns.exchanges for item in (*inputs, *outputs))
     return OwnHistory(messages, len(turns.exchanges), tokens) if tokens <= budget else None

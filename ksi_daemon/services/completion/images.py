@@ -18,7 +18,7 @@ import os
 import stat
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.items import part_text
+from ksi_common.items import image_parts, part_text
 from ksi_daemon.providers.base import ModelAbilities
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
@@ -258,33 +258,34 @@ class Images:
             return None
         return await asyncio.to_thread(_encoded, data, claimed)
 
-    async def attach(self, messages: list[dict[str, Any]], parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Chat messages with stored image parts after the text of the last user message."""
+    async def with_images(self, items: Sequence[Mapping[str, Any]], messages: list[dict[str, Any]]
+                          ) -> list[dict[str, Any]]:
+        """Chat messages of `items` (one exchange's input) with its stored images sent as image parts:
+        the last user message becomes its text parts then the images, rebuilt from storage."""
+        parts = image_parts(items)
         if not parts:
             return messages
+        text = " ".join(str(p.get("text") or "") for item in items if isinstance(item.get("content"), list)
+                        for p in item["content"] if isinstance(p, dict) and p.get("type") == "input_text")
         out = list(messages)
         for position in range(len(out) - 1, -1, -1):
             if out[position].get("role") == "user":
-                text = {"type": "text", "text": out[position]["content"]}
-                out[position] = {**out[position], "content": [text, *[await self.chat_part(p) for p in parts]]}
+                chat = [await self.chat_part(part) for part in parts]
+                out[position] = {**out[position], "content": [{"type": "text", "text": text}, *chat]}
                 break
         return out
 
     async def replay(self, exchanges: Sequence[Exchange], vision: bool | None) -> list[Exchange]:
-        """History as a turn sends it: each exchange's stored images after the text of its last
-        user message, rebuilt from storage; to a model known not to see images, a note naming each."""
+        """History as a turn sends it: each exchange's stored images rebuilt from storage. A model
+        known not to see images keeps the text, which names each image (`[image NAME]`)."""
+        if vision is False:
+            return list(exchanges)
         out: list[Exchange] = []
         for exchange in exchanges:
-            if not exchange.images or not exchange.inputs:
+            if not image_parts(exchange.input) or not exchange.input:
                 out.append(exchange)
                 continue
-            if vision is False:
-                note = part_text(exchange.images)
-                inputs = [*exchange.inputs[:-1], {**exchange.inputs[-1],
-                                                  "content": f"{exchange.inputs[-1]['content']}\n\n{note}"}]
-            else:
-                inputs = await self.attach(exchange.inputs, exchange.images)
-            out.append(replace(exchange, inputs=inputs))
+            out.append(exchange.sent_as(await self.with_images(exchange.input, exchange.chat_messages())))
         return out
 
     @staticmethod

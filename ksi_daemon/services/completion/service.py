@@ -13,6 +13,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id, new_response_id
+from ksi_common.items import Item, image_parts
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
@@ -52,8 +53,10 @@ from ksi_daemon.services.conversations.history import (
     sent_record,
 )
 from ksi_daemon.services.conversations.digests import next_digest
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import with_pending, without_consumed
+from ksi_daemon.services.completion import tool_turns
+from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
@@ -94,6 +97,9 @@ class ModelFacts(Protocol):
         """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
 
     async def abilities(self, model: str) -> ModelAbilities: ...
+
+    async def check_tools(self, model: str) -> None:
+        """Refuse tools for a model known not to call them."""
 
 
 @dataclass(slots=True)
@@ -139,7 +145,7 @@ class Prepared:
     system: str | None
     system_changed: bool
     inputs: list[dict[str, Any]]  # the raw input lines for the response file
-    user_messages: list[dict[str, Any]]  # the new input as the model sees it
+    new_items: list[Item]  # the new input as the model sees it
     input_tokens: int
     history_stats: dict[str, int]
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
@@ -409,8 +415,10 @@ class CompletionService:
         if chosen is not None or conversation_id is None:  # before a new conversation is written
             await self._check_answerer(chosen or self.settings.default_model, data)
             await self._check_model_options(chosen or self.settings.default_model, data, images)
+        await tool_turns.check_new_conversation(self.cache, conversation_id, data)
         memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
+        await tool_turns.check_turn(self.cache, memory, data, self.settings.max_fork_depth)
         if memory.meta.turn_cap is not None:
             pending = self.requests.count_live(memory.conversation_id)
             if memory.total + pending >= memory.meta.turn_cap:
@@ -471,9 +479,13 @@ class CompletionService:
     async def _check_model_options(self, model: str, data: CompletionAsync, images: list[CheckedImage]) -> None:
         if self._answerer(model) is not self.provider:
             self.images.check_consortium(model, [image.field for image in images])
+            tool_turns.refuse_tools_to(model, data, "is a consortium: its members answer, and no tool call reaches the client")
             return
-        if data.options:
-            await self.facts.check_request(model, data.options)
+        options = data.provider_options()
+        if options:
+            await self.facts.check_request(model, options)
+        if data.tools:
+            await self.facts.check_tools(model)
         if images:
             self.images.check_model(model, await self.facts.abilities(model), [image.field for image in images])
 
@@ -667,9 +679,9 @@ class CompletionService:
         system = new_system if new_system is not None else memory.meta.system
         # instructions are this request's own system prompt; the conversation keeps its own
         sent_system = data.instructions if data.instructions is not None else system
-        user_messages = records.user_messages(inputs)
+        new_items = records.new_items(inputs)
         count = self.facts.count_tokens
-        input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
+        input_tokens = items_tokens(new_items, count, MESSAGE_OVERHEAD)
         input_tokens += sum(self.images.tokens(part["image"], state.model) for part in state.images)
         budget = await self.history_budget(state.model, sent_system, input_tokens, data.max_tokens)
         if budget < 0:
@@ -706,16 +718,17 @@ class CompletionService:
                                                     after, pins_budget, pinned)
             attached = attached.kept_for(history.exchanges)
         pinned.add_to(history, after)
-        if any(exchange.images for exchange in history.exchanges):  # sent again, from storage
+        if any(image_parts(exchange.input) for exchange in history.exchanges):  # sent again, from storage
             vision = (await self.facts.abilities(state.model)).vision
             history.exchanges = await self.images.replay(history.exchanges, vision)
         inputs = attached.record_in(inputs)
-        messages = build_messages(sent_system, history,
-                                  await self.images.attach(attached.prepend(user_messages), state.images),
+        tool_turns.check_called_in_history(history, new_items, state.model)
+        new_messages = await self.images.with_images(new_items, attached.prepend(input_messages(new_items)))
+        messages = build_messages(sent_system, history, new_messages,
                                   stand_in.text() if stand_in is not None else None)
         own = own_history(data, whole_budget - attached.tokens, count)  # the client's own, when it fits
         if own is not None:
-            messages = build_messages(sent_system, History(), attached.prepend(user_messages))
+            messages = build_messages(sent_system, History(), new_messages)
             messages[1 if messages[0]["role"] == "system" else 0:0] = own.messages
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = ((own.tokens if own is not None else history.tokens) + attached.tokens + input_tokens
@@ -728,12 +741,12 @@ class CompletionService:
         if stand_in is not None and own is None:
             stats["summary_upto"] = stand_in.upto
             stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
-        options = dict(data.options)
+        options = data.provider_options()
         if data.extra_body:
             options["extra_body"] = data.extra_body
         call = ProviderCall(
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
-            timeout=data.timeout or self.settings.request_timeout, options=options,
+            timeout=data.timeout or self.settings.request_timeout, options=options, **data.tool_fields(),
             on_chunk=self._chunk_sink(state) if data.stream or data.background else None,
             resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
@@ -746,7 +759,7 @@ class CompletionService:
             sent["history_source"] = "client"  # the client's own turns went out, not the rebuild above
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
-        return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
+        return Prepared(memory, call, system, new_system is not None, inputs, new_items, input_tokens,
                         stats, files=attached.new_files, estimate=estimate, sent=sent)
 
     async def _with_pins(self, memory: ConversationMemory, history: History, budget: int, after: int,
@@ -797,16 +810,19 @@ class CompletionService:
             return None
         return session.session_id
 
-    def _chunk_sink(self, state: RequestState) -> Callable[[str], None]:
+    def _chunk_sink(self, state: RequestState) -> Callable[[str | dict[str, Any]], None]:
         index = 0
         context = state.context.child()
 
-        def emit(text: str) -> None:
+        def emit(piece: str | dict[str, Any]) -> None:
             nonlocal index
-            self.streams.add(state.request_id, text)
+            # a text piece, or a tool call's delta: {"index", "call_id", "name", "arguments"}
+            payload = {"text": piece} if isinstance(piece, str) else {"tool_call": piece}
+            if isinstance(piece, str):
+                self.streams.add(state.request_id, piece)
             self.router.emit("completion:chunk", {"request_id": state.request_id,
                                                   "conversation_id": state.conversation_id,
-                                                  "index": index, "text": text}, context)
+                                                  "index": index, **payload}, context)
             index += 1
 
         return emit
@@ -829,7 +845,7 @@ class CompletionService:
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
-            tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
+            tokens_out=items_tokens(reply.items(), self.facts.count_tokens, MESSAGE_OVERHEAD),
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         system = state.request.instructions if state.request.instructions is not None else prepared.system
@@ -848,8 +864,7 @@ class CompletionService:
                 continue
             break
         memory.meta = meta
-        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files,
-                                      images=state.images))
+        memory.append(entry, Exchange(input=prepared.new_items, output=reply.items(), files=prepared.files))
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
