@@ -100,7 +100,7 @@ async def test_an_image_file_reaches_a_vision_model_as_an_image_part_stored_once
 
         # a model known not to see images is sent a note naming the image instead
         await complete(client, prompt="in words?", conversation_id="pic", model="openai/stub-text")
-        assert stub.messages()[0]["content"] == "what is in it?\n\n[image chart.png]"  # never the client's path
+        assert stub.messages()[0]["content"] == "what is in it? [image chart.png]"  # never the client's path
 
         # the same image again, from another file in another conversation: still one blob
         copy = files_root / "copy.png"

@@ -265,12 +265,11 @@ class Images:
         parts = image_parts(items)
         if not parts:
             return messages
-        text = " ".join(str(p.get("text") or "") for item in items if isinstance(item.get("content"), list)
-                        for p in item["content"] if isinstance(p, dict) and p.get("type") == "input_text")
         out = list(messages)
         for position in range(len(out) - 1, -1, -1):
             if out[position].get("role") == "user":
                 chat = [await self.chat_part(part) for part in parts]
+                text = _without_labels(str(out[position].get("content") or ""), parts)
                 out[position] = {**out[position], "content": [{"type": "text", "text": text}, *chat]}
                 break
         return out
@@ -377,3 +376,12 @@ def _looks_like_image(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _without_labels(text: str, parts: Sequence[Mapping[str, Any]]) -> str:
+    """A message's chat text without the `[image NAME]` labels its text form gives each image
+    (sent as image parts instead); attached files and the user's own text stay."""
+    for part in parts:
+        label = part_text([dict(part)])
+        text = text.replace(f" {label}", "", 1) if f" {label}" in text else text.replace(label, "", 1)
+    return text

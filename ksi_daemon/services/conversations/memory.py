@@ -76,8 +76,17 @@ def exchange_from_response(record: ResponseRecord) -> Exchange:
 
 
 def items_tokens(items: list[Item], count_tokens: Callable[[str], int], overhead: int) -> int:
-    """Tokens of items as the daemon counts them: each one's text and a message's overhead."""
-    return sum(count_tokens(item_text(item)) + overhead for item in items)
+    """Tokens of items as the daemon counts them: each one's text and a message's overhead (an
+    image part counts by its provider's rule, which the caller adds: not its label here)."""
+    return sum(count_tokens(_counted_text(item)) + overhead for item in items)
+
+
+def _counted_text(item: Item) -> str:
+    content = item.get("content")
+    if item.get("type") == "message" and isinstance(content, list):
+        return " ".join(str(part.get("text") or "") for part in content
+                        if isinstance(part, dict) and part.get("type") == "input_text")
+    return item_text(item)
 
 
 class ConversationMemory:
