@@ -42,7 +42,8 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
     if state.images:  # the parts of the user line: its text, then the images by reference
         for line in reversed(lines):
             if line["type"] in ("user", "feedback"):
-                line["parts"] = [{"type": "input_text", "text": line["content"]}, *state.images]
+                text = [{"type": "input_text", "text": line["content"]}] if line["content"] else []
+                line["parts"] = [*text, *state.images]
                 break
     if data.system is not None:
         lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,

@@ -80,17 +80,25 @@ def items_of(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[Item]:
 
 
 def resolve_parts(content: str | list[Any], where: str) -> str:
-    """A message's content as the exchange keeps it. Text parts are joined; image and file parts
-    need stored bytes, which this version does not keep yet, so they are refused by name."""
+    """A message's text as the exchange keeps it: its text parts joined. Its image parts are read
+    and stored at admission (`image_parts`), kept with the message's line by reference; file
+    parts are refused by name (send a file's path in `files`)."""
     if isinstance(content, str):
         return content
-    refused = {f"{where}.{n}": "image and file parts are not supported yet"
-               for n, part in enumerate(content) if not isinstance(part, InputText)}
+    refused = {f"{where}.{n}": "file parts are not supported; give the path in files"
+               for n, part in enumerate(content) if isinstance(part, InputFile)}
     if refused:
         raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                       f"{', '.join(refused)}: image and file parts are not supported yet; send text",
+                       f"{', '.join(refused)}: file parts are not supported; give the file's path in files",
                        fields=refused)
-    return "\n".join(part.text for part in content)
+    return "\n".join(part.text for part in content if isinstance(part, InputText))
+
+
+def image_parts(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[tuple[str, dict[str, Any]]]:
+    """The image parts of the input's messages, each with the field that names it."""
+    return [(f"input.{position}.content.{n}", part.model_dump())
+            for position, item in enumerate(inputs) if isinstance(item, MessageItem) and isinstance(item.content, list)
+            for n, part in enumerate(item.content) if isinstance(part, InputImage)]
 
 
 class FunctionTool(_Shape):

@@ -18,6 +18,7 @@ from ksi_daemon.services.completion.input_items import (
     ToolChoice,
     checked_choice,
     checked_tools,
+    image_parts,
     items_of,
 )
 
@@ -148,6 +149,10 @@ class CompletionAsync(EventData):
         if self.prompt is not None:
             return [message("user", self.prompt)]
         return [message(m.role, m.content) for m in self.messages or []]
+
+    def image_parts(self) -> list[tuple[str, dict[str, Any]]]:
+        """The image parts of `input` with the field naming each (read and stored at admission)."""
+        return image_parts(self.input) if self.input is not None else []
 
     def provider_options(self) -> dict[str, Any]:
         """`options` with the sampling fields given at the top level."""

@@ -409,6 +409,8 @@ class CompletionService:
         if data.files:  # refused files fail the ack before any conversation is written
             files, images = await self.images.split_files(data.files)  # images are read here, once
             data = data.model_copy(update={"files": await self.attachments.check(files)})
+        for field, part in data.image_parts():  # an https URL is kept as it is, never fetched
+            images.append(await self.images.check(part, field))
         agent = await self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
         conversation_id = data.conversation_id or (agent.conversation_id if agent else None)
