@@ -332,9 +332,9 @@ async def test_tools_go_only_where_they_can_be_called(short_tmp: Path, stub: Stu
         # a tool in options points at the field
         error = await refused(client, daemon, {"prompt": "hi", "options": {"tools": [CLOCK]}})
         assert error.code == ErrorCode.UNSUPPORTED_PARAMETER and "tools field" in error.message
-        # an image part is refused by name until images are kept
+        # a file part is refused by name (a file goes by its path in `files`)
         error = await refused(client, daemon, {"input": [{"role": "user", "content": [
-            {"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "https://x.test/a.png"}]}]})
+            {"type": "input_text", "text": "see"}, {"type": "input_file", "file_data": "abc"}]}]})
         assert error.code == ErrorCode.UNSUPPORTED_PARAMETER and list(error.details["fields"]) == ["input.0.content.1"]
         # a model nobody declared gets the tools, and its own refusal of them comes back
         await complete(client, prompt="hi", tools=[WEATHER], model="openai/stub-undeclared")
