@@ -1,4 +1,8 @@
-"""The daemon's CPU cost per completion beyond litellm's own (DESIGN.md section 7: goal < 1 ms).
+"""The daemon's CPU cost per completion beyond litellm's own.
+
+Goal (issue 29): that cost, less what the kernel charges for the exchange's own writes ("the
+writes alone", measured in the same run), at most 0.25x the direct litellm call's CPU, new and
+continued, fsync on and off. DESIGN.md section 7's older goal, under 1 ms, is shown beside it.
 
     .venv/bin/python scripts/bench/completion_overhead.py [-n 300] [--repeats 5]
                                                           [--conversations 10] [--profile]
@@ -69,6 +73,9 @@ from harness import (
     write_results,
 )
 
+# issue 29: the daemon's own CPU beyond the direct call, less the writes alone, at most this share
+# of the direct call's CPU (DESIGN.md's older goal, under 1 ms, is shown beside it)
+GOAL_SHARE = 0.25
 GOAL_MS = 1.0
 SHAPES = (("new", "single"), ("continue", "chat"))  # daemon shape, its direct baseline
 
@@ -308,37 +315,49 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
     return daemons
 
 
-def storage_writes(root: Path, count: int, fsync: bool, tag: str) -> dict[str, float]:
-    """An exchange's writes without the daemon, as the JSONL store makes them, in a plain loop: a
-    new response record and an index line, and with fsync the exchange log's synced record before
-    them (checkpoints left out). What the kernel charges for them (file creation, fsync) differs
+def storage_writes(root: Path, count: int, fsync: bool, shape: str, tag: str) -> dict[str, float]:
+    """An exchange's writes without the daemon, as the JSONL store and the request journal make
+    them, in a plain loop: for `new` a new conversation's metadata (written aside and linked) and a
+    new index file, for `continue` an index line appended to one of 10 files; then a new response
+    record and the journal's two lines; with fsync the exchange log's synced record around the
+    files (checkpoints left out). What the kernel charges for them (file creation, fsync) differs
     by file system and by its state, so each round measures it."""
     import resource
 
     from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
-    from ksi_daemon.storage.jsonl.files import append_lines, write_new
+    from ksi_daemon.storage.jsonl.files import append_lines, publish_new, write_new
 
-    where = root / f"writes-{tag}"
-    (where / "responses").mkdir(parents=True)
-    (where / "log").mkdir()
+    where = root / f"writes-{shape}-{tag}"
+    for sub in ("responses", "log", "meta", "index"):
+        (where / sub).mkdir(parents=True)
     exchange_log = ExchangeLog(where / "log")
     record = b'{"v":1,"kind":"response","text":"' + b"x" * 900 + b'"}\n'  # a response file's size
     line = b'{"v":1,"response_id":"' + b"r" * 40 + b'","n":1,"tokens":100,"ts":"2026-01-01T00:00:00Z"}\n'
+    meta = b'{\n  "conversation_id": "' + b"c" * 30 + b'",\n  "model": "' + b"m" * 20 + b'"\n}' + b" " * 400
+    journal_line = b'{"v":1,"request_id":"' + b"q" * 20 + b'","conversation_id":"' + b"c" * 30 + b'","status":"done"}\n'
     logged = {"response": [{"v": 1, "kind": "response", "text": "x" * 900}], "entry": {"n": 1, "response_id": "r" * 40}}
+    journal = os.open(where / "requests.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(i: int) -> None:
+        if shape == "new":
+            publish_new(where / "meta" / f"c{i}.json", meta, fsync=False)
+            append_lines(where / "index" / f"c{i}.jsonl", line, fsync=False)
+        else:
+            append_lines(where / "index" / f"c{i % 10}.jsonl", line, fsync=False)
         write_new(where / "responses" / f"r{i}.jsonl", record, fsync=False)
-        append_lines(where / f"c{i % 10}.jsonl", line, fsync=False)
 
     before, wall0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
     for i in range(count):
+        os.write(journal, journal_line)
         if fsync:
             with exchange_log.committing(f"r{i}", logged):
                 write(i)
         else:
             write(i)
+        os.write(journal, journal_line)
     after = resource.getrusage(resource.RUSAGE_THREAD)
     exchange_log.close()
+    os.close(journal)
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
     return {"cpu_ms": (user + system) * 1000 / count, "sys_ms": system * 1000 / count,
             "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
@@ -363,8 +382,9 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace,
                 runs[name].setdefault(key, []).append(result)
         if writes_root is not None:
             for fsync in ("never", "always"):
-                result = storage_writes(writes_root, args.n, fsync == "always", f"{fsync}-{r}")
-                runs.setdefault("writes", {}).setdefault(fsync, []).append(result)
+                for shape, _base in SHAPES:
+                    result = storage_writes(writes_root, args.n, fsync == "always", shape, f"{fsync}-{r}")
+                    runs.setdefault(f"writes {fsync}", {}).setdefault(shape, []).append(result)
         print(f"  round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     return runs
 
@@ -482,7 +502,10 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "overhead_sys_ms": None, "goal": None})
         for fsync in ("never", "always"):
             mine = runs[fsync][shape]
+            writes = runs[f"writes {fsync}"][shape]
             overhead = median([m["cpu_ms"] - d["cpu_ms"] for m, d in zip(mine, direct, strict=True)])
+            share_less_writes = median([(m["cpu_ms"] - d["cpu_ms"] - w["cpu_ms"]) / d["cpu_ms"]
+                                        for m, d, w in zip(mine, direct, writes, strict=True)])
             rows.append({
                 "what": f"daemon {shape}, fsync {fsync}", **medians(mine), "overhead_ms": overhead,
                 "overhead_sys_ms": median([m["sys_ms"] - d["sys_ms"] for m, d in zip(mine, direct, strict=True)]),
@@ -490,7 +513,9 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
                 # the overhead as a share of it is what compares from one machine to another
                 "share_of_litellm": median([(m["cpu_ms"] - d["cpu_ms"]) / d["cpu_ms"]
                                             for m, d in zip(mine, direct, strict=True)]),
-                "goal": overhead < GOAL_MS,  # the goal holds with fsync on or off
+                "share_less_writes": share_less_writes,
+                "goal_ms": overhead < GOAL_MS,
+                "goal": share_less_writes <= GOAL_SHARE,  # the goal holds with fsync on or off
             })
     for shape, _base in SHAPES:
         never, always = runs["never"][shape], runs["always"][shape]
@@ -501,8 +526,10 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
             "overhead_ms": None, "overhead_sys_ms": None, "goal": None,
         })
     for fsync in ("never", "always"):
-        rows.append({"what": f"the writes alone, fsync {fsync}", **medians(runs["writes"][fsync]),
-                     "overhead_ms": None, "overhead_sys_ms": None, "goal": None})
+        for shape, _base in SHAPES:
+            rows.append({"what": f"the writes alone ({shape}), fsync {fsync}",
+                         **medians(runs[f"writes {fsync}"][shape]),
+                         "overhead_ms": None, "overhead_sys_ms": None, "goal": None})
     return rows
 
 
@@ -518,21 +545,26 @@ def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
           f"load average {report['machine']['loadavg_before'][0]:.1f} before, "
           f"{report['machine']['loadavg_after'][0]:.1f} after, {report['machine']['cpus']} CPUs; var dirs on "
           f"{report['machine']['file_system']} ({report['machine']['var_root']})\n")
-    header = (f"{'what':34} {'CPU ms/compl':>13} {'of it kernel':>13} {'wall ms/compl':>14} "
-              f"{'overhead CPU ms':>16} {'of it kernel':>13} {'x litellm':>10}  goal < {GOAL_MS:g} ms")
+    header = (f"{'what':42} {'CPU ms/compl':>13} {'of it kernel':>13} {'wall ms/compl':>14} "
+              f"{'overhead CPU ms':>16} {'of it kernel':>13} {'x litellm':>10} {'less writes':>12}  "
+              f"goal <= {GOAL_SHARE:g}x (< {GOAL_MS:g} ms)")
     print(header)
     print("-" * len(header))
     for row in rows:
         overhead = "" if row["overhead_ms"] is None else f"{row['overhead_ms']:+.3f}"
         overhead_sys = "" if row["overhead_sys_ms"] is None else f"{row['overhead_sys_ms']:+.3f}"
         share = "" if row.get("share_of_litellm") is None else f"{row['share_of_litellm']:+.2f}"
-        goal = "" if row["goal"] is None else ("ok" if row["goal"] else "MISSED")
-        print(f"{row['what']:34} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
-              f"{overhead:>16} {overhead_sys:>13} {share:>10}  {goal}")
-    print("'x litellm': the overhead as a share of the direct litellm call's own CPU in the same round "
-          "(median over rounds); unlike the ms, it compares across machines of different speed")
-    print("'the writes alone': a new response file and an index line per exchange (with fsync, after the "
-          "exchange log's synced record), written by the daemon's own storage primitives in a plain loop in "
+        less = "" if row.get("share_less_writes") is None else f"{row['share_less_writes']:+.2f}"
+        goal = "" if row["goal"] is None else (
+            f"{'ok' if row['goal'] else 'MISSED'} ({'ok' if row['goal_ms'] else 'missed'})")
+        print(f"{row['what']:42} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
+              f"{overhead:>16} {overhead_sys:>13} {share:>10} {less:>12}  {goal}")
+    print("'x litellm': the overhead as a share of the direct litellm call's own CPU in the same round; "
+          "'less writes': the same, less the writes alone of that shape and fsync policy (the goal); "
+          "medians over rounds; unlike the ms, shares compare across machines of different speed")
+    print("'the writes alone': per exchange the files and lines the daemon writes (a new conversation's "
+          "metadata and index, or an index line; the response record; the request journal's two lines; with "
+          "fsync, the exchange log's synced record), by the daemon's own storage primitives in a plain loop in "
           "the same var root, each round (what the kernel charges for the writes the daemon cannot leave out)")
     idle = max(report["idle_cpu_ms_per_s"].values())
     print(f"daemon idle CPU after the runs: at most {idle:.2f} ms per second")
