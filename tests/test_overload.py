@@ -61,6 +61,36 @@ async def test_overload_counts_requests_of_every_conversation(short_tmp: Path, s
         await client.request("completion:wait", {"request_id": first["request_id"], "timeout": TIMEOUT})
 
 
+async def test_cancelled_and_finished_requests_give_their_place_in_the_queue_back(short_tmp: Path, stub: Any) -> None:
+    stub.hold = 0.3
+    async with running_daemon(short_tmp, **stub_settings(stub, max_queued=3, max_concurrency=1)) as daemon, \
+            connected(daemon) as client:
+        acks = [await client.request("completion:async", {"prompt": f"p{i}", "conversation_id": f"c{i}",
+                                                          "create": True}) for i in range(2)]
+        # two more in one conversation: the second waits behind the first in that conversation's queue
+        acks += [await client.request("completion:async", {"prompt": "q", "conversation_id": "c0"})]
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:async", {"prompt": "full", "conversation_id": "c1"})
+        assert caught.value.code == "overloaded"
+        # a queued request cancelled (the one behind c0's first) and a running one cancelled
+        for ack in (acks[2], acks[0]):
+            assert (await client.request("completion:cancel", {"request_id": ack["request_id"]}))["cancelled"]
+        health = (await client.request("system:health"))["completions"]
+        assert health["queued"] + health["running"] == 1
+        more = [await client.request("completion:async", {"prompt": f"m{i}", "conversation_id": "c1"}) for i in range(2)]
+        with pytest.raises(KsiError) as caught:
+            await client.request("completion:async", {"prompt": "full again", "conversation_id": "c1"})
+        assert caught.value.code == "overloaded"
+        for ack in [acks[1], *more]:
+            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+        health = (await client.request("system:health"))["completions"]
+        assert health["queued"] == 0 and health["running"] == 0
+        # and the conversation whose requests were cancelled takes new ones in order
+        ack = await client.request("completion:async", {"prompt": "after", "conversation_id": "c0"})
+        result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": TIMEOUT})
+        assert result["content"] == "stub answer to: after"
+
+
 class Concurrency:
     """A slow request handler that records how many of its calls run at once, per connection."""
 

@@ -1,4 +1,8 @@
-"""The daemon's CPU cost per completion beyond litellm's own (DESIGN.md section 7: goal < 1 ms).
+"""The daemon's CPU cost per completion beyond litellm's own.
+
+Goal (issue 29): that cost, less what the kernel charges for the exchange's own writes ("the
+writes alone", measured in the same run), at most 0.25x the direct litellm call's CPU, new and
+continued, fsync on and off. DESIGN.md section 7's older goal, under 1 ms, is shown beside it.
 
     .venv/bin/python scripts/bench/completion_overhead.py [-n 300] [--repeats 5]
                                                           [--conversations 10] [--profile]
@@ -60,17 +64,28 @@ from harness import (
     Daemon,
     DirectWorker,
     StubProcess,
+    bench_tools,
+    chat_tools,
     machine,
     prompt,
     quiet_litellm,
     rotated,
     serve_batches,
     serve_stub,
+    tool_output,
     write_results,
 )
 
+# issue 29: the daemon's own CPU beyond the direct call, less the writes alone, at most this share
+# of the direct call's CPU (DESIGN.md's older goal, under 1 ms, is shown beside it)
+GOAL_SHARE = 0.25
 GOAL_MS = 1.0
 SHAPES = (("new", "single"), ("continue", "chat"))  # daemon shape, its direct baseline
+# the same with 10 tools on every request, the model answering with a tool call: a new conversation,
+# and a tool loop continued (its input the output of the call the model made in the turn before)
+TOOL_SHAPES = (("tools-new", "tools-single"), ("tools-continue", "tools-chat"))
+TOOL_HISTORY = 20  # tool exchanges every tool loop has before it is measured
+TOOLS = bench_tools(10)
 
 
 def file_system(path: Path) -> str:
@@ -89,6 +104,10 @@ def file_system(path: Path) -> str:
     return kind
 
 
+def shapes(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    return SHAPES if getattr(args, "no_tools", False) else SHAPES + TOOL_SHAPES
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -98,18 +117,46 @@ def serve_direct(api_base: str, conversations: int) -> None:
     """Read `SHAPE COUNT OFFSET` lines; answer each with the CPU and wall ms per call as JSON."""
     litellm = quiet_litellm()
 
-    async def call(messages: list[dict[str, str]]) -> str:
+    tools = chat_tools(TOOLS)
+    tool_chats: list[list[dict[str, Any]]] = []  # the tool loops, kept from one batch to the next
+
+    async def call(messages: list[dict[str, Any]]) -> str:
         response = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x",
                                              messages=messages, max_retries=0)
         return response.choices[0].message.content or ""
 
+    async def tool_turn(chat: list[dict[str, Any]], i: int) -> None:
+        """The loop's next turn: the output of the call made last (or a prompt), the tools, the reply
+        (a call) kept as the assistant message litellm returned."""
+        if chat:
+            call_id = chat[-1]["tool_calls"][0]["id"]
+            chat.append({"role": "tool", "tool_call_id": call_id, "content": tool_output(call_id, i)})
+        else:
+            chat.append({"role": "user", "content": prompt(i)})
+        response = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x",
+                                             messages=list(chat), tools=tools, max_retries=0)
+        reply = response.choices[0].message
+        chat.append({"role": "assistant", "content": reply.content, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in reply.tool_calls]})
+
     async def batch(shape: str, count: int, offset: int) -> dict[str, float]:
         chats: list[list[dict[str, str]]] = [[] for _ in range(conversations)]
+        if shape == "tools-build":  # `count` tool loops of TOOL_HISTORY exchanges, not measured
+            tool_chats[:] = [[] for _ in range(count)]
+            for chat in tool_chats:
+                for i in range(TOOL_HISTORY):
+                    await tool_turn(chat, offset + i)
+            return {}
         times0, cpu0, wall0 = os.times(), time.process_time(), time.perf_counter()
         for i in range(count):
             text = prompt(offset + i)
             if shape == "single":
                 await call([{"role": "user", "content": text}])
+            elif shape == "tools-single":
+                await tool_turn([], offset + i)
+            elif shape == "tools-chat":  # the next turn of each tool loop in turn
+                await tool_turn(tool_chats[i % len(tool_chats)], offset + i)
             else:  # a chat loop that keeps its own history, as a plain litellm user would
                 chat = chats[i % conversations]
                 chat.append({"role": "user", "content": text})
@@ -263,10 +310,11 @@ class DaemonRun(Daemon):
             env.update(KSI_BENCH_PROFILE=str(profile_out or ""), KSI_BENCH_ABLATE=",".join(ablate))
             launcher = [sys.executable, __file__, "--role", "hooked-daemon", "--"]
         super().__init__(api_base, workdir, env, launcher=launcher)
+        self.loops: dict[str, str] = {}  # a tool loop's conversation id -> the call its newest exchange made
 
     async def batch(self, shape: str, count: int, offset: int, conversations: int, tag: str) -> dict[str, float]:
         times0, cpu0, wall0 = self.ps.cpu_times(), self.cpu_s(), time.perf_counter()
-        await drive(self.client, count, offset, shape, conversations, tag)
+        await drive(self.client, count, offset, shape, conversations, tag, self.loops)
         times, cpu = self.ps.cpu_times(), self.cpu_s()  # the ticks of cpu_times: only for the kernel share
         return {"cpu_ms": (cpu - cpu0) * 1000 / count,
                 "sys_ms": (times.system - times0.system) * 1000 / count,
@@ -278,16 +326,57 @@ class DaemonRun(Daemon):
         return (self.cpu_s() - cpu0) * 1000
 
 
-async def drive(client: Any, count: int, offset: int, shape: str, conversations: int, tag: str) -> None:
+async def drive(client: Any, count: int, offset: int, shape: str, conversations: int, tag: str,
+                loops: dict[str, str] | None = None) -> None:
+    """`count` sequential completions of `shape`; "tools-continue" takes the next turn of each loop
+    in `loops` in turn (build_loops made them)."""
+    names = list(loops or ())
     for i in range(count):
         data: dict[str, Any] = {"prompt": prompt(offset + i)}
         if shape == "continue":
             data["conversation_id"] = f"bench-{tag}-{i % conversations}"
             data["create"] = True
+        elif shape == "tools-new":
+            data["tools"] = TOOLS
+        elif shape == "tools-continue":
+            assert loops is not None
+            conversation_id = names[i % len(names)]
+            await tool_turn(client, loops, conversation_id, offset + i)
+            continue
         ack = await client.request("completion:async", data)
         result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
         if "content" not in result:
             raise RuntimeError(f"completion did not finish: {result}")
+
+
+async def tool_turn(client: Any, loops: dict[str, str], conversation_id: str, i: int) -> None:
+    """The next turn of a tool loop: the output of the call its newest exchange made (or a prompt
+    that creates it) with the tools; the reply's call is remembered for the next turn."""
+    data: dict[str, Any] = {"conversation_id": conversation_id, "tools": TOOLS}
+    call_id = loops.get(conversation_id)
+    if call_id is None:
+        data.update(prompt=prompt(i), create=True)
+    else:
+        data["input"] = [{"type": "function_call_output", "call_id": call_id, "output": tool_output(call_id, i)}]
+    ack = await client.request("completion:async", data)
+    result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
+    calls = [item for item in result.get("output") or () if item.get("type") == "function_call"]
+    if not calls:
+        raise RuntimeError(f"the tool loop's turn made no call: {result}")
+    loops[conversation_id] = calls[0]["call_id"]
+
+
+async def build_loops(client: Any, count: int, tag: str) -> dict[str, str]:
+    """`count` tool loops of TOOL_HISTORY exchanges each (ten loops at a time), not measured."""
+    loops: dict[str, str] = {}
+    names = [f"bench-{tag}-loop-{k}" for k in range(count)]
+    for start in range(0, count, 10):
+        async def one(conversation_id: str) -> None:
+            for i in range(TOOL_HISTORY):
+                await tool_turn(client, loops, conversation_id, i)
+
+        await asyncio.gather(*(one(name) for name in names[start:start + 10]))
+    return {name: loops[name] for name in names}  # in order
 
 
 # -- orchestration ----------------------------------------------------------------------------
@@ -299,8 +388,12 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
             daemons[name] = DaemonRun(api_base, workdir=workdir, **spec)
         for number, daemon in enumerate(daemons.values()):
             await daemon.connect()
-            for shape, _base in SHAPES:  # litellm loaded, model facts cached, HTTP client pooled
-                await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{number}")
+            daemon.loops = {}
+            for shape, _base in shapes(args):  # litellm loaded, model facts cached, HTTP client pooled
+                if shape != "tools-continue":
+                    await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{number}")
+            if not args.no_tools:
+                daemon.loops = await build_loops(daemon.client, args.tool_loops, f"d{number}")
     except BaseException:
         for daemon in daemons.values():
             await daemon.stop()
@@ -308,37 +401,49 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
     return daemons
 
 
-def storage_writes(root: Path, count: int, fsync: bool, tag: str) -> dict[str, float]:
-    """An exchange's writes without the daemon, as the JSONL store makes them, in a plain loop: a
-    new response record and an index line, and with fsync the exchange log's synced record before
-    them (checkpoints left out). What the kernel charges for them (file creation, fsync) differs
+def storage_writes(root: Path, count: int, fsync: bool, shape: str, tag: str) -> dict[str, float]:
+    """An exchange's writes without the daemon, as the JSONL store and the request journal make
+    them, in a plain loop: for `new` a new conversation's metadata (written aside and linked) and a
+    new index file, for `continue` an index line appended to one of 10 files; then a new response
+    record and the journal's two lines; with fsync the exchange log's synced record around the
+    files (checkpoints left out). What the kernel charges for them (file creation, fsync) differs
     by file system and by its state, so each round measures it."""
     import resource
 
     from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
-    from ksi_daemon.storage.jsonl.files import append_lines, write_new
+    from ksi_daemon.storage.jsonl.files import append_lines, publish_new, write_new
 
-    where = root / f"writes-{tag}"
-    (where / "responses").mkdir(parents=True)
-    (where / "log").mkdir()
+    where = root / f"writes-{shape}-{tag}"
+    for sub in ("responses", "log", "meta", "index"):
+        (where / sub).mkdir(parents=True)
     exchange_log = ExchangeLog(where / "log")
     record = b'{"v":1,"kind":"response","text":"' + b"x" * 900 + b'"}\n'  # a response file's size
     line = b'{"v":1,"response_id":"' + b"r" * 40 + b'","n":1,"tokens":100,"ts":"2026-01-01T00:00:00Z"}\n'
+    meta = b'{\n  "conversation_id": "' + b"c" * 30 + b'",\n  "model": "' + b"m" * 20 + b'"\n}' + b" " * 400
+    journal_line = b'{"v":1,"request_id":"' + b"q" * 20 + b'","conversation_id":"' + b"c" * 30 + b'","status":"done"}\n'
     logged = {"response": [{"v": 1, "kind": "response", "text": "x" * 900}], "entry": {"n": 1, "response_id": "r" * 40}}
+    journal = os.open(where / "requests.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(i: int) -> None:
+        if shape.endswith("new"):
+            publish_new(where / "meta" / f"c{i}.json", meta, fsync=False)
+            append_lines(where / "index" / f"c{i}.jsonl", line, fsync=False)
+        else:
+            append_lines(where / "index" / f"c{i % 10}.jsonl", line, fsync=False)
         write_new(where / "responses" / f"r{i}.jsonl", record, fsync=False)
-        append_lines(where / f"c{i % 10}.jsonl", line, fsync=False)
 
     before, wall0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
     for i in range(count):
+        os.write(journal, journal_line)
         if fsync:
             with exchange_log.committing(f"r{i}", logged):
                 write(i)
         else:
             write(i)
+        os.write(journal, journal_line)
     after = resource.getrusage(resource.RUSAGE_THREAD)
     exchange_log.close()
+    os.close(journal)
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
     return {"cpu_ms": (user + system) * 1000 / count, "sys_ms": system * 1000 / count,
             "wall_ms": (time.perf_counter() - wall0) * 1000 / count}
@@ -351,7 +456,7 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace,
     runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in players}
     names = list(players)
     for r in range(args.repeats):
-        for shape, base in SHAPES:
+        for shape, base in shapes(args):
             for name in rotated(names, r):
                 player = players[name]
                 if isinstance(player, DirectWorker):
@@ -363,8 +468,9 @@ async def rounds(players: dict[str, Any], args: argparse.Namespace,
                 runs[name].setdefault(key, []).append(result)
         if writes_root is not None:
             for fsync in ("never", "always"):
-                result = storage_writes(writes_root, args.n, fsync == "always", f"{fsync}-{r}")
-                runs.setdefault("writes", {}).setdefault(fsync, []).append(result)
+                for shape, _base in shapes(args):
+                    result = storage_writes(writes_root, args.n, fsync == "always", shape, f"{fsync}-{r}")
+                    runs.setdefault(f"writes {fsync}", {}).setdefault(shape, []).append(result)
         print(f"  round {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     return runs
 
@@ -377,14 +483,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     api_base = stub.api_base
     report: dict[str, Any] = {
         "n": args.n, "warmup": args.warmup, "repeats": args.repeats, "conversations": args.conversations,
+        "shapes": [list(pair) for pair in shapes(args)], "tools": len(TOOLS), "tool_history": TOOL_HISTORY,
+        "tool_loops": args.tool_loops,
         "model": STUB_MODEL, "machine": machine(loadavg_before=os.getloadavg(), var_root=str(var_root),
                                                 file_system=file_system(workdir)),
     }
     direct = start_direct(api_base, args.conversations)
     daemons: dict[str, DaemonRun] = {}
     try:
-        for shape in ("single", "chat"):
-            direct.batch(shape, args.warmup, 10_000_000)
+        for _shape, base in shapes(args):
+            if base != "tools-chat":
+                direct.batch(base, args.warmup, 10_000_000)
+        if not args.no_tools:
+            direct.batch("tools-build", args.tool_loops, 30_000_000)
         daemons = await start_daemons({"never": {"fsync": "never"}, "always": {"fsync": "always"}},
                                       api_base, workdir, args)
         runs = await rounds({"direct": direct, **daemons}, args, writes_root=workdir)
@@ -422,6 +533,7 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
     for name in PARTS:
         specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
     specs["alone, all parts"] = {"fsync": "never", "ablate": ("instant_provider", *PARTS)}
+    args = argparse.Namespace(**{**vars(args), "no_tools": True})  # the what-ifs on the plain shapes
     daemons = await start_daemons(specs, api_base, workdir, args)
     try:
         ablations = await rounds(daemons, args)
@@ -476,13 +588,17 @@ def _short(filename: str) -> str:
 def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
     runs = report["runs"]
     rows = []
-    for shape, base in SHAPES:
+    pairs = [tuple(pair) for pair in report["shapes"]]
+    for shape, base in pairs:
         direct = runs["direct"][base]
         rows.append({"what": f"direct litellm ({base})", **medians(direct), "overhead_ms": None,
                      "overhead_sys_ms": None, "goal": None})
         for fsync in ("never", "always"):
             mine = runs[fsync][shape]
+            writes = runs[f"writes {fsync}"][shape]
             overhead = median([m["cpu_ms"] - d["cpu_ms"] for m, d in zip(mine, direct, strict=True)])
+            share_less_writes = median([(m["cpu_ms"] - d["cpu_ms"] - w["cpu_ms"]) / d["cpu_ms"]
+                                        for m, d, w in zip(mine, direct, writes, strict=True)])
             rows.append({
                 "what": f"daemon {shape}, fsync {fsync}", **medians(mine), "overhead_ms": overhead,
                 "overhead_sys_ms": median([m["sys_ms"] - d["sys_ms"] for m, d in zip(mine, direct, strict=True)]),
@@ -490,9 +606,11 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
                 # the overhead as a share of it is what compares from one machine to another
                 "share_of_litellm": median([(m["cpu_ms"] - d["cpu_ms"]) / d["cpu_ms"]
                                             for m, d in zip(mine, direct, strict=True)]),
-                "goal": overhead < GOAL_MS,  # the goal holds with fsync on or off
+                "share_less_writes": share_less_writes,
+                "goal_ms": overhead < GOAL_MS,
+                "goal": share_less_writes <= GOAL_SHARE,  # the goal holds with fsync on or off
             })
-    for shape, _base in SHAPES:
+    for shape, _base in pairs:
         never, always = runs["never"][shape], runs["always"][shape]
         rows.append({
             "what": f"fsync always - never ({shape})",
@@ -501,8 +619,10 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
             "overhead_ms": None, "overhead_sys_ms": None, "goal": None,
         })
     for fsync in ("never", "always"):
-        rows.append({"what": f"the writes alone, fsync {fsync}", **medians(runs["writes"][fsync]),
-                     "overhead_ms": None, "overhead_sys_ms": None, "goal": None})
+        for shape, _base in pairs:
+            rows.append({"what": f"the writes alone ({shape}), fsync {fsync}",
+                         **medians(runs[f"writes {fsync}"][shape]),
+                         "overhead_ms": None, "overhead_sys_ms": None, "goal": None})
     return rows
 
 
@@ -515,24 +635,33 @@ def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     print(f"\ncompletion overhead: {report['repeats']} interleaved rounds of N={report['n']} sequential "
           f"completions per process and shape (median shown); 'new' = a new conversation per request, "
           f"'continue' = {report['conversations']} conversations in turn, {per} exchanges each per round; "
-          f"load average {report['machine']['loadavg_before'][0]:.1f} before, "
+          + (f"'tools-' = the same with {report['tools']} tools a request, the model answering with a call; "
+             f"'tools-continue' = {report['tool_loops']} tool loops in turn, each {report['tool_history']} tool "
+             f"exchanges long before the first round, its input the output of its last call; "
+             if report.get("tool_loops") and len(report["shapes"]) > 2 else "")
+          + f"load average {report['machine']['loadavg_before'][0]:.1f} before, "
           f"{report['machine']['loadavg_after'][0]:.1f} after, {report['machine']['cpus']} CPUs; var dirs on "
           f"{report['machine']['file_system']} ({report['machine']['var_root']})\n")
-    header = (f"{'what':34} {'CPU ms/compl':>13} {'of it kernel':>13} {'wall ms/compl':>14} "
-              f"{'overhead CPU ms':>16} {'of it kernel':>13} {'x litellm':>10}  goal < {GOAL_MS:g} ms")
+    header = (f"{'what':46} {'CPU ms/compl':>13} {'of it kernel':>13} {'wall ms/compl':>14} "
+              f"{'overhead CPU ms':>16} {'of it kernel':>13} {'x litellm':>10} {'less writes':>12}  "
+              f"goal <= {GOAL_SHARE:g}x (< {GOAL_MS:g} ms)")
     print(header)
     print("-" * len(header))
     for row in rows:
         overhead = "" if row["overhead_ms"] is None else f"{row['overhead_ms']:+.3f}"
         overhead_sys = "" if row["overhead_sys_ms"] is None else f"{row['overhead_sys_ms']:+.3f}"
         share = "" if row.get("share_of_litellm") is None else f"{row['share_of_litellm']:+.2f}"
-        goal = "" if row["goal"] is None else ("ok" if row["goal"] else "MISSED")
-        print(f"{row['what']:34} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
-              f"{overhead:>16} {overhead_sys:>13} {share:>10}  {goal}")
-    print("'x litellm': the overhead as a share of the direct litellm call's own CPU in the same round "
-          "(median over rounds); unlike the ms, it compares across machines of different speed")
-    print("'the writes alone': a new response file and an index line per exchange (with fsync, after the "
-          "exchange log's synced record), written by the daemon's own storage primitives in a plain loop in "
+        less = "" if row.get("share_less_writes") is None else f"{row['share_less_writes']:+.2f}"
+        goal = "" if row["goal"] is None else (
+            f"{'ok' if row['goal'] else 'MISSED'} ({'ok' if row['goal_ms'] else 'missed'})")
+        print(f"{row['what']:46} {row['cpu_ms']:13.3f} {row['sys_ms']:13.3f} {row['wall_ms']:14.3f} "
+              f"{overhead:>16} {overhead_sys:>13} {share:>10} {less:>12}  {goal}")
+    print("'x litellm': the overhead as a share of the direct litellm call's own CPU in the same round; "
+          "'less writes': the same, less the writes alone of that shape and fsync policy (the goal); "
+          "medians over rounds; unlike the ms, shares compare across machines of different speed")
+    print("'the writes alone': per exchange the files and lines the daemon writes (a new conversation's "
+          "metadata and index, or an index line; the response record; the request journal's two lines; with "
+          "fsync, the exchange log's synced record), by the daemon's own storage primitives in a plain loop in "
           "the same var root, each round (what the kernel charges for the writes the daemon cannot leave out)")
     idle = max(report["idle_cpu_ms_per_s"].values())
     print(f"daemon idle CPU after the runs: at most {idle:.2f} ms per second")
@@ -596,6 +725,11 @@ def main() -> int:
                         help="where the daemons' var dirs go (default scripts/bench/results/tmp); its file "
                              "system is in the report, as creating files costs very differently across them")
     parser.add_argument("--profile", action="store_true", help="also show where the daemon's CPU goes")
+    parser.add_argument("--no-tools", action="store_true",
+                        help="leave out the tool shapes (10 tools a request; tool loops continued "
+                             f"after {TOOL_HISTORY} tool exchanges)")
+    parser.add_argument("--tool-loops", type=int, default=50,
+                        help="tool loops of the 'tools-continue' shape, taken in turn (default 50)")
     parser.add_argument("--profile-shape", choices=("new", "continue"), default="continue")
     args = parser.parse_args()
     if args.role == "stub":

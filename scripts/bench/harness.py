@@ -64,6 +64,26 @@ def prompt(i: int) -> str:
     return f"Question {i}: what is {i} squared, and why does it matter?"
 
 
+def bench_tools(count: int = 10) -> list[dict[str, Any]]:
+    """`count` function tools in the Responses form (the daemon's `tools` field), each with a small
+    JSON schema of its own."""
+    return [{"type": "function", "name": f"tool_{k}", "description": f"Look up fact number {k} about a city.",
+             "parameters": {"type": "object", "properties": {
+                 "city": {"type": "string", "description": "the city"},
+                 "count": {"type": "integer", "description": "how many facts"}},
+                 "required": ["city"]}} for k in range(count)]
+
+
+def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same tools in the chat-completions form litellm takes."""
+    return [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in tools]
+
+
+def tool_output(call_id: str, i: int) -> str:
+    """What a client's tool returns for call `call_id` (the i-th turn): a short JSON text."""
+    return json.dumps({"call_id": call_id, "facts": [f"fact {i}", f"fact {i + 1}"], "source": "bench"})
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now, for a server that is told its port."""
     with socket.socket() as probe:
@@ -81,12 +101,38 @@ class _Discard(list):  # type: ignore[type-arg]
 
 
 def serve_stub() -> None:
-    """A script's `--role stub`: tests/stub_openai.py answering at once; prints its api_base on
-    stdout, then serves until stdin closes."""
+    """A script's `--role stub`: tests/stub_openai.py answering at once; a request that carries
+    tools is answered with one call of its first tool (a tool loop never ends). Prints its
+    api_base on stdout, then serves until stdin closes."""
+    import itertools
+    import uuid
+
+    from aiohttp import web
+
     from tests.stub_openai import StubOpenAI
 
+    calls = itertools.count(1)
+
+    class ToolCallingStub(StubOpenAI):
+        async def _chat(self, request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            tools = body.get("tools")
+            if not tools or body.get("stream"):
+                return await super()._chat(request)  # aiohttp keeps the body read above
+            n = next(calls)
+            name = tools[0]["function"]["name"]
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps({"city": f"City {n}", "count": 2})}}]}
+            prompt_tokens = self.prompt_tokens(body.get("messages", []))
+            return web.json_response({
+                "id": f"chatcmpl-{uuid.uuid4().hex[:10]}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model", "stub"),
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 12, "total_tokens": prompt_tokens + 12}})
+
     async def main() -> None:
-        async with StubOpenAI() as server:
+        async with ToolCallingStub() as server:
             server.requests = _Discard()
             server.headers = _Discard()
             print(server.api_base, flush=True)

@@ -24,7 +24,12 @@ Bytes read are the process's own read() bytes (/proc/self/io rchar, worker threa
 files opened are counted by wrapping open(). Token counts use the daemon's fallback estimate
 (ceil(chars / 4)) so litellm is not imported; the budget logic is the same either way.
 Goals (DESIGN.md section 7): warm flat in N; cold bounded by the token budget, not by N.
-Prints a table and writes scripts/bench/results/history_cost.json.
+
+`--tools` builds tool-using conversations instead (issue 29: preparing turn N+1 of one stays flat
+in N): in cycles of three exchanges, a user message answered by a tool call, that call's output
+answered by another call, its output answered by text; the last exchange is a user message
+answered by a call, and turn N+1's input is that call's output (a `role: tool` message).
+Prints a table and writes scripts/bench/results/history_cost.json (history_cost_tools.json).
 """
 
 from __future__ import annotations
@@ -47,13 +52,14 @@ from typing import Any
 from harness import RESULTS_DIR, machine, write_results
 
 from ksi_common.ids import new_response_id
+from ksi_common.items import output_fields
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, read_index, read_response
 from ksi_common.settings import Settings
 from ksi_common.summaries import Summary
 from ksi_common.timefmt import utc_now
 from ksi_daemon.router import Router
-from ksi_daemon.services.completion.compaction import Compactor, summary_block
+from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -80,7 +86,33 @@ def sentence(rng: random.Random, words: int) -> str:
 
 
 # -- building conversations on disk -----------------------------------------------------------
-async def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int) -> dict[str, Any]:
+def call_id(n: int) -> str:
+    return f"call_{n:08x}"
+
+
+def tool_lines(n: int, user: str, reply: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Exchange n of a tool-using conversation: its input line and the outcome's fields (see --tools)."""
+    if n % 3 == 1:
+        first: dict[str, Any] = {"type": "user", "content": user}
+    else:
+        first = {"type": "function_call_output", "call_id": call_id(n - 1), "output": reply[:200]}
+    if n % 3 == 0:
+        output = [{"type": "message", "role": "assistant", "content": reply}]
+    else:
+        output = [{"type": "function_call", "call_id": call_id(n), "name": f"tool_{n % 10}",
+                   "arguments": f'{{"city": "City {n}", "count": 2}}'}]
+    return first, output_fields(output)
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """A chat message's estimated tokens: its text and its tool calls' arguments."""
+    text = str(message.get("content") or "")
+    text += "".join(c["function"]["arguments"] for c in message.get("tool_calls") or ())
+    return estimate_tokens(text) + MESSAGE_OVERHEAD
+
+
+async def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: int,
+                tools: bool = False) -> dict[str, Any]:
     """`exchanges` exchanges written the way the daemon writes them (fsync off, for speed)."""
     rng = random.Random(seed)
     store = JsonlConversations(layout, fsync=False)
@@ -95,12 +127,15 @@ async def build(layout: VarLayout, conversation_id: str, exchanges: int, seed: i
         ts = utc_now()
         user = sentence(rng, rng.randint(20, 80))
         reply = " ".join(sentence(rng, rng.randint(10, 30)) for _ in range(rng.randint(3, 8)))
-        tokens_in = estimate_tokens(user) + MESSAGE_OVERHEAD
-        tokens_out = estimate_tokens(reply) + MESSAGE_OVERHEAD
+        first: dict[str, Any] = {"type": "user", "content": user}
+        outcome: dict[str, Any] = {"content": reply}
+        if tools:
+            first, outcome = tool_lines(n, user, reply)
+        tokens_in = estimate_tokens(str(first.get("content") or first.get("output"))) + MESSAGE_OVERHEAD
+        tokens_out = estimate_tokens(str(outcome["content"] or outcome.get("output"))) + MESSAGE_OVERHEAD
         response = [
-            {"v": 1, "type": "user", "content": user, "ts": ts, "request_id": request_id,
-             "conversation_id": conversation_id},
-            {"v": 1, "type": "assistant", "content": reply, "model": MODEL, "provider": "openai",
+            {"v": 1, **first, "ts": ts, "request_id": request_id, "conversation_id": conversation_id},
+            {"v": 1, "type": "assistant", **outcome, "model": MODEL, "provider": "openai",
              "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
                        "total_tokens": tokens_in + tokens_out},
              "cost": None, "finish_reason": "stop", "duration_ms": 812.5,
@@ -187,27 +222,27 @@ class Preparer:
         self.compactor = Compactor(settings, Router(), self.cache, JsonlSummaries(layout, fsync=False),
                                    provider=None, count_tokens=estimate_tokens, budget_for=None)  # type: ignore[arg-type]
 
-    async def prepare(self, conversation_id: str, text: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    async def prepare(self, conversation_id: str, user_messages: list[dict[str, Any]]
+                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
         memory = await self.cache.require(conversation_id)
         system = memory.meta.system
-        user_messages = [{"role": "user", "content": text}]
-        input_tokens = estimate_tokens(text) + MESSAGE_OVERHEAD
+        input_tokens = sum(message_tokens(m) for m in user_messages)
         system_tokens = estimate_tokens(system) + MESSAGE_OVERHEAD if system else 0
         budget = self.window - self.reserve - system_tokens - input_tokens - NOTE_RESERVE
         memory = await self.cache.require(conversation_id, budget)
         history = await select_history(self.cache, memory, budget, self.max_depth)
-        summary = await self.compactor.for_turn(memory, MODEL) if history.omitted else None
-        if summary is not None and summary.tokens < budget:
-            budget -= summary.tokens
-            history = await select_history(self.cache, memory, budget, self.max_depth, summary.upto)
+        stand_in = await self.compactor.for_turn(memory, MODEL, budget) if history.omitted else None
+        if stand_in is not None and stand_in.tokens < budget:
+            budget -= stand_in.tokens
+            history = await select_history(self.cache, memory, budget, self.max_depth, stand_in.upto)
         else:
-            summary = None
-        block = summary_block(summary) if summary is not None else None
-        stats = {**history.stats(), "summary_upto": summary.upto if summary is not None else 0}
+            stand_in = None
+        block = stand_in.text() if stand_in is not None else None
+        stats = {**history.stats(), "summary_upto": stand_in.upto if stand_in is not None else 0}
         return build_messages(system, history, user_messages, block), stats
 
 
-def naive_prepare(layout: VarLayout, conversation_id: str, text: str) -> list[dict[str, Any]]:
+def naive_prepare(layout: VarLayout, conversation_id: str, new_input: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The seed notes' loader: the whole index, then every response file it lists, every turn."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     for entry in read_index(layout.index_file(conversation_id)):
@@ -216,12 +251,20 @@ def naive_prepare(layout: VarLayout, conversation_id: str, text: str) -> list[di
             continue
         exchange = exchange_from_response(record)
         messages.extend(exchange.chat_messages())
-    messages.append({"role": "user", "content": text})
+    messages.extend(new_input)
     return messages
+
+
+def new_input(size: int, tools: bool) -> list[dict[str, Any]]:
+    """Turn N+1's input: a user message, or with --tools the output of the call exchange N made."""
+    if tools:
+        return [{"role": "tool", "tool_call_id": call_id(size), "content": '{"facts": ["it rains", "it is cold"]}'}]
+    return [{"role": "user", "content": NEW_INPUT}]
 
 
 async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namespace, size: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    turn_input = new_input(size, args.tools)
     files = conversation_files(layout, conversation_id)
 
     # cold: a fresh cache per run, files in the page cache (first run discarded: it warms the OS)
@@ -230,7 +273,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
         preparer = Preparer(layout, args.window, args.reserve)
         with ReadCounter() as counter:
             started = time.perf_counter()
-            messages, stats = await preparer.prepare(conversation_id, NEW_INPUT)
+            messages, stats = await preparer.prepare(conversation_id, turn_input)
             elapsed = time.perf_counter() - started
         if attempt:
             cold.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened,
@@ -238,7 +281,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     result["cold"] = {"ms": statistics.median(c["ms"] for c in cold), "bytes": cold[-1]["bytes"],
                       "files": cold[-1]["files"], "reads": cold[-1]["reads"], "runs": cold}
     result["sent"] = {**stats, "messages": len(messages),
-                      "tokens_est": sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)}
+                      "tokens_est": sum(message_tokens(m) for m in messages)}
 
     # cold from the disk: the same, after evicting this conversation's files from the page cache
     disk: list[dict[str, Any]] = []
@@ -247,7 +290,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
         preparer = Preparer(layout, args.window, args.reserve)
         with ReadCounter() as counter:
             started = time.perf_counter()
-            await preparer.prepare(conversation_id, NEW_INPUT)
+            await preparer.prepare(conversation_id, turn_input)
             elapsed = time.perf_counter() - started
         disk.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened})
     result["cold_disk"] = {"ms": statistics.median(d["ms"] for d in disk), "runs": disk}
@@ -255,7 +298,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     # warm: the conversation in memory; prepare the next turn again and again
     # (in blocks: the lowest block median is robust against bursts of other work on the machine)
     preparer = Preparer(layout, args.window, args.reserve)
-    await preparer.prepare(conversation_id, NEW_INPUT)
+    await preparer.prepare(conversation_id, turn_input)
     gc.collect()
     blocks: list[list[float]] = []
     with ReadCounter() as counter:
@@ -263,7 +306,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
             times = []
             for _ in range(max(1, args.warm_runs // 10)):
                 started = time.perf_counter_ns()
-                await preparer.prepare(conversation_id, NEW_INPUT)
+                await preparer.prepare(conversation_id, turn_input)
                 times.append((time.perf_counter_ns() - started) / 1000)
             blocks.append(times)
     every = sorted(t for block in blocks for t in block)
@@ -283,15 +326,15 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
         preparer = Preparer(layout, args.window, args.reserve, compaction=True)
         with ReadCounter() as counter:
             started = time.perf_counter()
-            _messages, compacted_stats = await preparer.prepare(conversation_id, NEW_INPUT)
+            _messages, compacted_stats = await preparer.prepare(conversation_id, turn_input)
             elapsed = time.perf_counter() - started
         if attempt:
             compacted_cold.append({"ms": elapsed * 1000, "bytes": counter.bytes})
-    await preparer.prepare(conversation_id, NEW_INPUT)
+    await preparer.prepare(conversation_id, turn_input)
     times = []
     for _ in range(args.warm_runs):
         started = time.perf_counter_ns()
-        await preparer.prepare(conversation_id, NEW_INPUT)
+        await preparer.prepare(conversation_id, turn_input)
         times.append((time.perf_counter_ns() - started) / 1000)
     result["compacted"] = {"warm_us": statistics.median(times),
                            "cold_ms": statistics.median(c["ms"] for c in compacted_cold),
@@ -303,13 +346,13 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     for attempt in range(runs + 1):
         with ReadCounter() as counter:
             started = time.perf_counter()
-            messages = naive_prepare(layout, conversation_id, NEW_INPUT)
+            messages = naive_prepare(layout, conversation_id, turn_input)
             elapsed = time.perf_counter() - started
         if attempt:
             naive.append({"ms": elapsed * 1000, "bytes": counter.bytes, "files": counter.opened})
     result["naive"] = {"ms": statistics.median(n["ms"] for n in naive), "bytes": naive[-1]["bytes"],
                        "files": naive[-1]["files"], "messages": len(messages),
-                       "tokens_est": sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages),
+                       "tokens_est": sum(message_tokens(m) for m in messages),
                        "runs": naive}
     return result
 
@@ -381,13 +424,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in args.sizes.split(",")]
     root = Path(tempfile.mkdtemp(prefix="history-", dir=args.dir))
     layout = VarLayout(root / "var")
-    report: dict[str, Any] = {"window": args.window, "reserve": args.reserve, "sizes": {},
+    report: dict[str, Any] = {"window": args.window, "reserve": args.reserve, "sizes": {}, "tools": args.tools,
                               "machine": machine(loadavg=os.getloadavg()),
                               "data_dir": str(root)}
     try:
         built = {}
         for size in sizes:
-            built[size] = await build(layout, f"conv-bench-{size}", size, seed=size)
+            built[size] = await build(layout, f"conv-bench-{size}", size, seed=size, tools=args.tools)
             print(f"  built {size} exchanges in {built[size]['build_s']:.1f}s", file=sys.stderr, flush=True)
         report["tokens_per_exchange"] = statistics.mean(b["history_tokens"] / b["exchanges"] for b in built.values())
         for size in sizes:
@@ -413,11 +456,12 @@ def main() -> int:
     parser.add_argument("--naive-runs", type=int, default=20)
     parser.add_argument("--dir", default=str(RESULTS_DIR), help="where to build the conversations")
     parser.add_argument("--keep", action="store_true", help="keep the built conversations")
+    parser.add_argument("--tools", action="store_true", help="tool-using conversations (see above)")
     args = parser.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     report = asyncio.run(run(args))
     print_table(report)
-    write_results("history_cost", report)
+    write_results("history_cost_tools" if args.tools else "history_cost", report)
     return 0
 
 

@@ -74,13 +74,23 @@ class RequestRegistry:
     def __init__(self, keep_finished: int) -> None:
         self.keep_finished = keep_finished
         self._live: dict[str, RequestState] = {}
+        # live requests per conversation: admission and every finish ask, and counting them over
+        # all live requests cost a walk over every request in flight each time
+        self._live_in: dict[str, int] = {}
         self._finished: OrderedDict[str, FinishedRequest | dict[str, Any]] = OrderedDict()
 
     def add(self, state: RequestState) -> None:
+        if state.request_id not in self._live:
+            self._live_in[state.conversation_id] = self._live_in.get(state.conversation_id, 0) + 1
         self._live[state.request_id] = state
 
     def retire(self, state: RequestState) -> None:
-        self._live.pop(state.request_id, None)
+        if self._live.pop(state.request_id, None) is not None:
+            left = self._live_in[state.conversation_id] - 1
+            if left:
+                self._live_in[state.conversation_id] = left
+            else:
+                del self._live_in[state.conversation_id]
         self._finished[state.request_id] = state.retired()
         while len(self._finished) > self.keep_finished:
             self._finished.popitem(last=False)
@@ -99,4 +109,4 @@ class RequestRegistry:
         return list(self._live.values())
 
     def count_live(self, conversation_id: str) -> int:
-        return sum(1 for s in self._live.values() if s.conversation_id == conversation_id)
+        return self._live_in.get(conversation_id, 0)

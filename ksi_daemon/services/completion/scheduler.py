@@ -36,11 +36,14 @@ class Scheduler:
         self._queues: dict[str, deque[Job]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self.running = 0
+        # jobs in the queues, kept as they come and go: admission reads it for every request, and
+        # summing the queues cost a walk over every busy conversation each time
+        self._queued = 0
 
     @property
     def queued(self) -> int:
         """Jobs waiting or running, over all conversations."""
-        return sum(len(q) for q in self._queues.values())
+        return self._queued
 
     @property
     def active_conversations(self) -> int:
@@ -53,6 +56,7 @@ class Scheduler:
             queue = self._queues[job.key] = deque()
             self._workers[job.key] = asyncio.get_running_loop().create_task(self._work(job.key, queue))
         queue.append(job)
+        self._queued += 1
         return len(queue) - 1
 
     def position(self, job: Job) -> int:
@@ -76,6 +80,7 @@ class Scheduler:
         if queue is None or job not in queue:
             return False
         queue.remove(job)
+        self._queued -= 1
         job.cancelled = True
         job.on_cancel_queued()
         return True
@@ -107,7 +112,9 @@ class Scheduler:
                             worker.uncancel()  # the job's cancel is spent; later awaits are the worker's own
                 if queue and queue[0] is job:
                     queue.popleft()
+                    self._queued -= 1
         finally:
+            self._queued -= len(queue)  # jobs left when the worker is cancelled leave with their queue
             self._queues.pop(key, None)
             self._workers.pop(key, None)
 
