@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     API_KEY_MISSING = "api_key_missing"  # the provider needs a key the daemon's environment lacks
     PINS_OVER_BUDGET = "pins_over_budget"  # pinned exchanges would take more than their share of a turn
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a request option KSI refuses rather than drop (tools, n > 1)
+    LEASE_LOST = "lease_lost"  # a daemon paused past its conversation's lease: another took the turn over
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

@@ -137,6 +137,9 @@ class Settings(BaseSettings):
     # is older than the timeout (default three intervals) is shown stale by the others
     heartbeat_interval: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT)
     heartbeat_timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT)
+    # seconds a daemon holds a conversation's turn without renewing it (renewed every third of it
+    # while the turn runs); a daemon paused or cut off longer loses the turn to another daemon
+    conversation_lease: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT)
     cli_timeout: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT)
 
     # conversations

@@ -103,7 +103,7 @@ class Daemon:
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, self.storage.journal,
             provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
-            clock=clock, agents=self.agent_registry, limits=self.limits,
+            clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
             summaries=self.storage.summaries,
         )

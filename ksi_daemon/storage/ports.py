@@ -16,7 +16,8 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -353,6 +354,42 @@ class SoleDaemon:
         self._me = None
 
 
+class ConversationLeases(Protocol):
+    """Who may run a turn of a conversation now. Every turn takes its place in its conversation's
+    line when it is accepted and runs only while it holds the conversation's lease, so turns run
+    one at a time and in the order they were accepted, whichever daemon accepted each. A backend
+    no other daemon shares has nothing to arbitrate (`OneDaemonLeases`): a daemon's own scheduler
+    already runs a conversation's turns one after another."""
+
+    async def line_up(self, conversation_id: str, request_id: str) -> None:
+        """Take the request's place in the conversation's line (before its ack leaves)."""
+        ...
+
+    def hold(self, conversation_id: str, request_id: str) -> AbstractAsyncContextManager[bool]:
+        """Wait until the request is first in line and the lease is free, then hold the lease for
+        the block (renewed while it runs) and give it up, with the place in line, at its end.
+        Yields False, holding nothing, for a request that left the line while it waited."""
+        ...
+
+    async def leave_line(self, conversation_id: str, request_id: str) -> None:
+        """Give up the place of a request that ends without running (cancelled while queued)."""
+        ...
+
+
+class OneDaemonLeases:
+    """The leases of a backend no other daemon shares: every turn holds its conversation at once."""
+
+    async def line_up(self, conversation_id: str, request_id: str) -> None:
+        return None
+
+    @asynccontextmanager
+    async def hold(self, conversation_id: str, request_id: str) -> AsyncIterator[bool]:
+        yield True
+
+    async def leave_line(self, conversation_id: str, request_id: str) -> None:
+        return None
+
+
 class Storage(Protocol):
     """One backend: every store, opened and closed together."""
 
@@ -366,6 +403,7 @@ class Storage(Protocol):
     calibration: CalibrationStore
     relay: EventRelay
     daemons: DaemonRegistry
+    leases: ConversationLeases
     daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:

@@ -58,6 +58,7 @@ from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import (
     ConversationExists,
+    ConversationLeases,
     ExchangeConflict,
     RequestJournal,
     ResponseStore,
@@ -155,6 +156,7 @@ class CompletionService:
         summaries: SummaryStore | None = None,
         agents: AgentDirectory | None = None,
         limits: ConcurrencyLimits | None = None,
+        leases: ConversationLeases | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -175,7 +177,8 @@ class CompletionService:
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
                                                   lambda m: settings.model_settings(m).max_concurrency)
-        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider)
+        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider,
+                                   leases=leases)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._overload_logged_at = -1.0e9
@@ -416,13 +419,18 @@ class CompletionService:
             response_id=new_response_id(model), made_conversation=conversation_id is None,
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
-                        on_cancel_queued=lambda: self._cancelled_in_queue(state))
+                        on_cancel_queued=lambda: self._cancelled_in_queue(state), ticket=state.request_id)
         self.requests.add(state)
         memory.users += 1  # held in memory until the request ends (see ConversationCache._keep)
         self._held[state.request_id] = memory
         # two lines a request, queued and its end: the response id is known from here, so a
         # restart finds an exchange indexed before the kill without a `running` line
         self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
+        try:  # the pool's order: in line among every daemon's turns before the ack leaves
+            await self.scheduler.line_up(state.job)
+        except KsiError as error:
+            self._finish(state, "failed", error=error)
+            raise
         self.scheduler.submit(state.job)
         return state
 

@@ -140,6 +140,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(4, "one turn at a time per conversation across daemons: the line of accepted turns and the lease", (
+        # a turn's place in its conversation's line, taken when it is accepted: tickets in order
+        """
+        CREATE TABLE ksi_turn_line (
+            ticket bigserial PRIMARY KEY,
+            conversation_id text NOT NULL,
+            request_id text NOT NULL UNIQUE,
+            daemon_id text NOT NULL
+        )
+        """,
+        "CREATE INDEX ksi_turn_line_conversation ON ksi_turn_line (conversation_id, ticket)",
+        # one row per conversation ever turned, never deleted: its generation only grows, so a
+        # daemon holding an old one (paused past its expiry) is fenced off for good
+        """
+        CREATE TABLE ksi_leases (
+            conversation_id text PRIMARY KEY,
+            request_id text NOT NULL,
+            daemon_id text NOT NULL,
+            generation bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        )
+        """,
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

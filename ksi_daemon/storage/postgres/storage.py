@@ -16,6 +16,7 @@ from ksi_common.settings import Settings
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
+from ksi_daemon.storage.postgres.leases import PostgresLeases
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
     PostgresAgents,
@@ -37,7 +38,10 @@ class PostgresStorage:
         self.database = Database(settings.database_url.get_secret_value())
         # made at each start: the pool lists this daemon by it, and the relay marks its own events with it
         self.daemon_id = random_hex(12)
-        self.conversations = PostgresConversations(self.database)
+        # a turn holds its conversation's lease; an exchange is appended only under the lease held
+        self.leases = PostgresLeases(self.database, self.daemon_id, settings.conversation_lease,
+                                     settings.heartbeat_stale_after)
+        self.conversations = PostgresConversations(self.database, fence=self.leases.fence)
         self.responses = PostgresResponses(self.database)
         self.agents = PostgresAgents(self.database)
         self.consortia = PostgresConsortia(self.database)
@@ -69,4 +73,5 @@ class PostgresStorage:
             "database_calls": self.database.calls,
             "events_published": self.relay.published,
             "events_received": self.relay.received,
+            "lease_waits": self.leases.waits,
         }
