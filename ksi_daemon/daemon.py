@@ -31,6 +31,7 @@ from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.pool import PoolService
+from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.storage.backends import build_storage
@@ -91,18 +92,22 @@ class Daemon:
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
                                        count_tokens=self.litellm.count_tokens_loading)
         # one set of limits for every provider call, plain completions and consortium members alike
-        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
+        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency,
+                                        pool=self.storage.slots, pool_limit=settings.pool_max_concurrency)
+        # every call counts against its model's rates, over every daemon sharing the storage
+        self.provider = RateLimitedProvider(self.litellm, self.storage.rates, settings,
+                                            self.litellm.count_tokens_loading)
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
             settings, self.router, self.storage.consortia, self.storage.traces, self.responses,
-            provider=self.litellm, limits=self.limits,
+            provider=self.provider, limits=self.limits,
         )
         # the agents' registry is built before both services that use it: the completion service
         # reads agents' defaults from it, the agent service submits completions
         self.agent_registry = AgentRegistry(settings, self.storage.agents)
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, self.storage.journal,
-            provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
+            provider=self.provider, facts=self.litellm, answerers={"consortium/": self.consortium},
             clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
             summaries=self.storage.summaries,

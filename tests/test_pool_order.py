@@ -94,7 +94,7 @@ async def test_concurrent_turns_through_three_daemons_each_see_every_exchange_st
 async def test_a_daemon_paused_past_its_lease_cannot_store_the_turn_another_daemon_took_over(
         short_tmp: Path, pg_url: str, stub: Any) -> None:
     stub.model_delay["stub-slow"] = 4.0
-    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_CONVERSATION_LEASE="1") as (a, b), \
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_POOL_LEASE="1") as (a, b), \
             KsiClient(a.socket) as on_a, KsiClient(b.socket) as on_b:
         opening = await on_b.request("completion:async", {"prompt": "opening", "conversation_id": "c", "create": True})
         await on_b.request("completion:wait", {"request_id": opening["request_id"], "timeout": 30})

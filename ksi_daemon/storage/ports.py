@@ -390,6 +390,73 @@ class OneDaemonLeases:
         return None
 
 
+class CallSlots(Protocol):
+    """Places for provider calls counted over every daemon of a backend: a scope (a model, or the
+    whole pool) has `limit` of them. A backend no other daemon shares counts nothing here: the
+    daemon's own semaphores are the whole count (`OneDaemonSlots`)."""
+
+    def hold(self, scope: str, limit: int) -> AbstractAsyncContextManager[None]:
+        """Wait for a free place of `scope` and hold it (renewed) for the block."""
+        ...
+
+
+class OneDaemonSlots:
+    @asynccontextmanager
+    async def hold(self, scope: str, limit: int) -> AsyncIterator[None]:
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class RateDecision:
+    """A call let through (`grant`, to settle its tokens) or refused (`retry_after` seconds)."""
+
+    grant: int | None
+    retry_after: float = 0.0
+
+
+class CallRates(Protocol):
+    """Calls and tokens per rolling minute, per model, over every daemon of a backend."""
+
+    async def admit(self, model: str, per_minute: int | None, tokens_per_minute: int | None,
+                    tokens: int) -> RateDecision:
+        """Count a call of about `tokens` tokens when the minute has room for it, atomically."""
+        ...
+
+    async def settle(self, model: str, grant: int, tokens: int) -> None:
+        """The tokens the call really took (its usage), once known."""
+        ...
+
+
+class OneDaemonRates:
+    """The rates of a backend no other daemon shares: the minute's calls kept in memory."""
+
+    WINDOW = 60.0
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock  # monotonic: one host measures its own minute
+        self._calls: dict[str, dict[int, tuple[float, int]]] = {}  # model -> grant -> (at, tokens)
+        self._next = 0
+
+    async def admit(self, model: str, per_minute: int | None, tokens_per_minute: int | None,
+                    tokens: int) -> RateDecision:
+        now = self.clock()
+        calls = self._calls.setdefault(model, {})
+        for grant in [g for g, (at, _t) in calls.items() if at <= now - self.WINDOW]:
+            del calls[grant]
+        oldest = min((at for at, _t in calls.values()), default=now)
+        if (per_minute is not None and len(calls) >= per_minute) or (
+                tokens_per_minute is not None and calls and sum(t for _a, t in calls.values()) + tokens > tokens_per_minute):
+            return RateDecision(None, round(max(0.0, oldest + self.WINDOW - now), 3))
+        self._next += 1
+        calls[self._next] = (now, tokens)
+        return RateDecision(self._next)
+
+    async def settle(self, model: str, grant: int, tokens: int) -> None:
+        calls = self._calls.get(model, {})
+        if grant in calls:
+            calls[grant] = (calls[grant][0], tokens)
+
+
 class Storage(Protocol):
     """One backend: every store, opened and closed together."""
 
@@ -404,6 +471,8 @@ class Storage(Protocol):
     relay: EventRelay
     daemons: DaemonRegistry
     leases: ConversationLeases
+    slots: CallSlots
+    rates: CallRates
     daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:

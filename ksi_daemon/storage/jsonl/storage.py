@@ -17,7 +17,7 @@ from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
-from ksi_daemon.storage.ports import LocalOnly, OneDaemonLeases, SoleDaemon
+from ksi_daemon.storage.ports import LocalOnly, OneDaemonLeases, OneDaemonRates, OneDaemonSlots, SoleDaemon
 
 
 class JsonlStorage:
@@ -37,6 +37,8 @@ class JsonlStorage:
         self.daemon_id = random_hex(12)  # made at each start, as a shared backend's
         self.daemons = SoleDaemon(time.time)
         self.leases = OneDaemonLeases()
+        self.slots = OneDaemonSlots()
+        self.rates = OneDaemonRates(time.monotonic)
 
     async def open(self) -> None:
         layout = self.layout

@@ -163,6 +163,27 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(5, "limits over every daemon: call slots held with an expiry, and each model's calls of the last minute", (
+        # place `slot` (0 .. limit - 1) of a scope (a model, or the whole pool) while a call holds it
+        """
+        CREATE TABLE ksi_call_slots (
+            scope text NOT NULL,
+            slot integer NOT NULL,
+            daemon_id text NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (scope, slot)
+        )
+        """,
+        """
+        CREATE TABLE ksi_call_rates (
+            grant_id bigserial PRIMARY KEY,
+            model text NOT NULL,
+            at timestamptz NOT NULL DEFAULT now(),
+            tokens integer NOT NULL
+        )
+        """,
+        "CREATE INDEX ksi_call_rates_model ON ksi_call_rates (model, at)",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -17,6 +17,8 @@ from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
 from ksi_daemon.storage.postgres.leases import PostgresLeases
+from ksi_daemon.storage.postgres.rates import PostgresRates
+from ksi_daemon.storage.postgres.slots import PostgresSlots
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
     PostgresAgents,
@@ -39,9 +41,12 @@ class PostgresStorage:
         # made at each start: the pool lists this daemon by it, and the relay marks its own events with it
         self.daemon_id = random_hex(12)
         # a turn holds its conversation's lease; an exchange is appended only under the lease held
-        self.leases = PostgresLeases(self.database, self.daemon_id, settings.conversation_lease,
+        self.leases = PostgresLeases(self.database, self.daemon_id, settings.pool_lease,
                                      settings.heartbeat_stale_after)
         self.conversations = PostgresConversations(self.database, fence=self.leases.fence)
+        # limits over every daemon of the database: call slots, and each model's calls per minute
+        self.slots = PostgresSlots(self.database, self.daemon_id, settings.pool_lease)
+        self.rates = PostgresRates(self.database)
         self.responses = PostgresResponses(self.database)
         self.agents = PostgresAgents(self.database)
         self.consortia = PostgresConsortia(self.database)
@@ -74,4 +79,5 @@ class PostgresStorage:
             "events_published": self.relay.published,
             "events_received": self.relay.received,
             "lease_waits": self.leases.waits,
+            "slot_waits": self.slots.waits,
         }
