@@ -32,6 +32,8 @@ from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.pool import PoolService
 from ksi_daemon.services.rates import RateLimitedProvider
+from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.takeover import TakeoverService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.storage.backends import build_storage
@@ -111,7 +113,10 @@ class Daemon:
             clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
             summaries=self.storage.summaries,
+            # wait, status and cancel for requests other daemons of the pool accepted
+            elsewhere=RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id),
         )
+
         self.conversations = ConversationService(
             settings, self.router, self.cache, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
@@ -126,6 +131,9 @@ class Daemon:
         scheduler = self.completion.scheduler
         self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
                                 load=lambda: (scheduler.running, scheduler.queued - scheduler.running))
+        # the requests of a daemon of the pool that died are run here (or found done)
+        self.takeover = TakeoverService(settings, self.storage.requests, self.completion,
+                                        shared=self.storage.daemons.shared, own_silence=self.pool.silent_for)
         self.system = SystemService(
             self.router,
             request_shutdown=self.request_shutdown,
@@ -146,7 +154,7 @@ class Daemon:
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations, self.pool]
+                                     self.conversations, self.pool, self.takeover]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

@@ -361,8 +361,10 @@ class ConversationLeases(Protocol):
     no other daemon shares has nothing to arbitrate (`OneDaemonLeases`): a daemon's own scheduler
     already runs a conversation's turns one after another."""
 
-    async def line_up(self, conversation_id: str, request_id: str) -> None:
-        """Take the request's place in the conversation's line (before its ack leaves)."""
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+        """Take the request's place in the conversation's line (before its ack leaves), keeping
+        `record` (the whole request as accepted) beside it, for another daemon to run it should
+        this one die."""
         ...
 
     def hold(self, conversation_id: str, request_id: str) -> AbstractAsyncContextManager[bool]:
@@ -379,7 +381,7 @@ class ConversationLeases(Protocol):
 class OneDaemonLeases:
     """The leases of a backend no other daemon shares: every turn holds its conversation at once."""
 
-    async def line_up(self, conversation_id: str, request_id: str) -> None:
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
         return None
 
     @asynccontextmanager
@@ -457,6 +459,69 @@ class OneDaemonRates:
             calls[grant] = (calls[grant][0], tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolRequest:
+    """A request accepted by some daemon of the pool, as the backend keeps it."""
+
+    request_id: str
+    conversation_id: str
+    daemon_id: str  # the daemon running it
+    status: str  # queued (until it ends), done, failed, cancelled
+    response_id: str | None
+    record: dict[str, Any]  # the request as accepted
+    code: str | None = None  # why it failed or was cancelled
+    indexed: bool = False  # its exchange is in its conversation's index (done, whatever the status says)
+
+
+class PoolRequests(Protocol):
+    """The requests every daemon of a backend accepted (lined up with `ConversationLeases.line_up`):
+    their ends, a look-up by id from any daemon, and the takeover of a dead daemon's. A backend no
+    other daemon shares knows none but the daemon's own, in memory (`OneDaemonRequests`)."""
+
+    def ended(self, request_id: str, status: str, code: str | None) -> None:
+        """Record a request's end; never waits (written in the background, in order)."""
+        ...
+
+    async def find(self, request_id: str) -> PoolRequest | None: ...
+
+    async def ask_cancel(self, request_id: str) -> PoolRequest | None:
+        """Ask the daemon running the request to cancel it; the request as found (None: unknown)."""
+        ...
+
+    async def cancels_asked(self) -> list[str]:
+        """Requests of this daemon that another daemon was asked to cancel, and not yet ended."""
+        ...
+
+    async def take_over(self, stale_after: float) -> list[PoolRequest]:
+        """Unfinished requests of daemons silent for `stale_after` seconds, now this daemon's: each
+        `indexed` or not, as stored after the lease of its conversation was taken from them."""
+        ...
+
+    async def flush(self) -> None:
+        """Wait until every end recorded so far is written."""
+        ...
+
+
+class OneDaemonRequests:
+    def ended(self, request_id: str, status: str, code: str | None) -> None:
+        return None
+
+    async def find(self, request_id: str) -> PoolRequest | None:
+        return None
+
+    async def ask_cancel(self, request_id: str) -> PoolRequest | None:
+        return None
+
+    async def cancels_asked(self) -> list[str]:
+        return []
+
+    async def take_over(self, stale_after: float) -> list[PoolRequest]:
+        return []
+
+    async def flush(self) -> None:
+        return None
+
+
 class Storage(Protocol):
     """One backend: every store, opened and closed together."""
 
@@ -473,6 +538,7 @@ class Storage(Protocol):
     leases: ConversationLeases
     slots: CallSlots
     rates: CallRates
+    requests: PoolRequests
     daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:

@@ -30,6 +30,7 @@ class Job:
     run: Callable[[], Awaitable[Any]]
     on_cancel_queued: Callable[[], None]
     ticket: str  # its place in the conversation's line (the request id)
+    on_taken_over: Callable[[], None] = lambda: None  # another daemon of the pool runs it now
     task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
     cancelled: bool = False
     finished: bool = False
@@ -56,9 +57,10 @@ class Scheduler:
     def active_conversations(self) -> int:
         return len(self._queues)
 
-    async def line_up(self, job: Job) -> None:
-        """Take `job`'s place in its conversation's line among every daemon's (before `submit`)."""
-        await self._leases.line_up(job.key, job.ticket)
+    async def line_up(self, job: Job, record: dict[str, Any]) -> None:
+        """Take `job`'s place in its conversation's line among every daemon's (before `submit`),
+        with `record`, the request as accepted."""
+        await self._leases.line_up(job.key, job.ticket, record)
 
     def submit(self, job: Job) -> int:
         """Queue `job` behind its conversation's earlier jobs; returns how many are ahead."""
@@ -107,6 +109,9 @@ class Scheduler:
                 job = queue[0]
                 async with self._leases.hold(job.key, job.ticket) as held, \
                         self._limits.slot(job.model) if held and self._takes_slot(job.model) else nullcontext():
+                    if not held and not job.cancelled and queue and queue[0] is job:
+                        queue.popleft()  # taken over while this daemon was paused: another daemon runs it
+                        job.on_taken_over()
                     if not held or job.cancelled or not queue or queue[0] is not job:
                         continue
                     self.running += 1

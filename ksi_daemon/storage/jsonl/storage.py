@@ -17,7 +17,14 @@ from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
-from ksi_daemon.storage.ports import LocalOnly, OneDaemonLeases, OneDaemonRates, OneDaemonSlots, SoleDaemon
+from ksi_daemon.storage.ports import (
+    LocalOnly,
+    OneDaemonLeases,
+    OneDaemonRates,
+    OneDaemonRequests,
+    OneDaemonSlots,
+    SoleDaemon,
+)
 
 
 class JsonlStorage:
@@ -39,6 +46,7 @@ class JsonlStorage:
         self.leases = OneDaemonLeases()
         self.slots = OneDaemonSlots()
         self.rates = OneDaemonRates(time.monotonic)
+        self.requests = OneDaemonRequests()
 
     async def open(self) -> None:
         layout = self.layout

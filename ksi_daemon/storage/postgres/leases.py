@@ -14,8 +14,10 @@ still the row's (`fence`), in the append's own statement, which locks the lease 
 transaction: a daemon that resumes after losing its lease cannot commit, and a daemon taking the
 lease waits for an append under way to commit, then reads the history with it.
 
-Order: a turn takes a ticket (`ksi_turn_line`) when it is accepted. The lease goes only to the
-first ticket of its conversation, skipping the tickets of daemons whose heartbeat stopped and the
+Order: a turn takes a ticket (`ksi_turn_line`) when it is accepted, in the same statement that
+records the whole request (`ksi_requests`). The lease goes only to the first ticket of its
+conversation, and only to the daemon the ticket belongs to (the one that took it over, after its
+first daemon went silent), skipping the tickets of daemons whose heartbeat stopped and the
 ticket of a turn whose lease ran out (its daemon is paused: it gives up its place at the head).
 A waiter asks again every `POLL` seconds, and at once when a turn of this daemon ends.
 """
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import structlog
 
@@ -37,26 +40,37 @@ log = structlog.get_logger("ksi.storage.postgres")
 POLL = 0.05  # seconds between two asks of a waiting turn
 RETRY = 0.5  # seconds before asking again when the database is away
 
-LINE_UP = "INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
+# the ticket and the whole request, in one statement: the request is durable for the pool before its ack
+LINE_UP = """
+WITH request AS (
+    INSERT INTO ksi_requests (request_id, conversation_id, daemon_id, status, response_id, record)
+    VALUES ($2, $1, $3, 'queued', $4, $5::json) ON CONFLICT DO NOTHING
+)
+INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+"""
 
 # $1 conversation, $2 request, $3 this daemon, $4 lease seconds, $5 heartbeat timeout seconds
 ACQUIRE = """
 WITH head AS (
-    SELECT t.request_id FROM ksi_turn_line t
+    SELECT t.request_id, t.daemon_id FROM ksi_turn_line t
     LEFT JOIN ksi_leases l ON l.conversation_id = t.conversation_id
     WHERE t.conversation_id = $1
       AND (t.daemon_id = $3 OR EXISTS (SELECT 1 FROM ksi_daemons d WHERE d.daemon_id = t.daemon_id
                                        AND d.heartbeat > now() - make_interval(secs => $5)))
       AND NOT coalesce(l.request_id = t.request_id AND l.expires_at < now() AND t.request_id <> $2, false)
     ORDER BY t.ticket LIMIT 1
+),
+granted AS (
+    INSERT INTO ksi_leases AS l (conversation_id, request_id, daemon_id, generation, expires_at)
+    SELECT $1, $2, $3, 1, now() + make_interval(secs => $4) FROM head WHERE head.request_id = $2 AND head.daemon_id = $3
+    ON CONFLICT (conversation_id) DO UPDATE
+    SET request_id = EXCLUDED.request_id, daemon_id = EXCLUDED.daemon_id, generation = l.generation + 1,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < now()
+    RETURNING l.generation
 )
-INSERT INTO ksi_leases AS l (conversation_id, request_id, daemon_id, generation, expires_at)
-SELECT $1, $2, $3, 1, now() + make_interval(secs => $4) FROM head WHERE head.request_id = $2
-ON CONFLICT (conversation_id) DO UPDATE
-SET request_id = EXCLUDED.request_id, daemon_id = EXCLUDED.daemon_id, generation = l.generation + 1,
-    expires_at = EXCLUDED.expires_at
-WHERE l.expires_at < now()
-RETURNING l.generation
+SELECT (SELECT generation FROM granted) AS generation,
+       EXISTS (SELECT 1 FROM ksi_turn_line WHERE request_id = $2 AND daemon_id = $3) AS mine
 """
 
 RENEW = """
@@ -85,10 +99,11 @@ class PostgresLeases:
         """The lease generation an append to the conversation must still find; None: no turn held."""
         return self._held.get(conversation_id)
 
-    async def line_up(self, conversation_id: str, request_id: str) -> None:
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
         self._lined.add(request_id)
         try:
-            await self.database.run(lambda c: c.execute(LINE_UP, conversation_id, request_id, self.daemon_id))
+            await self.database.run(lambda c: c.execute(LINE_UP, conversation_id, request_id, self.daemon_id,
+                                                        record.get("response_id"), record))
         except BaseException:
             self._lined.discard(request_id)
             raise
@@ -129,12 +144,17 @@ class PostgresLeases:
         """The generation granted; None when the request left the line meanwhile."""
         while request_id in self._lined:
             try:
-                granted = await self.database.run(lambda c: c.fetchval(
+                row = await self.database.run(lambda c: c.fetchrow(
                     ACQUIRE, conversation_id, request_id, self.daemon_id, self.lease, self.stale_after))
             except KsiError as exc:
                 log.warning("lease_acquire_failed", conversation_id=conversation_id, error=exc.message)
                 await asyncio.sleep(RETRY)
                 continue
+            granted = row["generation"]
+            if not row["mine"]:  # taken over while this daemon was silent: the other daemon runs it
+                log.warning("turn_taken_over", conversation_id=conversation_id, request_id=request_id)
+                self._lined.discard(request_id)
+                return None
             if granted is not None:
                 if request_id in self._lined:
                     return int(granted)

@@ -184,6 +184,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "CREATE INDEX ksi_call_rates_model ON ksi_call_rates (model, at)",
     )),
+    Migration(6, "accepted requests, whole, with the daemon that runs them: any daemon answers for them or takes them over", (
+        """
+        CREATE TABLE ksi_requests (
+            request_id text PRIMARY KEY,
+            conversation_id text NOT NULL,
+            daemon_id text NOT NULL,  -- the daemon running it now (the one that took it over, after one died)
+            status text NOT NULL,  -- queued until it ends: done, failed or cancelled
+            response_id text,
+            record json NOT NULL,  -- the request as accepted, enough for another daemon to run it
+            code text,
+            cancel_asked boolean NOT NULL DEFAULT false,
+            accepted timestamptz NOT NULL DEFAULT now(),
+            finished timestamptz,
+            taken_from text
+        )
+        """,
+        "CREATE INDEX ksi_requests_open ON ksi_requests (daemon_id) WHERE finished IS NULL",
+        "CREATE INDEX ksi_requests_finished ON ksi_requests (finished) WHERE finished IS NOT NULL",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

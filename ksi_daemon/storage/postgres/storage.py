@@ -17,7 +17,9 @@ from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
 from ksi_daemon.storage.postgres.leases import PostgresLeases
+from ksi_daemon.storage.postgres.journal import PooledJournal
 from ksi_daemon.storage.postgres.rates import PostgresRates
+from ksi_daemon.storage.postgres.requests import PostgresRequests
 from ksi_daemon.storage.postgres.slots import PostgresSlots
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
@@ -53,7 +55,9 @@ class PostgresStorage:
         self.traces = PostgresTraces(self.database)
         self.summaries = PostgresSummaries(self.database)
         self.calibration = PostgresCalibration(self.database)
-        self.journal = JsonlJournal(settings.layout)
+        # the requests every daemon accepted: each one's end copied there from this daemon's journal
+        self.requests = PostgresRequests(self.database, self.daemon_id)
+        self.journal = PooledJournal(JsonlJournal(settings.layout), self.requests)
         self.relay = PostgresRelay(self.database, self.daemon_id)
         self.daemons = PostgresDaemons(self.database)
 
@@ -80,4 +84,5 @@ class PostgresStorage:
             "events_received": self.relay.received,
             "lease_waits": self.leases.waits,
             "slot_waits": self.slots.waits,
+            "requests_taken_over": self.requests.taken_over,
         }
