@@ -31,7 +31,7 @@ async def daemon_processes(root: Path, url: str, stub: Any, names: str = "abc",
         process.root.mkdir()
     try:
         for process in processes:  # one at a time: the first migrates the database
-            await process.start()
+            await process.start(wait=120)
         yield processes
     finally:
         for process in processes:
@@ -94,7 +94,9 @@ async def test_concurrent_turns_through_three_daemons_each_see_every_exchange_st
 async def test_a_daemon_paused_past_its_lease_cannot_store_the_turn_another_daemon_took_over(
         short_tmp: Path, pg_url: str, stub: Any) -> None:
     stub.model_delay["stub-slow"] = 4.0
-    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_POOL_LEASE="1") as (a, b), \
+    # a heartbeat timeout far beyond the pause: the turn is lost to B's lease, not taken over by B
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_POOL_LEASE="1",
+                                KSI_HEARTBEAT_TIMEOUT="60") as (a, b), \
             KsiClient(a.socket) as on_a, KsiClient(b.socket) as on_b:
         opening = await on_b.request("completion:async", {"prompt": "opening", "conversation_id": "c", "create": True})
         await on_b.request("completion:wait", {"request_id": opening["request_id"], "timeout": 30})

@@ -6,6 +6,8 @@ done from storage, never run again; status and cancel answer from any daemon."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,27 @@ async def test_status_wait_and_cancel_of_another_daemons_request(short_tmp: Path
             await on_c.request("completion:status", {"request_id": "req-nobody"})
         assert unknown.value.code == "request_not_found"
         assert [p for _n, _r, p in await stored(c.settings.var_dir, pg_url, "k")] == ["behind"]
+
+
+async def test_a_daemon_paused_past_the_heartbeat_timeout_wakes_to_find_its_turn_finished_by_another(
+        short_tmp: Path, pg_url: str, stub: Any) -> None:
+    stub.model_delay["stub-slow"] = 4.0
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_HEARTBEAT_TIMEOUT="2",
+                                KSI_POOL_LEASE="2") as (a, b), KsiClient(a.socket) as on_a:
+        slow = await on_a.request("completion:async", {"prompt": "slow on a", "conversation_id": "p", "create": True,
+                                                       "model": "openai/stub-slow"})
+        while not calls_for(stub, "slow on a"):
+            await asyncio.sleep(0.02)
+        assert a.process is not None
+        os.kill(a.process.pid, signal.SIGSTOP)
+        try:
+            async with KsiClient(b.socket) as on_b:  # B takes it over and answers it
+                done = await on_b.request("completion:wait", {"request_id": slow["request_id"], "timeout": 60})
+        finally:
+            os.kill(a.process.pid, signal.SIGCONT)
+        # A wakes with its own call answered: it stores nothing, and its client gets B's result
+        on_a_result = await on_a.request("completion:wait", {"request_id": slow["request_id"], "timeout": 60})
+        assert on_a_result["response_id"] == done["response_id"] == slow["response_id"]
+        assert on_a_result["content"] == done["content"]
+        exchanges = await stored(b.var, pg_url, "p")
+    assert [(p, r) for _n, r, p in exchanges] == [("slow on a", slow["response_id"])]

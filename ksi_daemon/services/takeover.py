@@ -4,7 +4,7 @@ requests when another daemon was asked to.
 Every heartbeat interval this daemon claims the unfinished requests of daemons whose heartbeat is
 older than the timeout (`PoolRequests.take_over`, one transaction: one daemon gets each): a request
 whose exchange was indexed is reported done from storage, never run again; any other is run here
-with its own ids, in its place in its conversation's line. With one daemon (JSONL) nothing is ever
+with its own ids, at the end of its conversation's line. With one daemon (JSONL) nothing is ever
 taken over, and a restart reports what its journal left unfinished, as before. A daemon whose own
 heartbeat is late (its loop was starved, the database away) takes over nothing until it beat again.
 """

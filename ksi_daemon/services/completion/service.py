@@ -573,7 +573,7 @@ class CompletionService:
         memory.users += 1
         self._held[state.request_id] = memory
         self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
-        await self.scheduler.line_up(state.job, taken.record)  # its ticket, kept in its place, is this daemon's now
+        await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
         self.scheduler.submit(state.job)
 
     def _handed_over(self, state: RequestState) -> None:

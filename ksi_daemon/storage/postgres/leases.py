@@ -15,9 +15,10 @@ transaction: a daemon that resumes after losing its lease cannot commit, and a d
 lease waits for an append under way to commit, then reads the history with it.
 
 Order: a turn takes a ticket (`ksi_turn_line`) when it is accepted, in the same statement that
-records the whole request (`ksi_requests`). The lease goes only to the first ticket of its
-conversation, and only to the daemon the ticket belongs to (the one that took it over, after its
-first daemon went silent), skipping the tickets of daemons whose heartbeat stopped and the
+records the whole request (`ksi_requests`). The lease goes to a turn only when no other daemon's
+turn took an earlier ticket (a daemon's own turns wait in its own queue, in the order it accepted
+them, so one daemon never waits for itself), and only to the daemon the ticket belongs to (the one
+that took it over, after its first daemon went silent), skipping the tickets of daemons whose heartbeat stopped and the
 ticket of a turn whose lease ran out (its daemon is paused: it gives up its place at the head).
 A waiter asks again every `POLL` seconds, and at once when a turn of this daemon ends.
 """
@@ -55,6 +56,7 @@ WITH head AS (
     SELECT t.request_id, t.daemon_id FROM ksi_turn_line t
     LEFT JOIN ksi_leases l ON l.conversation_id = t.conversation_id
     WHERE t.conversation_id = $1
+      AND (t.daemon_id <> $3 OR t.request_id = $2)  -- this daemon's own turns wait in its own queue
       AND (t.daemon_id = $3 OR EXISTS (SELECT 1 FROM ksi_daemons d WHERE d.daemon_id = t.daemon_id
                                        AND d.heartbeat > now() - make_interval(secs => $5)))
       AND NOT coalesce(l.request_id = t.request_id AND l.expires_at < now() AND t.request_id <> $2, false)

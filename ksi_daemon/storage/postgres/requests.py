@@ -6,7 +6,8 @@ end (the daemon killed just after) leaves the row open, and the daemon taking it
 exchange indexed and reports it done without running it again.
 
 Taking over is one transaction: the open rows of daemons whose heartbeat is older than the
-timeout become this daemon's, their tickets keep their places in line under it, and any lease
+timeout become this daemon's, each with a new ticket at the end of its conversation's line (in
+the order they were accepted: this daemon's queue of a conversation follows its tickets), any lease
 their turns hold is revoked (its generation bumped, so the silent daemon, should it wake, cannot
 commit). An append under way holds its lease row until it commits, so whether each request's
 exchange is indexed is read after the revocation, in the same transaction, and is final.
@@ -29,7 +30,7 @@ log = structlog.get_logger("ksi.storage.postgres")
 
 KEEP_FINISHED = "1 day"  # ended requests answer `completion:status` from any daemon this long
 
-COLUMNS = "request_id, conversation_id, daemon_id, status, response_id, record, code"
+COLUMNS = "request_id, conversation_id, daemon_id, status, response_id, record, code, accepted"
 
 END = """
 UPDATE ksi_requests SET status = $3, code = $4, finished = now()
@@ -116,8 +117,12 @@ class PostgresRequests:
                 if not claimed:
                     return []
                 ids = [r["request_id"] for r in claimed]
-                await conn.execute("UPDATE ksi_turn_line SET daemon_id = $1 WHERE request_id = ANY($2::text[])",
-                                   self.daemon_id, ids)
+                # a new ticket each, at the end of its line: this daemon's queue follows its tickets
+                await conn.execute("DELETE FROM ksi_turn_line WHERE request_id = ANY($1::text[])", ids)
+                await conn.executemany(
+                    "INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3)",
+                    [(r["conversation_id"], r["request_id"], self.daemon_id)
+                     for r in sorted(claimed, key=lambda r: r["accepted"])])
                 await conn.execute("UPDATE ksi_leases SET generation = generation + 1, expires_at = '-infinity' "
                                    "WHERE request_id = ANY($1::text[])", ids)
                 indexed = {r["response_id"] for r in await conn.fetch(
