@@ -75,6 +75,7 @@ async def test_a_model_rate_of_tokens_per_minute_refuses_the_call_that_would_pas
     limited = {"openai/stub-tokens*": {"api_base": stub.api_base, "tokens_per_minute": 40}}
     async with running_daemon(short_tmp, **stub_settings(stub, models=limited), **backend) as daemon, \
             connected(daemon) as client:
+        await daemon.litellm.ensure_loaded()  # its import, seconds on a busy machine, is not what this waits for
         first = await complete(client, model="openai/stub-tokens", prompt="one two three four five six",
                                conversation_id="t", create=True)
         assert first["usage"]["total_tokens"] < 40

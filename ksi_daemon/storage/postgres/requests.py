@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import asyncpg
 import structlog

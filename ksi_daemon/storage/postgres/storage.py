@@ -1,10 +1,13 @@
 """The PostgreSQL backend as one `Storage`: every store over one pool, the schema migrated on open,
-and the relay of events between daemons.
+the relay of events between daemons, and the pool's shared work: conversation leases (one turn at
+a time), call slots and rates (limits over every daemon), and the accepted requests (takeover).
 
 The request journal stays a file in this daemon's own var dir: it is this daemon's state alone
 (like its pid file), the restarted daemon finds it there, and a synchronous local append is what
-lets a request be journaled before its ack leaves, with no database round trip per request state.
-Recovery asks the database whether an interrupted request's exchange was indexed."""
+lets a request be journaled on the hot path. The pool's copy of each request is written with its
+place in line before its ack (leases.py); its end is copied there from the journal, in the
+background (journal.py). Recovery asks the database whether an interrupted request's exchange was
+indexed."""
 
 from __future__ import annotations
 
