@@ -150,33 +150,33 @@ async def test_agent_turns_and_consortium_runs_hold_the_conversation_like_any_tu
     stub.hold = 0.05
     async with daemon_processes(short_tmp, pg_url, stub) as (a, b, c):
         async with KsiClient(a.socket) as on_a:
-            await on_a.request("agent:spawn", {"agent_id": "helper", "system": "Be brief."})
-            await on_a.request("agent:send_message", {"agent_id": "helper", "message": "opening", "wait": 60})
+            await on_a.request("agent:spawn", {"agent_id": "scribe", "system": "Be brief."})
+            await on_a.request("agent:send_message", {"agent_id": "scribe", "message": "opening", "wait": 60})
         async with KsiClient(b.socket) as on_b:
             await on_b.request("consortium:save", {"name": "duo", "members": ["openai/stub-ma", "openai/stub-mb"],
                                                    "arbiter": "openai/stub-judge"})
 
         async def agent_turns() -> list[str]:
             async with KsiClient(a.socket) as client:
-                return [(await client.request("agent:send_message", {"agent_id": "helper", "message": f"agent {t}",
+                return [(await client.request("agent:send_message", {"agent_id": "scribe", "message": f"agent {t}",
                                                                      "wait": 120}))["response_id"] for t in range(3)]
 
         async def consortium_turns() -> list[str]:
             async with KsiClient(b.socket) as client:
-                acks = [await client.request("completion:async", {"prompt": f"duo {t}", "conversation_id": "helper",
+                acks = [await client.request("completion:async", {"prompt": f"duo {t}", "conversation_id": "scribe",
                                                                   "model": "consortium/duo"}) for t in range(2)]
                 return [(await client.request("completion:wait", {"request_id": ack["request_id"],
                                                                   "timeout": 120}))["response_id"] for ack in acks]
 
         async def plain_turns() -> list[str]:
             async with KsiClient(c.socket) as client:
-                acks = [await client.request("completion:async", {"prompt": f"plain {t}", "conversation_id": "helper"})
+                acks = [await client.request("completion:async", {"prompt": f"plain {t}", "conversation_id": "scribe"})
                         for t in range(3)]
                 return [(await client.request("completion:wait", {"request_id": ack["request_id"],
                                                                   "timeout": 120}))["response_id"] for ack in acks]
 
         answered = [r for rs in await asyncio.gather(agent_turns(), consortium_turns(), plain_turns()) for r in rs]
-        exchanges = await stored(a.var, pg_url, "helper")
+        exchanges = await stored(a.var, pg_url, "scribe")
 
     assert [n for n, _r, _p in exchanges] == list(range(1, 10))
     assert sorted(answered) == sorted(r for _n, r, _p in exchanges[1:])
