@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"  # only a queued or running background response is
     STREAM_NOT_FOUND = "stream_not_found"  # a response whose events are not kept (not background, or long ended)
     STARTING_AFTER_OUT_OF_RANGE = "starting_after_out_of_range"  # past the last event of an ended stream
+    LEASE_LOST = "lease_lost"  # a daemon paused past its conversation's lease: another took the turn over
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

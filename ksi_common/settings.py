@@ -51,7 +51,11 @@ class ModelSettings(BaseModel):
     api_key_env: str | None = None
     context_window: int | None = Field(default=None, gt=0)
     output_reserve: int | None = Field(default=None, ge=0)
-    max_concurrency: int | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)  # calls at once, over every daemon of the pool
+    # calls and tokens (prompt and answer) per rolling minute, over every daemon of the pool; a call
+    # beyond them fails with rate_limited and the seconds until the window has room
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
     # provider options a request may set for this model although they pick a host or credentials
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
@@ -137,6 +141,12 @@ class Settings(BaseSettings):
     # is older than the timeout (default three intervals) is shown stale by the others
     heartbeat_interval: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT)
     heartbeat_timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT)
+    # seconds a daemon holds a conversation's turn or a call slot without renewing it (renewed every
+    # third of it while held); a daemon paused or cut off longer loses them to the other daemons
+    pool_lease: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT)
+    # provider calls at once over every daemon sharing the database (None: only each daemon's own
+    # max_concurrency); a model's own max_concurrency holds over all of them in any case
+    pool_max_concurrency: int | None = Field(default=None, gt=0)
     cli_timeout: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT)
 
     # conversations

@@ -31,6 +31,9 @@ from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.pool import PoolService
+from ksi_daemon.services.rates import RateLimitedProvider
+from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.takeover import TakeoverService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
@@ -93,23 +96,30 @@ class Daemon:
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
                                        count_tokens=self.litellm.count_tokens_loading)
         # one set of limits for every provider call, plain completions and consortium members alike
-        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency)
+        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency,
+                                        pool=self.storage.slots, pool_limit=settings.pool_max_concurrency)
+        # every call counts against its model's rates, over every daemon sharing the storage
+        self.provider = RateLimitedProvider(self.litellm, self.storage.rates, settings,
+                                            self.litellm.count_tokens_loading)
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
             settings, self.router, self.storage.consortia, self.storage.traces, self.responses,
-            provider=self.litellm, limits=self.limits,
+            provider=self.provider, limits=self.limits,
         )
         # the agents' registry is built before both services that use it: the completion service
         # reads agents' defaults from it, the agent service submits completions
         self.agent_registry = AgentRegistry(settings, self.storage.agents)
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, self.storage.journal,
-            provider=self.litellm, facts=self.litellm, answerers={"consortium/": self.consortium},
+            provider=self.provider, facts=self.litellm, answerers={"consortium/": self.consortium},
             images=Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes),
-            clock=clock, agents=self.agent_registry, limits=self.limits,
+            clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
             summaries=self.storage.summaries,
+            # wait, status and cancel for requests other daemons of the pool accepted
+            elsewhere=RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id),
         )
+
         self.conversations = ConversationService(
             settings, self.router, self.cache, self.storage.blobs, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
@@ -124,6 +134,9 @@ class Daemon:
         scheduler = self.completion.scheduler
         self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
                                 load=lambda: (scheduler.running, scheduler.queued - scheduler.running))
+        # the requests of a daemon of the pool that died are run here (or found done)
+        self.takeover = TakeoverService(settings, self.storage.requests, self.completion,
+                                        shared=self.storage.daemons.shared, own_silence=self.pool.silent_for)
         self.system = SystemService(
             self.router,
             request_shutdown=self.request_shutdown,
@@ -144,7 +157,7 @@ class Daemon:
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations, self.pool]
+                                     self.conversations, self.pool, self.takeover]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

@@ -103,6 +103,10 @@ class PoolService:
             log.info("heartbeat_recovered")
         self._members, self._read_at, self._error, self._shown = members, self.clock(), None, None
 
+    def silent_for(self) -> float:
+        """Seconds since this daemon's last heartbeat that reached the registry (inf before the first)."""
+        return self.clock() - self._read_at if self._read_at is not None else float("inf")
+
     def health(self) -> dict[str, Any]:
         """The pool as last read; ages and states carried forward to now on this host's monotonic clock
         (to a tenth of a second: the section is built once per tenth, not once per health request)."""

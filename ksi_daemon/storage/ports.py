@@ -16,7 +16,8 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -408,6 +409,174 @@ class SoleDaemon:
         self._me = None
 
 
+class ConversationLeases(Protocol):
+    """Who may run a turn of a conversation now. Every turn takes its place in its conversation's
+    line when it is accepted and runs only while it holds the conversation's lease, so turns run
+    one at a time and in the order they were accepted, whichever daemon accepted each. A backend
+    no other daemon shares has nothing to arbitrate (`OneDaemonLeases`): a daemon's own scheduler
+    already runs a conversation's turns one after another."""
+
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+        """Take the request's place in the conversation's line (before its ack leaves), keeping
+        `record` (the whole request as accepted) beside it, for another daemon to run it should
+        this one die."""
+        ...
+
+    def hold(self, conversation_id: str, request_id: str) -> AbstractAsyncContextManager[bool]:
+        """Wait until the request is first in line and the lease is free, then hold the lease for
+        the block (renewed while it runs) and give it up, with the place in line, at its end.
+        Yields False, holding nothing, for a request that left the line while it waited."""
+        ...
+
+    async def leave_line(self, conversation_id: str, request_id: str) -> None:
+        """Give up the place of a request that ends without running (cancelled while queued)."""
+        ...
+
+
+class OneDaemonLeases:
+    """The leases of a backend no other daemon shares: every turn holds its conversation at once."""
+
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+        return None
+
+    @asynccontextmanager
+    async def hold(self, conversation_id: str, request_id: str) -> AsyncIterator[bool]:
+        yield True
+
+    async def leave_line(self, conversation_id: str, request_id: str) -> None:
+        return None
+
+
+class CallSlots(Protocol):
+    """Places for provider calls counted over every daemon of a backend: a scope (a model, or the
+    whole pool) has `limit` of them. A backend no other daemon shares counts nothing here: the
+    daemon's own semaphores are the whole count (`OneDaemonSlots`)."""
+
+    def hold(self, scope: str, limit: int) -> AbstractAsyncContextManager[None]:
+        """Wait for a free place of `scope` and hold it (renewed) for the block."""
+        ...
+
+
+class OneDaemonSlots:
+    @asynccontextmanager
+    async def hold(self, scope: str, limit: int) -> AsyncIterator[None]:
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class RateDecision:
+    """A call let through (`grant`, to settle its tokens) or refused (`retry_after` seconds)."""
+
+    grant: int | None
+    retry_after: float = 0.0
+
+
+class CallRates(Protocol):
+    """Calls and tokens per rolling minute, per model, over every daemon of a backend."""
+
+    async def admit(self, model: str, per_minute: int | None, tokens_per_minute: int | None,
+                    tokens: int) -> RateDecision:
+        """Count a call of about `tokens` tokens when the minute has room for it, atomically."""
+        ...
+
+    async def settle(self, model: str, grant: int, tokens: int) -> None:
+        """The tokens the call really took (its usage), once known."""
+        ...
+
+
+class OneDaemonRates:
+    """The rates of a backend no other daemon shares: the minute's calls kept in memory."""
+
+    WINDOW = 60.0
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock  # monotonic: one host measures its own minute
+        self._calls: dict[str, dict[int, tuple[float, int]]] = {}  # model -> grant -> (at, tokens)
+        self._next = 0
+
+    async def admit(self, model: str, per_minute: int | None, tokens_per_minute: int | None,
+                    tokens: int) -> RateDecision:
+        now = self.clock()
+        calls = self._calls.setdefault(model, {})
+        for grant in [g for g, (at, _t) in calls.items() if at <= now - self.WINDOW]:
+            del calls[grant]
+        oldest = min((at for at, _t in calls.values()), default=now)
+        if (per_minute is not None and len(calls) >= per_minute) or (
+                tokens_per_minute is not None and calls and sum(t for _a, t in calls.values()) + tokens > tokens_per_minute):
+            return RateDecision(None, round(max(0.0, oldest + self.WINDOW - now), 3))
+        self._next += 1
+        calls[self._next] = (now, tokens)
+        return RateDecision(self._next)
+
+    async def settle(self, model: str, grant: int, tokens: int) -> None:
+        calls = self._calls.get(model, {})
+        if grant in calls:
+            calls[grant] = (calls[grant][0], tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRequest:
+    """A request accepted by some daemon of the pool, as the backend keeps it."""
+
+    request_id: str
+    conversation_id: str
+    daemon_id: str  # the daemon running it
+    status: str  # queued (until it ends), done, failed, cancelled
+    response_id: str | None
+    record: dict[str, Any]  # the request as accepted
+    code: str | None = None  # why it failed or was cancelled
+    indexed: bool = False  # its exchange is in its conversation's index (done, whatever the status says)
+
+
+class PoolRequests(Protocol):
+    """The requests every daemon of a backend accepted (lined up with `ConversationLeases.line_up`):
+    their ends, a look-up by id from any daemon, and the takeover of a dead daemon's. A backend no
+    other daemon shares knows none but the daemon's own, in memory (`OneDaemonRequests`)."""
+
+    def ended(self, request_id: str, status: str, code: str | None) -> None:
+        """Record a request's end; never waits (written in the background, in order)."""
+        ...
+
+    async def find(self, request_id: str) -> PoolRequest | None: ...
+
+    async def ask_cancel(self, request_id: str) -> PoolRequest | None:
+        """Ask the daemon running the request to cancel it; the request as found (None: unknown)."""
+        ...
+
+    async def cancels_asked(self) -> list[str]:
+        """Requests of this daemon that another daemon was asked to cancel, and not yet ended."""
+        ...
+
+    async def take_over(self, stale_after: float) -> list[PoolRequest]:
+        """Unfinished requests of daemons silent for `stale_after` seconds, now this daemon's: each
+        `indexed` or not, as stored after the lease of its conversation was taken from them."""
+        ...
+
+    async def flush(self) -> None:
+        """Wait until every end recorded so far is written."""
+        ...
+
+
+class OneDaemonRequests:
+    def ended(self, request_id: str, status: str, code: str | None) -> None:
+        return None
+
+    async def find(self, request_id: str) -> PoolRequest | None:
+        return None
+
+    async def ask_cancel(self, request_id: str) -> PoolRequest | None:
+        return None
+
+    async def cancels_asked(self) -> list[str]:
+        return []
+
+    async def take_over(self, stale_after: float) -> list[PoolRequest]:
+        return []
+
+    async def flush(self) -> None:
+        return None
+
+
 class Storage(Protocol):
     """One backend: every store, opened and closed together."""
 
@@ -422,6 +591,10 @@ class Storage(Protocol):
     blobs: BlobStore
     relay: EventRelay
     daemons: DaemonRegistry
+    leases: ConversationLeases
+    slots: CallSlots
+    rates: CallRates
+    requests: PoolRequests
     daemon_id: str  # this daemon among those sharing the backend: random, made when the backend is built
 
     async def open(self) -> None:

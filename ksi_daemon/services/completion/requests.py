@@ -105,6 +105,14 @@ class RequestRegistry:
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id}", request_id=request_id)
         return found
 
+    def find(self, request_id: str) -> RequestState | FinishedRequest | dict[str, Any] | None:
+        """The request when this daemon knows it; None for one it never ran."""
+        return self._live.get(request_id) or self._finished.get(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request another daemon runs now: it answers for it."""
+        self._live.pop(request_id, None)
+
     def live(self) -> list[RequestState]:
         return list(self._live.values())
 

@@ -1,5 +1,10 @@
 """Per-conversation FIFO order, global and per-model concurrency, and nothing kept for idle
-conversations: a conversation has a queue and a worker only while it has requests."""
+conversations: a conversation has a queue and a worker only while it has requests.
+
+Daemons sharing a database keep one order per conversation between them: a job takes its place
+in the conversation's line when it is submitted and runs while it holds the conversation's lease
+(the storage's `ConversationLeases`), taken before a concurrency slot, so a job waiting for
+another daemon's turn holds no slot."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 import structlog
 
 from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.storage.ports import ConversationLeases, OneDaemonLeases
 
 log = structlog.get_logger("ksi.scheduler")
 
@@ -23,6 +29,8 @@ class Job:
     model: str
     run: Callable[[], Awaitable[Any]]
     on_cancel_queued: Callable[[], None]
+    ticket: str  # its place in the conversation's line (the request id)
+    on_taken_over: Callable[[], None] = lambda: None  # another daemon of the pool runs it now
     task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
     cancelled: bool = False
     finished: bool = False
@@ -30,8 +38,11 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, limits: ConcurrencyLimits, takes_slot: Callable[[str], bool] = lambda _model: True) -> None:
+    def __init__(self, limits: ConcurrencyLimits, takes_slot: Callable[[str], bool] = lambda _model: True,
+                 leases: ConversationLeases | None = None) -> None:
         self._limits = limits
+        self._leases: ConversationLeases = leases or OneDaemonLeases()
+        self._leaving: set[asyncio.Task[None]] = set()
         self._takes_slot = takes_slot  # False for jobs whose own calls take the slots (a consortium run)
         self._queues: dict[str, deque[Job]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -48,6 +59,11 @@ class Scheduler:
     @property
     def active_conversations(self) -> int:
         return len(self._queues)
+
+    async def line_up(self, job: Job, record: dict[str, Any]) -> None:
+        """Take `job`'s place in its conversation's line among every daemon's (before `submit`),
+        with `record`, the request as accepted."""
+        await self._leases.line_up(job.key, job.ticket, record)
 
     def submit(self, job: Job) -> int:
         """Queue `job` behind its conversation's earlier jobs; returns how many are ahead."""
@@ -83,6 +99,9 @@ class Scheduler:
         self._queued -= 1
         job.cancelled = True
         job.on_cancel_queued()
+        leaving = asyncio.get_running_loop().create_task(self._leases.leave_line(job.key, job.ticket))
+        self._leaving.add(leaving)
+        leaving.add_done_callback(self._leaving.discard)
         return True
 
     async def _work(self, key: str, queue: deque[Job]) -> None:
@@ -93,8 +112,12 @@ class Scheduler:
         try:
             while queue:
                 job = queue[0]
-                async with self._limits.slot(job.model) if self._takes_slot(job.model) else nullcontext():
-                    if job.cancelled or not queue or queue[0] is not job:
+                async with self._leases.hold(job.key, job.ticket) as held, \
+                        self._limits.slot(job.model) if held and self._takes_slot(job.model) else nullcontext():
+                    if not held and not job.cancelled and queue and queue[0] is job:
+                        queue.popleft()  # taken over while this daemon was paused: another daemon runs it
+                        job.on_taken_over()
+                    if not held or job.cancelled or not queue or queue[0] is not job:
                         continue
                     self.running += 1
                     job.task = worker

@@ -33,6 +33,7 @@ from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.images import CheckedImage, Images
 from ksi_daemon.services.completion.client_history import ClientHistory, own_history
+from ksi_daemon.services.completion.handover import adopted_state, request_record
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.models import (
     CompletionAsync,
@@ -64,10 +65,14 @@ from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_ret
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import (
     ConversationExists,
+    ConversationLeases,
     ExchangeConflict,
+    OneDaemonRequests,
+    PoolRequest,
     RequestJournal,
     ResponseStore,
     SummaryStore,
@@ -75,6 +80,7 @@ from ksi_daemon.storage.ports import (
 
 log = structlog.get_logger("ksi.completion")
 
+HANDED_OVER = "handed_over"  # a request another daemon of the pool took over while this one was silent
 INLINE_CONSORTIUM = "consortium/inline"  # the model of a request carrying its own consortium definition
 
 CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
@@ -170,6 +176,8 @@ class CompletionService:
         summaries: SummaryStore | None = None,
         agents: AgentDirectory | None = None,
         limits: ConcurrencyLimits | None = None,
+        leases: ConversationLeases | None = None,
+        elsewhere: RequestsElsewhere | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -182,6 +190,7 @@ class CompletionService:
         # found once: an isinstance check against a Protocol costs tens of microseconds per request
         self._up_front = {id(a): a for a in [provider, *self.answerers.values()] if isinstance(a, ChecksUpFront)}
         self.agents: AgentDirectory = agents or NoAgents()
+        self.elsewhere = elsewhere or RequestsElsewhere(OneDaemonRequests(), self.cache.store, responses)
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.images = images
@@ -192,7 +201,8 @@ class CompletionService:
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
                                                   lambda m: settings.model_settings(m).max_concurrency)
-        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider)
+        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider,
+                                   leases=leases)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._overload_logged_at = -1.0e9
@@ -278,23 +288,32 @@ class CompletionService:
         }
 
     async def handle_wait(self, data: CompletionWait, _context: EventContext) -> dict[str, Any]:
-        found = self.requests.get(data.request_id)
+        found = self.requests.find(data.request_id)
+        if found is None:  # accepted by another daemon of the pool (or by none)
+            return await self.elsewhere.wait(data.request_id, data.timeout)
         if isinstance(found, RequestState) and not found.done.is_set() and data.timeout > 0:
             try:
                 async with asyncio.timeout(data.timeout):  # no task of its own, as wait_for makes
                     await found.done.wait()
             except TimeoutError:
                 pass
-        elif isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
+        if isinstance(found, RequestState) and found.status == HANDED_OVER:  # another daemon runs it now
+            return await self.elsewhere.wait(data.request_id, data.timeout)
+        if isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
             # done before the last restart: its result is rebuilt from storage when first asked for
             found["result"] = await indexed_result(found, self.cache.store, self.responses)
         return self.outcome(found)
 
     async def handle_status(self, data: CompletionStatus, _context: EventContext) -> dict[str, Any]:
-        return self.describe(self.requests.get(data.request_id))
+        found = self.requests.find(data.request_id)
+        if found is None:  # accepted by another daemon of the pool (or by none)
+            return await self.elsewhere.status(data.request_id)
+        return self.describe(found)
 
     async def handle_cancel(self, data: CompletionCancel, _context: EventContext) -> dict[str, Any]:
-        found = self.requests.get(data.request_id)
+        found = self.requests.find(data.request_id)
+        if found is None:  # accepted by another daemon of the pool (or by none): asked to cancel it
+            return await self.elsewhere.cancel(data.request_id)
         if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
             self.scheduler.cancel(found.job)
             if found.status == "running":
@@ -450,7 +469,8 @@ class CompletionService:
             response_id=new_response_id(model), made_conversation=conversation_id is None, images=stored_images,
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
-                        on_cancel_queued=lambda: self._cancelled_in_queue(state))
+                        on_cancel_queued=lambda: self._cancelled_in_queue(state), ticket=state.request_id,
+                        on_taken_over=lambda: self._handed_over(state))
         self.requests.add(state)
         if data.background:
             self.streams.open(state)
@@ -459,6 +479,11 @@ class CompletionService:
         # two lines a request, queued and its end: the response id is known from here, so a
         # restart finds an exchange indexed before the kill without a `running` line
         self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
+        try:  # the pool's order, and the request durable for the pool, before the ack leaves
+            await self.scheduler.line_up(state.job, request_record(state))
+        except KsiError as error:
+            self._finish(state, "failed", error=error)
+            raise
         self.scheduler.submit(state.job)
         return state
 
@@ -594,6 +619,42 @@ class CompletionService:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    # -- the pool: requests another daemon accepted and can no longer run ----
+    async def adopt(self, taken: PoolRequest) -> None:
+        """Run a request of a daemon that died, as it would have (same ids), or, when its exchange
+        was indexed before it died, report it done from storage without running it again."""
+        state = adopted_state(taken.record)
+        if taken.indexed:
+            line = {"request_id": state.request_id, "response_id": state.response_id,
+                    "conversation_id": state.conversation_id}
+            result = await indexed_result(line, self.cache.store, self.responses)
+            self.requests.add_interrupted({**line, "status": "done", "recovered": True, "result": result})
+            self.journal.record(state.request_id, state.conversation_id, "done", response_id=state.response_id)
+            if result is not None:
+                self.router.emit("completion:result", result, state.context.child())
+            return
+        memory = await self.cache.require(state.conversation_id)
+        state.job = Job(key=memory.conversation_id, model=state.model, run=lambda: self._run(state),
+                        on_cancel_queued=lambda: self._cancelled_in_queue(state), ticket=state.request_id,
+                        on_taken_over=lambda: self._handed_over(state))
+        self.requests.add(state)
+        memory.users += 1
+        self._held[state.request_id] = memory
+        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
+        await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
+        self.scheduler.submit(state.job)
+
+    def _handed_over(self, state: RequestState) -> None:
+        """Taken over by another daemon while this one was silent: that daemon runs it and answers
+        for it; waiters here are sent there. Nothing is logged under its response id here."""
+        held = self._held.pop(state.request_id, None)
+        if held is not None:
+            held.users -= 1
+        state.status = HANDED_OVER
+        self.requests.forget(state.request_id)
+        state.done.set()
+        log.warning("request_handed_over", request_id=state.request_id, conversation_id=state.conversation_id)
+
     # -- running ------------------------------------------------------------
     async def _run(self, state: RequestState) -> None:
         state.status = "running"
@@ -623,6 +684,9 @@ class CompletionService:
             self._finish(state, "cancelled", error=error)
             return
         except KsiError as error:
+            if error.code == ErrorCode.LEASE_LOST and await self.elsewhere.taken_from_here(state.request_id):
+                self._handed_over(state)  # the daemon that took it over runs it again, under the same ids
+                return
             await self._log_failure(state, inputs, error, attempts)
             await self._discard_if_unused(state, self._held.get(state.request_id))
             self._finish(state, "failed", error=error)

@@ -18,7 +18,14 @@ from ksi_daemon.storage.jsonl.files import refused_link
 from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
-from ksi_daemon.storage.ports import LocalOnly, SoleDaemon
+from ksi_daemon.storage.ports import (
+    LocalOnly,
+    OneDaemonLeases,
+    OneDaemonRates,
+    OneDaemonRequests,
+    OneDaemonSlots,
+    SoleDaemon,
+)
 
 
 class JsonlStorage:
@@ -38,6 +45,10 @@ class JsonlStorage:
         self.relay = LocalOnly()  # the var dir's lock keeps every other daemon away
         self.daemon_id = random_hex(12)  # made at each start, as a shared backend's
         self.daemons = SoleDaemon(time.time)
+        self.leases = OneDaemonLeases()
+        self.slots = OneDaemonSlots()
+        self.rates = OneDaemonRates(time.monotonic)
+        self.requests = OneDaemonRequests()
 
     async def open(self) -> None:
         layout = self.layout

@@ -5,14 +5,20 @@ the conversation's `head` to n only where `head < n` (the row lock makes a secon
 wait, then find the head moved) and inserts the exchange row only if the head moved; the
 (conversation_id, n) primary key is the backstop. A retry of an append whose first attempt did
 commit (its connection died before the answer) finds its own response id at n and succeeds.
+
+An append made while this daemon holds the conversation's lease (a turn) is fenced in the same
+statement: it writes nothing unless the lease row still carries the generation granted, and it
+locks that row until it commits (see leases.py). Refused, it raises `lease_lost`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.postgres_reader import ENTRY_COLUMNS, PostgresReader, entry_of
 from ksi_common.records import IndexEntry
 from ksi_daemon.storage.models import ConversationMeta
@@ -20,9 +26,12 @@ from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeCo
 from ksi_daemon.storage.postgres.database import Database
 
 APPEND = """
-WITH response AS (
+WITH fence AS (
+    SELECT 1 FROM ksi_leases WHERE conversation_id = $1 AND generation = $18::bigint FOR SHARE
+),
+response AS (
     INSERT INTO ksi_responses (response_id, conversation_id, lines)
-    SELECT $2, $1, $12::json WHERE $12::json IS NOT NULL
+    SELECT $2, $1, $12::json WHERE $12::json IS NOT NULL AND ($18::bigint IS NULL OR EXISTS (SELECT 1 FROM fence))
     ON CONFLICT (response_id) DO NOTHING
 ),
 moved AS (
@@ -30,6 +39,7 @@ moved AS (
     SET head = $3, tokens = tokens + $13, version = version + 1,
         meta = coalesce($14::json, meta), last_activity = coalesce($15, last_activity)
     WHERE conversation_id = $1 AND head < $3 AND ($16::bigint IS NULL OR $14::json IS NULL OR version = $16)
+      AND ($18::bigint IS NULL OR EXISTS (SELECT 1 FROM fence))
     RETURNING tokens - $13 AS before, version
 ),
 inserted AS (
@@ -109,9 +119,10 @@ def layout_names(conversation_id: str, response_ids: list[str], index: bool, met
 class PostgresConversations(PostgresReader):
     """The conversation store over the daemon's pool; reads are the inspection commands' reads."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, fence: Callable[[str], int | None] = lambda _conversation_id: None) -> None:
         super().__init__(run=database.run)
         self.database = database
+        self.fence = fence  # the lease generation this daemon holds on a conversation (leases.py)
         # the metadata version this daemon last read or wrote, per conversation: an exchange's
         # metadata is written only over that version, so a change another daemon made since (a
         # title, a status, its own exchange) makes the append a conflict and the caller reloads
@@ -175,10 +186,11 @@ class PostgresConversations(PostgresReader):
             meta.model_dump(mode="json") if meta is not None else None, meta.last_activity if meta else None,
             self._versions.get(conversation_id), entry.digest,
         )
+        fence = self.fence(conversation_id)
 
         async def work(conn: asyncpg.Connection) -> None:
             try:
-                version = await conn.fetchval(APPEND, *values)
+                version = await conn.fetchval(APPEND, *values, fence)
             except asyncpg.UniqueViolationError:
                 version = None
             if version is not None:
@@ -187,19 +199,27 @@ class PostgresConversations(PostgresReader):
             row = await conn.fetchrow(
                 """
                 SELECT c.head, (SELECT n FROM ksi_exchanges e
-                                WHERE e.conversation_id = $1 AND e.response_id = $2) AS mine
+                                WHERE e.conversation_id = $1 AND e.response_id = $2) AS mine,
+                       (SELECT generation FROM ksi_leases l WHERE l.conversation_id = $1) AS generation
                 FROM ksi_conversations c WHERE c.conversation_id = $1
                 """, conversation_id, entry.response_id)
             if row is None:  # no conversation row yet (an index written without metadata first)
                 await conn.execute(CREATE, conversation_id, None, 0, None, None)
-                version = await conn.fetchval(APPEND, *values[:-2], None, entry.digest)
+                version = await conn.fetchval(APPEND, *values[:-2], None, entry.digest, fence)
                 if version is not None:
                     self._versions[conversation_id] = version
                     return
-                row = await conn.fetchrow("SELECT head, NULL AS mine FROM ksi_conversations WHERE conversation_id = $1",
-                                          conversation_id)
+                row = await conn.fetchrow(
+                    "SELECT head, NULL AS mine, (SELECT generation FROM ksi_leases WHERE conversation_id = $1) "
+                    "AS generation FROM ksi_conversations WHERE conversation_id = $1", conversation_id)
             if row["mine"] is not None:
                 return  # an earlier attempt of this same append committed before its answer was lost
+            if fence is not None and row["generation"] != fence:
+                # paused past the lease: another daemon has the turn now, and may have moved the history
+                raise KsiError(ErrorCode.LEASE_LOST,
+                               f"this daemon lost its turn on conversation {conversation_id} to another daemon "
+                               "before it could store the answer; the answer was not stored",
+                               conversation_id=conversation_id)
             # exchange n is taken, or the metadata changed since this daemon read it: either way
             # the caller reloads (head and metadata) and appends again
             raise ExchangeConflict(conversation_id, entry.n, int(row["head"]))

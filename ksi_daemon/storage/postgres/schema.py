@@ -154,6 +154,69 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE ksi_exchanges ADD COLUMN digest text",
         "CREATE INDEX ksi_exchanges_digest ON ksi_exchanges (digest) WHERE digest IS NOT NULL",
     )),
+    Migration(6, "one turn at a time per conversation across daemons: the line of accepted turns and the lease", (
+        # a turn's place in its conversation's line, taken when it is accepted: tickets in order
+        """
+        CREATE TABLE ksi_turn_line (
+            ticket bigserial PRIMARY KEY,
+            conversation_id text NOT NULL,
+            request_id text NOT NULL UNIQUE,
+            daemon_id text NOT NULL
+        )
+        """,
+        "CREATE INDEX ksi_turn_line_conversation ON ksi_turn_line (conversation_id, ticket)",
+        # one row per conversation ever turned, never deleted: its generation only grows, so a
+        # daemon holding an old one (paused past its expiry) is fenced off for good
+        """
+        CREATE TABLE ksi_leases (
+            conversation_id text PRIMARY KEY,
+            request_id text NOT NULL,
+            daemon_id text NOT NULL,
+            generation bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        )
+        """,
+    )),
+    Migration(7, "limits over every daemon: call slots held with an expiry, and each model's calls of the last minute", (
+        # place `slot` (0 .. limit - 1) of a scope (a model, or the whole pool) while a call holds it
+        """
+        CREATE TABLE ksi_call_slots (
+            scope text NOT NULL,
+            slot integer NOT NULL,
+            daemon_id text NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (scope, slot)
+        )
+        """,
+        """
+        CREATE TABLE ksi_call_rates (
+            grant_id bigserial PRIMARY KEY,
+            model text NOT NULL,
+            at timestamptz NOT NULL DEFAULT now(),
+            tokens integer NOT NULL
+        )
+        """,
+        "CREATE INDEX ksi_call_rates_model ON ksi_call_rates (model, at)",
+    )),
+    Migration(8, "accepted requests, whole, with the daemon that runs them: any daemon answers for them or takes them over", (
+        """
+        CREATE TABLE ksi_requests (
+            request_id text PRIMARY KEY,
+            conversation_id text NOT NULL,
+            daemon_id text NOT NULL,  -- the daemon running it now (the one that took it over, after one died)
+            status text NOT NULL,  -- queued until it ends: done, failed or cancelled
+            response_id text,
+            record json NOT NULL,  -- the request as accepted, enough for another daemon to run it
+            code text,
+            cancel_asked boolean NOT NULL DEFAULT false,
+            accepted timestamptz NOT NULL DEFAULT now(),
+            finished timestamptz,
+            taken_from text
+        )
+        """,
+        "CREATE INDEX ksi_requests_open ON ksi_requests (daemon_id) WHERE finished IS NULL",
+        "CREATE INDEX ksi_requests_finished ON ksi_requests (finished) WHERE finished IS NOT NULL",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,81 @@
+"""Taking over the requests of a daemon of the pool that died, and cancelling this daemon's
+requests when another daemon was asked to.
+
+Every heartbeat interval this daemon claims the unfinished requests of daemons whose heartbeat is
+older than the timeout (`PoolRequests.take_over`, one transaction: one daemon gets each): a request
+whose exchange was indexed is reported done from storage, never run again; any other is run here
+with its own ids, at the end of its conversation's line. With one daemon (JSONL) nothing is ever
+taken over, and a restart reports what its journal left unfinished, as before. A daemon whose own
+heartbeat is late (its loop was starved, the database away) takes over nothing until it beat again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+
+from ksi_common.errors import KsiError
+from ksi_common.settings import Settings
+from ksi_daemon.context import EventContext
+from ksi_daemon.router import Unregister
+from ksi_daemon.services.completion.models import CompletionCancel
+from ksi_daemon.services.completion.service import CompletionService
+from ksi_daemon.storage.ports import PoolRequests
+
+log = structlog.get_logger("ksi.pool")
+
+
+class TakeoverService:
+    def __init__(self, settings: Settings, requests: PoolRequests, completion: CompletionService,
+                 shared: bool, own_silence: Callable[[], float]) -> None:
+        self.requests = requests
+        self.own_silence = own_silence  # seconds since this daemon's own last heartbeat
+        self.completion = completion
+        self.interval = settings.heartbeat_interval
+        self.stale_after = settings.heartbeat_stale_after
+        self.shared = shared  # only a backend other daemons share has requests to take over
+        self._task: asyncio.Task[None] | None = None
+
+    def register(self) -> list[Unregister]:
+        return []
+
+    async def start(self) -> None:
+        if self.shared:
+            self._task = asyncio.get_running_loop().create_task(self._watching())
+
+    async def stop(self, timeout: float) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watching(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.round()
+            except KsiError as exc:  # the database is away: the next round tries again
+                log.warning("takeover_round_failed", error=exc.message)
+            except Exception:
+                log.exception("takeover_round_crashed")
+
+    async def round(self) -> None:
+        """Take over what dead daemons left; cancel what another daemon was asked to cancel here."""
+        if self.own_silence() > 2 * self.interval:
+            # this daemon was starved or cut off itself: the others' heartbeats may be as late as
+            # its own, and it would take over daemons that are alive; judge after its next beat
+            return
+        for taken in await self.requests.take_over(self.stale_after):
+            log.warning("request_taken_over", request_id=taken.request_id, conversation_id=taken.conversation_id,
+                        indexed=taken.indexed)
+            try:
+                await self.completion.adopt(taken)
+            except Exception:
+                log.exception("takeover_failed", request_id=taken.request_id)
+        for request_id in await self.requests.cancels_asked():
+            with contextlib.suppress(KsiError):
+                await self.completion.handle_cancel(CompletionCancel(request_id=request_id), EventContext.root())

@@ -1,0 +1,188 @@
+"""One turn at a time per conversation across the daemons of one database: the `ConversationLeases` port.
+
+A lease is a row (`ksi_leases`), not an advisory lock. A session advisory lock is held by a
+connection, and a daemon paused with SIGSTOP keeps its connection open: the lock would outlive the
+pause however long it lasts, and the conversation would stall. A transaction-level advisory lock
+would keep a pooled connection in an open transaction for the whole model call (minutes, for some
+models). A row with `expires_at = now() + lease`, by the database's clock (the hosts' clocks are
+never compared), is renewed every third of the lease while the turn runs; a daemon paused or cut
+off for longer loses it, and another daemon takes the turn.
+
+Fencing: each grant bumps the row's `generation`, which never goes back (rows are never deleted).
+The conversation store appends an exchange only while the generation this daemon was granted is
+still the row's (`fence`), in the append's own statement, which locks the lease row for its
+transaction: a daemon that resumes after losing its lease cannot commit, and a daemon taking the
+lease waits for an append under way to commit, then reads the history with it.
+
+Order: a turn takes a ticket (`ksi_turn_line`) when it is accepted, in the same statement that
+records the whole request (`ksi_requests`). The lease goes to a turn only when no other daemon's
+turn took an earlier ticket (a daemon's own turns wait in its own queue, in the order it accepted
+them, so one daemon never waits for itself), and only to the daemon the ticket belongs to (the one
+that took it over, after its first daemon went silent), skipping the tickets of daemons whose heartbeat stopped and the
+ticket of a turn whose lease ran out (its daemon is paused: it gives up its place at the head).
+A waiter asks again every `POLL` seconds, and at once when a turn of this daemon ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+
+from ksi_common.errors import KsiError
+from ksi_daemon.storage.postgres.database import Database
+
+log = structlog.get_logger("ksi.storage.postgres")
+
+POLL = 0.05  # seconds between two asks of a waiting turn
+RETRY = 0.5  # seconds before asking again when the database is away
+
+# the ticket and the whole request, in one statement: the request is durable for the pool before its ack
+LINE_UP = """
+WITH request AS (
+    INSERT INTO ksi_requests (request_id, conversation_id, daemon_id, status, response_id, record)
+    VALUES ($2, $1, $3, 'queued', $4, $5::json) ON CONFLICT DO NOTHING
+)
+INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+"""
+
+# $1 conversation, $2 request, $3 this daemon, $4 lease seconds, $5 heartbeat timeout seconds
+ACQUIRE = """
+WITH head AS (
+    SELECT t.request_id, t.daemon_id FROM ksi_turn_line t
+    LEFT JOIN ksi_leases l ON l.conversation_id = t.conversation_id
+    WHERE t.conversation_id = $1
+      AND (t.daemon_id <> $3 OR t.request_id = $2)  -- this daemon's own turns wait in its own queue
+      AND (t.daemon_id = $3 OR EXISTS (SELECT 1 FROM ksi_daemons d WHERE d.daemon_id = t.daemon_id
+                                       AND d.heartbeat > now() - make_interval(secs => $5)))
+      AND NOT coalesce(l.request_id = t.request_id AND l.expires_at < now() AND t.request_id <> $2, false)
+    ORDER BY t.ticket LIMIT 1
+),
+granted AS (
+    INSERT INTO ksi_leases AS l (conversation_id, request_id, daemon_id, generation, expires_at)
+    SELECT $1, $2, $3, 1, now() + make_interval(secs => $4) FROM head WHERE head.request_id = $2 AND head.daemon_id = $3
+    ON CONFLICT (conversation_id) DO UPDATE
+    SET request_id = EXCLUDED.request_id, daemon_id = EXCLUDED.daemon_id, generation = l.generation + 1,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < now()
+    RETURNING l.generation
+)
+SELECT (SELECT generation FROM granted) AS generation,
+       EXISTS (SELECT 1 FROM ksi_turn_line WHERE request_id = $2 AND daemon_id = $3) AS mine
+"""
+
+RENEW = """
+UPDATE ksi_leases SET expires_at = now() + make_interval(secs => $3)
+WHERE conversation_id = $1 AND generation = $2 RETURNING 1
+"""
+
+RELEASE = """
+WITH gone AS (DELETE FROM ksi_turn_line WHERE request_id = $2)
+UPDATE ksi_leases SET expires_at = '-infinity' WHERE conversation_id = $1 AND generation = $3
+"""
+
+
+class PostgresLeases:
+    def __init__(self, database: Database, daemon_id: str, lease: float, stale_after: float) -> None:
+        self.database = database
+        self.daemon_id = daemon_id
+        self.lease = lease
+        self.stale_after = stale_after  # a daemon silent this long has no say in the line
+        self._held: dict[str, int] = {}  # conversation -> the generation this daemon holds
+        self._lined: set[str] = set()  # requests of this daemon waiting in a line
+        self._turn_ended: dict[str, asyncio.Event] = {}  # conversation -> set when a turn here ends
+        self.waits = 0  # asks that found the lease taken (what polling costs)
+
+    def fence(self, conversation_id: str) -> int | None:
+        """The lease generation an append to the conversation must still find; None: no turn held."""
+        return self._held.get(conversation_id)
+
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+        self._lined.add(request_id)
+        try:
+            await self.database.run(lambda c: c.execute(LINE_UP, conversation_id, request_id, self.daemon_id,
+                                                        record.get("response_id"), record))
+        except BaseException:
+            self._lined.discard(request_id)
+            raise
+
+    async def leave_line(self, conversation_id: str, request_id: str) -> None:
+        self._lined.discard(request_id)
+        self._wake(conversation_id)
+        try:
+            await self.database.run(lambda c: c.execute("DELETE FROM ksi_turn_line WHERE request_id = $1",
+                                                        request_id))
+        except KsiError as exc:  # the ticket stays until its daemon is stale: it is skipped then
+            log.warning("leave_line_failed", request_id=request_id, error=exc.message)
+
+    @asynccontextmanager
+    async def hold(self, conversation_id: str, request_id: str) -> AsyncIterator[bool]:
+        generation = await self._acquire(conversation_id, request_id)
+        if generation is None:
+            yield False
+            return
+        self._held[conversation_id] = generation
+        renewing = asyncio.get_running_loop().create_task(self._renew(conversation_id, generation))
+        try:
+            yield True
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+            if self._held.get(conversation_id) == generation:
+                del self._held[conversation_id]
+            self._lined.discard(request_id)
+            try:
+                await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, generation))
+            except KsiError as exc:  # it expires by itself; the ticket is skipped once it has
+                log.warning("lease_release_failed", conversation_id=conversation_id, error=exc.message)
+            self._wake(conversation_id)
+
+    async def _acquire(self, conversation_id: str, request_id: str) -> int | None:
+        """The generation granted; None when the request left the line meanwhile."""
+        while request_id in self._lined:
+            try:
+                row = await self.database.run(lambda c: c.fetchrow(
+                    ACQUIRE, conversation_id, request_id, self.daemon_id, self.lease, self.stale_after))
+            except KsiError as exc:
+                log.warning("lease_acquire_failed", conversation_id=conversation_id, error=exc.message)
+                await asyncio.sleep(RETRY)
+                continue
+            granted = row["generation"]
+            if not row["mine"]:  # taken over while this daemon was silent: the other daemon runs it
+                log.warning("turn_taken_over", conversation_id=conversation_id, request_id=request_id)
+                self._lined.discard(request_id)
+                return None
+            if granted is not None:
+                if request_id in self._lined:
+                    return int(granted)
+                break  # cancelled while the grant was on its way: hand the lease back at once
+            self.waits += 1
+            ended = self._turn_ended.setdefault(conversation_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), POLL)
+        else:
+            return None
+        await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, granted))
+        return None
+
+    def _wake(self, conversation_id: str) -> None:
+        ended = self._turn_ended.pop(conversation_id, None)
+        if ended is not None:
+            ended.set()
+
+    async def _renew(self, conversation_id: str, generation: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                kept = await self.database.run(lambda c: c.fetchval(RENEW, conversation_id, generation, self.lease))
+            except KsiError as exc:
+                log.warning("lease_renew_failed", conversation_id=conversation_id, error=exc.message)
+                continue
+            if kept is None:  # another daemon holds it now: the append will be refused
+                log.warning("lease_lost", conversation_id=conversation_id, generation=generation)
+                return
