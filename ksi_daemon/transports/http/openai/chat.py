@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.responses import SSE_HEADERS
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate
@@ -41,7 +41,8 @@ class ChatCompletions:
         created = int(time.time())
         try:
             if chat.history:  # the client sent its own history: it becomes this new conversation's past
-                self.door.check_routing(body.model, chat.options)  # refused before the history is written
+                # refused before the history is written
+                self.door.check_routing(body.model, chat.options, tool_shapes.tool_fields(body))
                 imported = await call(self.door.handle_request, "conversation:import",
                                       {"data": history_document(chat), "format": "json", "origin": "http"})
                 conversation_id = imported["conversation_id"]
@@ -54,7 +55,7 @@ class ChatCompletions:
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, CHAT_FIELDS) from None
-        return JSONResponse(shapes.chat_completion(result, created),
+        return JSONResponse(tool_shapes.with_tool_calls(shapes.chat_completion(result, created), result),
                             headers={CONVERSATION_HEADER: result["conversation_id"]})
 
     async def _chunks(self, stream: CompletionStream, ack: dict[str, Any], body: ChatCompletionCreate,
@@ -65,14 +66,20 @@ class ChatCompletions:
         def line(data: dict[str, Any]) -> bytes:
             return b"data: " + orjson.dumps(data) + b"\n\n"
 
+        calls = tool_shapes.ChatCallDeltas()
         try:
             yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"role": "assistant", "content": ""}, **ids))
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
                     if outcome.text:
                         yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"content": outcome.text}))
+                    if outcome.tool_call is not None:
+                        yield line(shapes.chat_chunk(chunk_id, ack["model"], created, calls.delta(outcome.tool_call)))
                 elif isinstance(outcome, Done):
                     result = outcome.result
+                    unsent = calls.unsent(result.get("output") or [])
+                    if unsent is not None:
+                        yield line(shapes.chat_chunk(chunk_id, ack["model"], created, unsent))
                     yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {},
                                                  result.get("finish_reason") or "stop", **ids))
                     if body.stream_options is not None and body.stream_options.include_usage:

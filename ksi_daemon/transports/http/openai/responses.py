@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ResponseCreate
@@ -39,26 +39,27 @@ class Responses:
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, RESPONSE_FIELDS) from None
-        return JSONResponse(self._shape(body, result["response_id"], result["model"], created_at, "completed",
-                                        text=result["content"], usage=result.get("usage"),
-                                        conversation_id=result["conversation_id"]))
+        shaped = self._shape(body, result["response_id"], result["model"], created_at, "completed",
+                             text=result["content"], usage=result.get("usage"),
+                             conversation_id=result["conversation_id"])
+        return JSONResponse(tool_shapes.with_output(shaped, result["response_id"], result.get("output")))
 
     @staticmethod
     def _shape(body: ResponseCreate, response_id: str, model: str, created_at: int, status: str,
                **fields: Any) -> dict[str, Any]:
-        return shapes.response_object(
+        shaped = shapes.response_object(
             response_id, model=model, status=status, created_at=created_at,
             previous_response_id=body.previous_response_id, instructions=body.instructions,
             metadata=body.metadata, temperature=body.temperature, top_p=body.top_p,
             max_output_tokens=body.max_output_tokens, **fields)
+        return {**shaped, **tool_shapes.request_echo(body)}
 
     async def _events(self, stream: CompletionStream, ack: dict[str, Any], body: ResponseCreate,
                       created_at: int) -> AsyncIterator[bytes]:
         """The event order the official SDK's `responses.stream()` helper accumulates."""
         sequence = itertools.count()
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
-        item_id = f"msg_{response_id}"
-        where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+        items = tool_shapes.ResponseItemEvents(response_id)
 
         def event(kind: str, **fields: Any) -> bytes:
             data = orjson.dumps({"type": kind, "sequence_number": next(sequence), **fields})
@@ -70,21 +71,21 @@ class Responses:
         try:
             yield event("response.created", response=snapshot("in_progress"))
             yield event("response.in_progress", response=snapshot("in_progress"))
-            yield event("response.output_item.added", output_index=0,
-                        item=shapes.message_item(response_id, "", status="in_progress"))
-            yield event("response.content_part.added", **where, part=shapes.output_text(""))
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
                     if outcome.text:
-                        yield event("response.output_text.delta", **where, delta=outcome.text, logprobs=[])
+                        for kind, fields in items.text_delta(outcome.text):
+                            yield event(kind, **fields)
+                    if outcome.tool_call is not None:
+                        for kind, fields in items.call_delta(outcome.tool_call):
+                            yield event(kind, **fields)
                 elif isinstance(outcome, Done):
-                    text = str(outcome.result["content"])
-                    yield event("response.output_text.done", **where, text=text, logprobs=[])
-                    yield event("response.content_part.done", **where, part=shapes.output_text(text))
-                    yield event("response.output_item.done", output_index=0,
-                                item=shapes.message_item(response_id, text))
-                    yield event("response.completed", response=snapshot(
-                        "completed", text=text, usage=outcome.result.get("usage")))
+                    closing, output = items.done(outcome.result)
+                    for kind, fields in closing:
+                        yield event(kind, **fields)
+                    yield event("response.completed", response={**snapshot(
+                        "completed", text=str(outcome.result["content"]), usage=outcome.result.get("usage")),
+                        "output": output})
                 else:
                     error = outcome.error
                     yield event("response.failed", response=snapshot(
@@ -94,7 +95,8 @@ class Responses:
 
     async def retrieve(self, request: Request) -> Response:
         shown = await call(self.door.handle_request, "response:show", {"response_id": request.path_params["id"]})
-        return JSONResponse(shapes.from_record(shown))
+        return JSONResponse(tool_shapes.with_output(shapes.from_record(shown), shown["response_id"],
+                                                    tool_shapes.stored_output(shown)))
 
     async def delete(self, request: Request) -> Response:
         reply = await call(self.door.handle_request, "response:delete", {"response_id": request.path_params["id"]})
@@ -102,5 +104,5 @@ class Responses:
 
     async def input_items(self, request: Request) -> Response:
         shown = await call(self.door.handle_request, "response:show", {"response_id": request.path_params["id"]})
-        items = shapes.input_items(shown["response_id"], shown.get("inputs") or [])
+        items = tool_shapes.input_items(shown["response_id"], shown.get("inputs") or [])
         return JSONResponse(list_page(items, request))

@@ -9,9 +9,11 @@ from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_options, check_request_options
+from ksi_common.items import Item, message as message_item
+from ksi_daemon.providers.options import check_options, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
+from ksi_daemon.transports.http.openai import tool_shapes
+from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, InputMessage, ResponseCreate, parse
 
 AGENT_PREFIX = "agent/"
 
@@ -27,12 +29,16 @@ class Door:
     async def body(self, request: Request, model: type[Body]) -> Any:
         return parse(model, await read_json(request, self.settings.line_limit))
 
-    def check_routing(self, model: str | None, options: dict[str, Any]) -> None:
-        """The service's refusal of options that pick a host or credentials, for a request whose
-        door writes something first (a chat history); an agent's model is checked by the service."""
+    def check_routing(self, model: str | None, options: dict[str, Any], tools: dict[str, Any]) -> None:
+        """The service's refusal of options that pick a host or credentials, and of tools to a model
+        declared unable to call them, for a request whose door writes something first (a chat
+        history); an agent's model, and a model litellm knows, are checked by the service."""
         if model is None or not model.startswith(AGENT_PREFIX):
             name = model or self.settings.default_model
-            check_options(name, options, self.settings.model_settings(name).allow_options)
+            model_settings = self.settings.model_settings(name)
+            check_options(name, options, model_settings.allow_options)
+            if tools.get("tools"):
+                tool_shapes.check_declared(name, model_settings.supports_function_calling)
 
 
 def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
@@ -112,12 +118,11 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
-        messages = []
+        messages: list[Item] = []
         for position, message in enumerate(body.input):
-            if isinstance(message, ToolItem):
-                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                               f"input.{position} is a {message.type} item: {TOOLS_NOT_STORED}",
-                               fields={f"input.{position}.type": TOOLS_NOT_STORED})
+            if not isinstance(message, InputMessage):
+                messages.append(tool_shapes.response_input_item(position, message))
+                continue
             if message.role == "assistant":
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                "input holds an assistant message: the history comes from previous_response_id "
@@ -127,8 +132,9 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
             if not text.strip():
                 raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
                                fields={f"input.{position}.content": "must not be empty"})
-            messages.append({"role": "user" if message.role == "user" else "system", "content": text})
-        payload["messages"] = messages
+            messages.append(message_item("user" if message.role == "user" else "system", text))
+        payload.update(tool_shapes.new_input(messages))
+    payload.update(tool_shapes.tool_fields(body))
     _model_fields(payload, body.model)
     for key, value in (("instructions", body.instructions), ("previous_response_id", body.previous_response_id),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
@@ -142,53 +148,61 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
 @dataclass(slots=True)
 class ChatInput:
     """A chat request's messages split into what KSI needs: earlier exchanges (only when the client
-    sends its own history without a conversation), the system prompt, and the new input."""
+    sends its own history without a conversation), the system prompt, and the new input (user and
+    system messages, and the outputs of the calls the last assistant message made)."""
 
     system: str | None
-    history: list[tuple[list[str], str]]  # (user texts, assistant reply) per earlier exchange
-    new: list[dict[str, str]]
+    history: list[tuple[list[Item], list[Item]]]  # (input items, output items) per earlier exchange
+    new: list[Item]
     options: dict[str, Any]  # checked before the history is imported
 
 
 def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatInput:
     system = None
-    history: list[tuple[list[str], str]] = []
-    pending: list[dict[str, str]] = []
-    options = _extra_fields(body)  # seed, stop, response_format, n, tools, ...: OpenAI's names are the options'
+    history: list[tuple[list[Item], list[Item]]] = []
+    pending: list[Item] = []
+    answerable: set[str] | None = None  # the call ids of the last assistant message, once there is one
+    options = _extra_fields(body)  # seed, stop, response_format, n, ...: OpenAI's names are the options'
     if body.top_p is not None:
         options["top_p"] = body.top_p
     options = _checked(options, CHAT_FIELDS)
     for position, message in enumerate(body.messages):
-        if message.role in ("tool", "function"):
-            # a feature KSI lacks, not a malformed request: refused like the tools themselves
-            raise _refuse(f"messages.{position}.role", f"{message.role} messages carry tool results: {TOOLS_NOT_STORED}")
-        if message.tool_calls or message.function_call:
-            called = "tool_calls" if message.tool_calls else "function_call"
-            raise _refuse(f"messages.{position}.{called}", TOOLS_NOT_STORED)
+        if message.role == "function" or message.function_call:
+            # the deprecated form of tool calls: its replies have no call ids to answer
+            called = "role" if message.role == "function" else "function_call"
+            raise _refuse(f"messages.{position}.{called}", "functions are called through tools and tool_calls")
+        if message.role == "tool":
+            pending.append(tool_shapes.chat_tool_output(message, position, answerable))
+            continue
         text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
             if conversation_id is not None:
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                "with a conversation, send only the new input: KSI rebuilds the history",
                                fields={f"messages.{position}.role": "no assistant messages with a conversation"})
-            history.append(([m["content"] for m in pending if m["role"] == "user"], text))
+            calls = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
+            reply = [message_item("assistant", text)] if text or not calls else []
+            # a system message between turns is not kept in an imported history (it has no place there)
+            history.append(([item for item in pending if item.get("role") != "system"], reply + calls))
+            answerable = {call["call_id"] for call in calls}
             pending = []
             continue
-        if message.role in ("system", "developer") and not history and not any(m["role"] == "user" for m in pending):
+        if message.role in ("system", "developer") and not history and not pending:
             system = text if system is None else f"{system}\n\n{text}"
             continue
         if not text.strip():
             raise KsiError(ErrorCode.VALIDATION_ERROR, f"messages.{position}.content is empty",
                            fields={f"messages.{position}.content": "must not be empty"})
-        pending.append({"role": "user" if message.role == "user" else "system", "content": text})
-    if not any(m["role"] == "user" for m in pending):
-        raise KsiError(ErrorCode.VALIDATION_ERROR, "the last messages must include a user message (the new input)",
-                       fields={"messages": "no new user message after the last assistant message"})
+        pending.append(message_item("user" if message.role == "user" else "system", text))
+    if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
+        raise KsiError(ErrorCode.VALIDATION_ERROR,
+                       "the last messages must include a user message or tool results (the new input)",
+                       fields={"messages": "no new user or tool message after the last assistant message"})
     return ChatInput(system, history, pending, options)
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"messages": chat.new, "origin": "http"}
+    payload: dict[str, Any] = {**tool_shapes.new_input(chat.new), **tool_shapes.tool_fields(body), "origin": "http"}
     _model_fields(payload, body.model)
     if conversation_id is not None:
         payload["conversation_id"] = conversation_id
@@ -209,8 +223,5 @@ def history_document(chat: ChatInput) -> dict[str, Any]:
     return {
         "format": "ksi.conversation", "v": 1,
         "conversation": {"system": chat.system},
-        "exchanges": [
-            {"inputs": [{"type": "user", "content": text} for text in users], "reply": {"content": reply}}
-            for users, reply in chat.history
-        ],
+        "exchanges": [tool_shapes.exchange_document(inputs, output) for inputs, output in chat.history],
     }
