@@ -198,8 +198,8 @@ def check_leftovers(layout: VarLayout) -> list[Finding]:
                                     extra={"conversation_id": path.stem}))
     directory = layout.conversation_meta_dir
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        if layout.index_file(path.stem).exists():
-            continue
+        if layout.index_file(path.stem).exists() or layout.pending_import_file(path.stem).exists():
+            continue  # an import whose metadata is written: the next start puts its index in place
         try:
             raw = json.loads(path.read_bytes())
         except (OSError, ValueError):

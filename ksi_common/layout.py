@@ -95,6 +95,10 @@ class VarLayout:
     def index_file(self, conversation_id: str) -> Path:
         return self._conversations / f"{conversation_id}.jsonl"
 
+    def pending_import_file(self, conversation_id: str) -> Path:
+        """The index of an import, hidden until its metadata exists (then the next start moves it in)."""
+        return self._conversations / f".{conversation_id}.jsonl.importing"
+
     def summaries_file(self, conversation_id: str) -> Path:
         return self.summaries_dir / f"{conversation_id}.jsonl"
 

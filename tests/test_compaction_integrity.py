@@ -126,3 +126,16 @@ def test_doctor_reports_summaries_and_metadata_left_without_an_index(short_tmp: 
     layout.meta_file("fresh").write_text(json.dumps({"conversation_id": "fresh", "exchanges": 0}))  # not yet used
     found = {(p.kind, Path(p.path).name) for p in check(layout.root).problems if p.kind.endswith("_without_index")}
     assert found == {("summary_without_index", "ghost.jsonl"), ("metadata_without_index", "ghost.json")}
+
+
+def test_doctor_leaves_alone_an_import_whose_index_the_next_start_moves_in(short_tmp: Path) -> None:
+    """Killed between an import's metadata (its commit point) and the move of its hidden index."""
+    layout = VarLayout(short_tmp / "var")
+    layout.meta_file("moved-in").parent.mkdir(parents=True)
+    layout.meta_file("moved-in").write_text(json.dumps({"conversation_id": "moved-in", "exchanges": 3}))
+    layout.pending_import_file("moved-in").parent.mkdir(parents=True)
+    layout.pending_import_file("moved-in").write_text('{"v": 1, "n": 1, "response_id": "r1"}\n')
+    assert not [p for p in check(layout.root).problems if p.kind == "metadata_without_index"]
+    layout.pending_import_file("moved-in").unlink()
+    assert [p.extra["conversation_id"] for p in check(layout.root).problems
+            if p.kind == "metadata_without_index"] == ["moved-in"]

@@ -538,7 +538,7 @@ class JsonlConversations(JsonlReader):
 
     # -- import ------------------------------------------------------------------
     def _pending_index(self, conversation_id: str) -> Path:
-        return self.layout.conversations_dir / f".{conversation_id}.jsonl{IMPORTING}"
+        return self.layout.pending_import_file(conversation_id)
 
     @contextmanager
     def _import_of(self, conversation_id: str) -> Iterator[None]:
