@@ -298,6 +298,17 @@ async def test_the_readme_tool_loop(http_daemon: HttpDaemon, stub: StubOpenAI) -
         ("tool", "c2", "12C in Lima"), ("tool", "c3", "12C in Rome")]
 
 
+async def test_a_reasoning_summary_is_an_output_item(
+        http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(text="42", reasoning="six times seven"))
+    answer = await client.responses.create(model="openai/stub-model", input="The answer?")
+    retrieved = await client.responses.retrieve(answer.id)
+    for shown in (answer, retrieved):
+        summaries = [item for item in shown.output if item.type == "reasoning"]
+        assert [part.text for item in summaries for part in item.summary] == ["six times seven"]
+        assert shown.output_text == "42"
+
+
 async def test_a_json_schema_text_format_reaches_the_stub_beside_tools(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue('{"city": "Oslo"}')

@@ -22,8 +22,8 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
-from ksi_daemon.transports.http.openai.schemas import ChatMessage, CreateBody, FunctionCallOutput, ToolItem, part_texts
 from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.schemas import ChatMessage, CreateBody, FunctionCallOutput, ToolItem, part_texts
 from ksi_daemon.transports.http.openai.shapes import message_item, output_text
 
 NO_CALL_CHOICES = (None, "auto", "none")  # what an SDK sends by default: with no tools it asks for nothing
@@ -46,7 +46,8 @@ def tool_fields(body: CreateBody) -> dict[str, Any]:
         if isinstance(kind, str) and kind != "function":
             raise _refuse(f"tools.{position}.type", f"a {kind} tool is hosted by OpenAI; {HOSTED}")
     if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] != "function":
-        raise _refuse("tool_choice.type", f"a {choice['type']} tool choice names a hosted tool; {HOSTED}")
+        raise _refuse("tool_choice.type", f"a {choice['type']} tool choice: KSI takes \"auto\", \"none\", "
+                                          f"\"required\" or one named function; {HOSTED}")
     fields: dict[str, Any] = {"tools": body.tools}
     if choice is not None:
         fields["tool_choice"] = choice
@@ -173,8 +174,7 @@ def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
             shaped.append(function_call_item(response_id, calls, item))
             calls += 1
         elif kind == "reasoning":
-            shaped.append({"type": "reasoning", "id": f"rs_{response_id}",
-                           "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]})
+            shaped.append(reasoning_item(response_id, item))
         elif kind == "message":
             shaped.append(message_item(response_id, str(item.get("content") or "")))
     return shaped
@@ -183,6 +183,11 @@ def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
 def function_call_item(response_id: str, index: int, call: Item, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": f"fc_{response_id}_{index}", "call_id": str(call.get("call_id") or ""),
             "name": str(call.get("name") or ""), "arguments": str(call.get("arguments") or ""), "status": status}
+
+
+def reasoning_item(response_id: str, item: Item) -> dict[str, Any]:
+    return {"type": "reasoning", "id": f"rs_{response_id}",
+            "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}
 
 
 def with_output(shaped: dict[str, Any], response_id: str, output: list[Item] | None) -> dict[str, Any]:
@@ -232,7 +237,8 @@ class ResponseItemEvents:
     before `response.completed` holds them all."""
 
     response_id: str
-    opened: list[tuple[str, int]] = field(default_factory=list)  # ("message", 0) / ("call", index), by output index
+    # ("message", 0), ("call", index) or ("reasoning", 0), by output index
+    opened: list[tuple[str, int]] = field(default_factory=list)
     text: str = ""
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # call index -> call_id, name, arguments
 
@@ -270,7 +276,12 @@ class ResponseItemEvents:
             if index not in self.calls:
                 events += self.call_delta({"index": index, "call_id": call.get("call_id"), "name": call.get("name"),
                                            "arguments": call.get("arguments")})
-        if (text and ("message", 0) not in self.opened) or (not calls and not self.opened):
+        summaries = [item for item in output if item.get("type") == "reasoning"]
+        if summaries:  # a summary comes whole with the result: announced at the end
+            self.opened.append(("reasoning", 0))
+            events.append(("response.output_item.added", {"output_index": len(self.opened) - 1,
+                                                          "item": reasoning_item(self.response_id, summaries[0])}))
+        if ("message", 0) not in self.opened and (text or not calls):
             events += self._open_message()  # an empty answer still is one message, as before tools
             if text:
                 events.append(("response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}))
@@ -281,6 +292,8 @@ class ResponseItemEvents:
                 events.append(("response.output_text.done", {**where, "text": text, "logprobs": []}))
                 events.append(("response.content_part.done", {**where, "part": output_text(text)}))
                 item = message_item(self.response_id, text)
+            elif kind == "reasoning":
+                item = reasoning_item(self.response_id, summaries[0])
             else:
                 call = calls[index] if index < len(calls) else self.calls[index]
                 item = function_call_item(self.response_id, index, call)

@@ -8,8 +8,9 @@ from typing import Any
 from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item
+from ksi_common.items import message as message_item
 from ksi_common.settings import Settings
-from ksi_common.items import Item, message as message_item
 from ksi_daemon.providers.options import check_options, check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai import tool_shapes
