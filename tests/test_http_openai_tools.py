@@ -231,6 +231,9 @@ async def test_responses_tool_loop_by_previous_response_id(
     inputs = await client.responses.input_items.list(second.id)
     assert [(item.type, item.call_id, item.output) for item in inputs.data] == [  # type: ignore[union-attr]
         ("function_call_output", "call_w1", "12C and rain")]
+    listed = await client.conversations.items.list(first.conversation.id, order="asc")
+    assert [(item.type, item.model_dump().get("call_id")) for item in listed.data] == [
+        ("message", None), ("function_call", "call_w1"), ("function_call_output", "call_w1"), ("message", None)]
 
 
 async def test_responses_parallel_calls_streamed_in_the_sdks_order(

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.schemas import (
     ConversationCreate,
@@ -90,7 +90,7 @@ class Conversations:
     async def list_items(self, request: Request) -> Response:
         conversation_id = request.path_params["id"]
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
-        items = shapes.conversation_items(conversation_id, shown["exchanges"])
+        items = tool_shapes.conversation_items(conversation_id, shown["exchanges"])
         return JSONResponse(list_page(items, request))
 
     async def add_items(self, request: Request) -> Response:

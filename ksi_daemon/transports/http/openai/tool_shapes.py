@@ -21,6 +21,7 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls
 from ksi_common.items import output_items as stored_items
+from ksi_common.items import part_text as part_texts_of
 from ksi_common.items import output_text as reply_text
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.schemas import ChatMessage, CreateBody, FunctionCallOutput, ToolItem, part_texts
@@ -210,6 +211,25 @@ def input_items(response_id: str, lines: list[dict[str, Any]]) -> list[dict[str,
             shaped[position] = {"type": "function_call_output", "id": f"fco_{response_id}_in{position}",
                                 "call_id": str(line.get("call_id") or ""), "output": str(line.get("output") or ""),
                                 "status": "completed"}
+    return shaped
+
+
+def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation's exchanges as Conversations API items, oldest first: an exchange of calls or
+    their outputs as its items (from the `input` and `output` a transcript shows), any other as
+    messages, as before tools."""
+    shaped: list[dict[str, Any]] = []
+    for exchange in exchanges:
+        inputs, output = exchange.get("input") or [], exchange.get("output") or []
+        if not (function_calls(output) or any(item.get("type") == "function_call_output" for item in inputs)):
+            shaped += shapes.conversation_items(conversation_id, [exchange])
+            continue
+        response_id = exchange.get("response_id") or f"{conversation_id}-{exchange.get('n')}"
+        lines = [{"type": "function_call_output", **item} if item.get("type") == "function_call_output"
+                 else {"type": "system" if item.get("role") == "system" else "user",
+                       "content": part_texts_of(item.get("content") or "")} for item in inputs]
+        shaped += input_items(response_id, lines)
+        shaped += output_items(response_id, output)
     return shaped
 
 
