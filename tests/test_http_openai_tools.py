@@ -236,6 +236,22 @@ async def test_responses_tool_loop_by_previous_response_id(
         ("message", None), ("function_call", "call_w1"), ("function_call_output", "call_w1"), ("message", None)]
 
 
+async def test_responses_tool_loop_in_a_conversation(
+        http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_w1")]))
+    conversation = await client.conversations.create()
+    asked = await client.responses.create(model="openai/stub-model", input="Weather in Oslo?",
+                                          conversation=conversation.id, tools=[WEATHER])  # type: ignore[list-item]
+    assert [item.type for item in asked.output] == ["function_call"]
+    answered = await client.responses.create(
+        model="openai/stub-model", conversation=conversation.id, tools=[WEATHER],  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": "call_w1", "output": "12C"}])
+    assert answered.output_text == "stub answer to: Weather in Oslo?"
+    assert tool_turns(stub)[-2:] == [("assistant", [("call_w1", "weather", {"city": "Oslo"})]),
+                                     ("tool", "call_w1", "12C")]
+    assert exchanges(http_daemon, conversation.id) == 2
+
+
 async def test_responses_parallel_calls_streamed_in_the_sdks_order(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_a"), call("clock", "Lima", "call_b")]))
