@@ -184,7 +184,7 @@ async def test_chat_tool_loop_with_the_clients_own_history(
     assert [item["call_id"] for item in shown["exchanges"][1]["input"]] == ["call_w1", "call_c1"]
 
 
-async def test_chat_tool_message_must_answer_the_assistant_message_before_it(
+async def test_chat_tool_messages_answer_every_call_of_the_assistant_message_before_them(
         http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     async with httpx.AsyncClient(base_url=http_daemon.base_url,
                                  headers={"Authorization": f"Bearer {http_daemon.token}"}) as http:
@@ -195,10 +195,17 @@ async def test_chat_tool_message_must_answer_the_assistant_message_before_it(
         missing = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
             {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [made]},
             {"role": "tool", "content": "42"}]})
+        second = {"id": "call_2", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+        unanswered = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [made, second]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"}, {"role": "user", "content": "and?"}]})
     assert (reply.status_code, reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
         400, ErrorCode.VALIDATION_ERROR, "messages.2.tool_call_id")
     assert (missing.status_code, missing.json()["error"]["code"], missing.json()["error"]["param"]) == (
         400, ErrorCode.VALIDATION_ERROR, "messages.2.tool_call_id")
+    assert (unanswered.status_code, unanswered.json()["error"]["code"], unanswered.json()["error"]["param"]) == (
+        400, ErrorCode.VALIDATION_ERROR, "messages.3")
+    assert "call_2" in unanswered.json()["error"]["message"]
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
 

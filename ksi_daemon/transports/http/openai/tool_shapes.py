@@ -85,19 +85,40 @@ def response_input_item(position: int, item: FunctionCallOutput | ToolItem) -> I
     raise _refuse(f"{where}.type", why.get(item.type, f"a {item.type} item belongs to a hosted tool; {HOSTED}"))
 
 
-def chat_tool_output(message: ChatMessage, position: int, answerable: set[str] | None) -> Item:
-    """A `role: tool` message as a function_call_output item. `answerable`: the call ids of the
-    assistant message before it, or None when the messages hold none (only the new input of a
-    stored conversation, whose newest exchange made the calls: the engine checks the ids)."""
-    where = f"messages.{position}"
-    if not message.tool_call_id:
-        raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.tool_call_id is missing: a tool message answers a call",
-                       fields={f"{where}.tool_call_id": "the id of the tool call this message answers"})
-    if answerable is not None and message.tool_call_id not in answerable:
-        raise KsiError(ErrorCode.VALIDATION_ERROR,
-                       f"{where}.tool_call_id {message.tool_call_id!r} answers no tool call of the assistant message "
-                       "before it", fields={f"{where}.tool_call_id": "not a call of the assistant message before it"})
-    return call_output(message.tool_call_id, message.text(f"{where}.content"))
+@dataclass(slots=True)
+class ChatCalls:
+    """The tool calls of the last assistant message of a chat request, and the tool messages that
+    answer them: each answers one of them, and every call is answered before the next message of
+    another role (as OpenAI requires), so a history is refused before any of it is written."""
+
+    made: set[str] | None = None  # None: no assistant message yet (the new input of a stored conversation)
+    answered: set[str] = field(default_factory=set)
+
+    def called(self, calls: list[Item]) -> None:
+        self.made, self.answered = {call["call_id"] for call in calls}, set()
+
+    def answer(self, message: ChatMessage, position: int) -> Item:
+        """A `role: tool` message as a function_call_output item (with no assistant message before
+        it, the engine checks its call id against the conversation's newest exchange)."""
+        where = f"messages.{position}.tool_call_id"
+        if not message.tool_call_id:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is missing: a tool message answers a call",
+                           fields={where: "the id of the tool call this message answers"})
+        if self.made is not None and message.tool_call_id not in self.made:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"{where} {message.tool_call_id!r} answers no tool call of the assistant message before it",
+                           fields={where: "not a call of the assistant message before it"})
+        self.answered.add(message.tool_call_id)
+        return call_output(message.tool_call_id, message.text(f"messages.{position}.content"))
+
+    def check_answered(self, position: int) -> None:
+        """Before message `position`, of another role: every call has its tool message."""
+        missing = sorted((self.made or set()) - self.answered)
+        if missing:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"messages.{position} comes before tool messages answering the calls {missing} of the "
+                           "assistant message before it",
+                           fields={f"messages.{position}": f"the calls {missing} have no tool message"})
 
 
 # -- Chat Completions -------------------------------------------------------------------------------

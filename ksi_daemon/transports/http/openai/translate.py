@@ -162,7 +162,7 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
     system = None
     history: list[tuple[list[Item], list[Item]]] = []
     pending: list[Item] = []
-    answerable: set[str] | None = None  # the call ids of the last assistant message, once there is one
+    calls = tool_shapes.ChatCalls()
     options = _extra_fields(body)  # seed, stop, response_format, n, ...: OpenAI's names are the options'
     if body.top_p is not None:
         options["top_p"] = body.top_p
@@ -173,19 +173,20 @@ def split_chat(body: ChatCompletionCreate, conversation_id: str | None) -> ChatI
             called = "role" if message.role == "function" else "function_call"
             raise _refuse(f"messages.{position}.{called}", "functions are called through tools and tool_calls")
         if message.role == "tool":
-            pending.append(tool_shapes.chat_tool_output(message, position, answerable))
+            pending.append(calls.answer(message, position))
             continue
+        calls.check_answered(position)
         text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
             if conversation_id is not None:
                 raise KsiError(ErrorCode.VALIDATION_ERROR,
                                "with a conversation, send only the new input: KSI rebuilds the history",
                                fields={f"messages.{position}.role": "no assistant messages with a conversation"})
-            calls = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
-            reply = [message_item("assistant", text)] if text or not calls else []
+            made = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
+            reply = [message_item("assistant", text)] if text or not made else []
             # a system message between turns is not kept in an imported history (it has no place there)
-            history.append(([item for item in pending if item.get("role") != "system"], reply + calls))
-            answerable = {call["call_id"] for call in calls}
+            history.append(([item for item in pending if item.get("role") != "system"], reply + made))
+            calls.called(made)
             pending = []
             continue
         if message.role in ("system", "developer") and not history and not pending:
