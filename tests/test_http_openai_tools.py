@@ -23,9 +23,9 @@ from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_request_options import SCHEMA, stored
 
-WEATHER = {"type": "function", "name": "weather", "description": "the weather in a city",
+WEATHER: Any = {"type": "function", "name": "weather", "description": "the weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-CLOCK = {"type": "function", "name": "clock", "description": "the time in a city",
+CLOCK: Any = {"type": "function", "name": "clock", "description": "the time in a city",
          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
@@ -33,7 +33,7 @@ class City(BaseModel):
     city: str
 
 
-def nested(tool: dict[str, Any]) -> dict[str, Any]:
+def nested(tool: dict[str, Any]) -> Any:
     """A flat (Responses) function tool in the Chat Completions form."""
     return {"type": "function", "function": {key: value for key, value in tool.items() if key != "type"}}
 
@@ -77,7 +77,7 @@ async def test_chat_tool_loop_by_conversation_id(
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_w1")]))
     first = await client.chat.completions.create(
         model="openai/stub-model", messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        tools=[nested(WEATHER)], tool_choice="auto")  # type: ignore[list-item]
+        tools=[nested(WEATHER)], tool_choice="auto")
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.tool_calls is not None
@@ -89,7 +89,7 @@ async def test_chat_tool_loop_by_conversation_id(
     conversation_id = (first.model_extra or {})["conversation_id"]
 
     final = await client.chat.completions.create(
-        model="openai/stub-model", tools=[nested(WEATHER)],  # type: ignore[list-item]
+        model="openai/stub-model", tools=[nested(WEATHER)],
         messages=[{"role": "tool", "tool_call_id": "call_w1", "content": "12C and rain"}],
         extra_body={"conversation_id": conversation_id})
     assert final.choices[0].finish_reason == "stop" and final.choices[0].message.tool_calls is None
@@ -108,7 +108,7 @@ async def test_chat_parallel_calls_streamed_as_the_sdk_accumulates_them(
     tools = [openai.pydantic_function_tool(City, name="weather"), openai.pydantic_function_tool(City, name="clock")]
     async with client.chat.completions.stream(
             model="openai/stub-model", messages=[{"role": "user", "content": "Oslo weather, Lima time"}],
-            tools=tools, parallel_tool_calls=True) as stream:  # type: ignore[arg-type]
+            tools=tools, parallel_tool_calls=True) as stream:
         first = await stream.get_final_completion()
     assert stub.requests[-1]["stream"] is True and stub.requests[-1]["parallel_tool_calls"] is True
     choice = first.choices[0]
@@ -119,7 +119,7 @@ async def test_chat_parallel_calls_streamed_as_the_sdk_accumulates_them(
 
     pieces: list[str] = []
     stream_two = await client.chat.completions.create(
-        model="openai/stub-model", tools=tools, stream=True,  # type: ignore[arg-type]
+        model="openai/stub-model", tools=tools, stream=True,
         messages=[{"role": "tool", "tool_call_id": "call_a", "content": "12C"},
                   {"role": "tool", "tool_call_id": "call_b", "content": "09:30"}],
         extra_body={"conversation_id": conversation_id})
@@ -142,7 +142,7 @@ async def test_chat_stream_of_calls_in_raw_chunks(
     finish = None
     stream = await client.chat.completions.create(
         model="openai/stub-model", messages=[{"role": "user", "content": "both"}], stream=True,
-        tools=[nested(WEATHER), nested(CLOCK)])  # type: ignore[list-item]
+        tools=[nested(WEATHER), nested(CLOCK)])
     async for chunk in stream:
         for choice in chunk.choices:
             deltas += [delta.model_dump(exclude_none=True) for delta in choice.delta.tool_calls or []]
@@ -215,7 +215,7 @@ async def test_responses_tool_loop_by_previous_response_id(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_w1")]))
     first = await client.responses.create(model="openai/stub-model", input="Weather in Oslo?",
-                                          tools=[WEATHER], tool_choice="required")  # type: ignore[list-item]
+                                          tools=[WEATHER], tool_choice="required")
     assert stub.requests[-1]["tools"] == [nested(WEATHER)] and stub.requests[-1]["tool_choice"] == "required"
     [made] = first.output
     assert made.type == "function_call" and made.status == "completed"
@@ -224,7 +224,7 @@ async def test_responses_tool_loop_by_previous_response_id(
     assert [tool.name for tool in first.tools] == ["weather"]  # type: ignore[union-attr]
 
     second = await client.responses.create(
-        model="openai/stub-model", previous_response_id=first.id, tools=[WEATHER],  # type: ignore[list-item]
+        model="openai/stub-model", previous_response_id=first.id, tools=[WEATHER],
         input=[{"type": "function_call_output", "call_id": "call_w1", "output": "12C and rain"}])
     assert second.output_text == "stub answer to: Weather in Oslo?"
     assert tool_turns(stub) == [("user", "Weather in Oslo?"),
@@ -234,7 +234,8 @@ async def test_responses_tool_loop_by_previous_response_id(
     assert exchanges(http_daemon, first.conversation.id) == 2
 
     kept = await client.responses.retrieve(first.id)
-    assert [(item.type, item.call_id) for item in kept.output] == [("function_call", "call_w1")]  # type: ignore[union-attr]
+    assert [(item.type, item.call_id) for item in kept.output] == [  # type: ignore[union-attr]
+        ("function_call", "call_w1")]
     inputs = await client.responses.input_items.list(second.id)
     assert [(item.type, item.call_id, item.output) for item in inputs.data] == [  # type: ignore[union-attr]
         ("function_call_output", "call_w1", "12C and rain")]
@@ -248,10 +249,10 @@ async def test_responses_tool_loop_in_a_conversation(
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_w1")]))
     conversation = await client.conversations.create()
     asked = await client.responses.create(model="openai/stub-model", input="Weather in Oslo?",
-                                          conversation=conversation.id, tools=[WEATHER])  # type: ignore[list-item]
+                                          conversation=conversation.id, tools=[WEATHER])
     assert [item.type for item in asked.output] == ["function_call"]
     answered = await client.responses.create(
-        model="openai/stub-model", conversation=conversation.id, tools=[WEATHER],  # type: ignore[list-item]
+        model="openai/stub-model", conversation=conversation.id, tools=[WEATHER],
         input=[{"type": "function_call_output", "call_id": "call_w1", "output": "12C"}])
     assert answered.output_text == "stub answer to: Weather in Oslo?"
     assert tool_turns(stub)[-2:] == [("assistant", [("call_w1", "weather", {"city": "Oslo"})]),
@@ -264,7 +265,7 @@ async def test_responses_parallel_calls_streamed_in_the_sdks_order(
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_a"), call("clock", "Lima", "call_b")]))
     events: list[Any] = []
     async with client.responses.stream(model="openai/stub-model", input="Oslo weather, Lima time",
-                                       tools=[WEATHER, CLOCK]) as stream:  # type: ignore[list-item]
+                                       tools=[WEATHER, CLOCK]) as stream:
         async for event in stream:
             events.append(event)
         first = await stream.get_final_response()
@@ -288,7 +289,7 @@ async def test_responses_parallel_calls_streamed_in_the_sdks_order(
 
     answered = [{"type": "function_call_output", "call_id": "call_a", "output": "12C"},
                 {"type": "function_call_output", "call_id": "call_b", "output": "09:30"}]
-    async with client.responses.stream(model="openai/stub-model", input=answered,  # type: ignore[arg-type]
+    async with client.responses.stream(model="openai/stub-model", input=answered,
                                        previous_response_id=first.id, tools=[WEATHER, CLOCK]) as stream:
         final = await stream.get_final_response()
     assert final.output_text == "stub answer to: Oslo weather, Lima time"
@@ -309,12 +310,12 @@ async def test_the_readme_tool_loop(http_daemon: HttpDaemon, stub: StubOpenAI) -
     def loop() -> str:
         with openai.OpenAI(base_url=f"{http_daemon.base_url}/v1", api_key=http_daemon.token, max_retries=0) as api:
             response = api.responses.create(model="openai/stub-model", input="Weather in Oslo?",
-                                            tools=[WEATHER])  # type: ignore[list-item]
+                                            tools=[WEATHER])
             while calls := [item for item in response.output if item.type == "function_call"]:
                 outputs: Any = [{"type": "function_call_output", "call_id": made.call_id,
                                  "output": weather(**json.loads(made.arguments))} for made in calls]
                 response = api.responses.create(input=outputs, previous_response_id=response.id,
-                                                tools=[WEATHER])  # type: ignore[list-item]
+                                                tools=[WEATHER])
             return response.output_text
 
     assert await asyncio.to_thread(loop) == "done"  # the server runs on this loop: the client beside it
@@ -339,7 +340,7 @@ async def test_a_json_schema_text_format_reaches_the_stub_beside_tools(
         http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue('{"city": "Oslo"}')
     answer = await client.responses.create(
-        model="openai/stub-model", input="Which city?", tools=[WEATHER],  # type: ignore[list-item]
+        model="openai/stub-model", input="Which city?", tools=[WEATHER],
         text={"format": {"type": "json_schema", "name": "place", "schema": SCHEMA, "strict": True}})
     assert json.loads(answer.output_text) == {"city": "Oslo"}
     sent = stub.requests[-1]
@@ -357,12 +358,12 @@ async def test_tools_to_a_model_without_tool_support_are_refused_and_nothing_is_
     history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     async with running_http_daemon(short_tmp, **settings) as http, sdk(http) as client:
         with pytest.raises(openai.BadRequestError) as responses:
-            await client.responses.create(model="openai/stub-plain", input="hi", tools=[WEATHER])  # type: ignore[list-item]
+            await client.responses.create(model="openai/stub-plain", input="hi", tools=[WEATHER])
         for earlier in ([], history):  # with a history of its own, refused before it is imported
             with pytest.raises(openai.BadRequestError) as chat:
                 await client.chat.completions.create(
-                    model="openai/stub-plain", messages=[*earlier, {"role": "user", "content": "hi"}],  # type: ignore[list-item]
-                    tools=[nested(WEATHER)])  # type: ignore[list-item]
+                    model="openai/stub-plain", messages=[*earlier, {"role": "user", "content": "hi"}],
+                    tools=[nested(WEATHER)])
             assert chat.value.code == ErrorCode.UNSUPPORTED_PARAMETER
             assert isinstance(chat.value.body, dict) and chat.value.body["param"] == "tools"
         assert responses.value.code == ErrorCode.UNSUPPORTED_PARAMETER
@@ -370,7 +371,7 @@ async def test_tools_to_a_model_without_tool_support_are_refused_and_nothing_is_
         assert stored(http.daemon) == [] and stub.requests == []
         # the defaults clients send with no tools still pass
         plain = await client.chat.completions.create(
-            model="openai/stub-plain", messages=[{"role": "user", "content": "hi"}], tools=[], tool_choice="auto")  # type: ignore[arg-type]
+            model="openai/stub-plain", messages=[{"role": "user", "content": "hi"}], tools=[], tool_choice="auto")
         assert plain.choices[0].message.content == "stub answer to: hi"
 
 

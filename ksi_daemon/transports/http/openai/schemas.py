@@ -70,7 +70,7 @@ class FunctionCallOutput(Body):
 
 
 class ToolItem(Body):
-    """An input item of a call (history, see tool_shapes.refused_item) or of a hosted tool: refused by name."""
+    """An input item of a call (history, see tool_shapes.response_input_item) or of a hosted tool: refused."""
 
     type: Literal["function_call", "custom_tool_call", "custom_tool_call_output",
                   "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",

@@ -138,7 +138,7 @@ def chat_calls_as_items(tool_calls: list[Any], where: str) -> list[Item]:
         if not isinstance(function, dict) or not isinstance(call.get("id"), str) \
                 or not isinstance(function.get("name"), str):
             raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.{position} needs an id and a function name",
-                           fields={f"{where}.{position}": "a function tool call: id, function.name, function.arguments"})
+                           fields={f"{where}.{position}": "a function call: id, function.name, function.arguments"})
         calls.append({"type": "function_call", "call_id": call["id"], "name": function["name"],
                       "arguments": str(function.get("arguments") or "")})
     return calls
