@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from ksi_common.items import INPUT_LINE_TYPES
 from ksi_common.jsonl import iter_lines, iter_lines_reversed, read_records
 
 
@@ -143,7 +144,7 @@ class ResponseRecord:
         return str(self.outcome.get("content") or "") if self.outcome else ""
 
 
-INPUT_TYPES = frozenset({"user", "system", "feedback"})
+INPUT_TYPES = INPUT_LINE_TYPES
 
 
 def read_response(path: Path) -> ResponseRecord | None:

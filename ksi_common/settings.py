@@ -58,8 +58,8 @@ class ModelSettings(BaseModel):
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
     summary_temperature: float | None = Field(default=None, ge=0)  # this model as a summariser (None: 0)
     # what the model can do, where litellm's model list does not know it (a local or new model);
-    # None: ask litellm, and pass the option on when it does not know either. Only the schema is
-    # acted on; vision and function calling are accepted as declared abilities, for the record
+    # None: ask litellm, and pass the option on when it does not know either (a JSON schema, tools
+    # and images are refused only for a model known not to take them)
     supports_response_schema: bool | None = None
     supports_vision: bool | None = None
     supports_function_calling: bool | None = None

@@ -1,4 +1,7 @@
-"""A local OpenAI-compatible chat server that records what it receives and plays scripted faults."""
+"""A local chat server that records what it receives and plays scripted answers and faults: the
+OpenAI chat-completions API, and for the same script Anthropic's Messages API (`POST /v1/messages`)
+and Ollama's chat API (`POST /api/chat`, not streamed).
+A scripted answer may call tools (`Reply(calls=[...])`), in either format, streamed or not."""
 
 from __future__ import annotations
 
@@ -28,6 +31,19 @@ class Reply:
     cut: bool = False  # a stream that stops after its text: no finish reason, no [DONE]
     endless: bool = False  # a 200 body that never ends (until the client stops reading)
     gate: asyncio.Event | None = None  # a stream holds its rest after the first chunk until this is set
+    # tool calls the answer makes: {"name", "arguments" (JSON text or an object), "id" (made up when left out)}
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: str | None = None  # a reasoning summary given beside the answer (reasoning_content)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The calls with their ids and JSON arguments settled (the same ids in every format)."""
+        settled = []
+        for position, call in enumerate(self.calls):
+            arguments = call.get("arguments", {})
+            settled.append({"id": call.get("id") or f"call_{position}_{uuid.uuid4().hex[:8]}", "name": call["name"],
+                            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+        self.calls = settled  # a retried request sees the same ids
+        return settled
 
 
 def word_count(messages: list[dict[str, Any]]) -> int:
@@ -43,6 +59,8 @@ class StubOpenAI:
     def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = default_answer, port: int = 0) -> None:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
+        self.anthropic_requests: list[dict[str, Any]] = []  # bodies POSTed to /v1/messages
+        self.ollama_requests: list[dict[str, Any]] = []  # bodies POSTed to /api/chat
         self.headers: list[dict[str, str]] = []
         self.script: deque[Reply] = deque()
         self.in_flight = 0
@@ -75,6 +93,8 @@ class StubOpenAI:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/api/chat", self._ollama_chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -126,11 +146,11 @@ class StubOpenAI:
                 return await self._endless(request)
             if reply.status != 200 or reply.body is not None:
                 return await self._raw(request, reply)
-            text = reply.text if reply.text is not None else self.answer(body.get("messages", []))
+            text = reply.text if reply.text is not None else "" if reply.calls else self.answer(body.get("messages", []))
             if body.get("stream"):
                 return await self._stream(request, body, text, counted, cut=reply.cut, drip=reply.drip or 0.0,
-                                          gate=reply.gate)
-            return web.json_response(self._completion(body, text, counted))
+                                          gate=reply.gate, calls=reply.tool_calls())
+            return web.json_response(self._completion(body, text, counted, reply))
         finally:
             self.in_flight -= 1
 
@@ -150,13 +170,20 @@ class StubOpenAI:
         return response
 
     @staticmethod
-    def _completion(body: dict[str, Any], text: str, prompt_tokens: int) -> dict[str, Any]:
+    def _completion(body: dict[str, Any], text: str, prompt_tokens: int, reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        calls = reply.tool_calls()
+        if calls:
+            message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                      "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:10]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "stub"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
                       "total_tokens": prompt_tokens + len(text.split())},
         }
@@ -189,11 +216,12 @@ class StubOpenAI:
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str,
                       prompt_tokens: int, cut: bool = False, drip: float = 0.0,
-                      gate: asyncio.Event | None = None) -> web.StreamResponse:
+                      gate: asyncio.Event | None = None,
+                      calls: list[dict[str, Any]] | None = None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
-        words = text.split(" ")
+        words = text.split(" ") if text or not calls else []
         for position, word in enumerate(words):
             piece = word if position == len(words) - 1 else word + " "
             chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
@@ -205,15 +233,98 @@ class StubOpenAI:
             if position == 0 and gate is not None and not await self._held(request, gate):
                 self.hung_up += 1
                 return response
+        for index, call in enumerate(calls or []):
+            # a call in pieces, as OpenAI streams it: id and name first, the arguments in two halves
+            half = len(call["arguments"]) // 2
+            pieces = [{"index": index, "id": call["id"], "type": "function",
+                       "function": {"name": call["name"], "arguments": call["arguments"][:half]}},
+                      {"index": index, "function": {"arguments": call["arguments"][half:]}}]
+            for piece in pieces:
+                chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
+                         "model": body.get("model", "stub"),
+                         "choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if cut:
             await response.write_eof()
             return response
         final = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
                  "model": body.get("model", "stub"),
-                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                 "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                            "total_tokens": len(words) + prompt_tokens}}
         await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    # -- Anthropic's Messages API ---------------------------------------------------------------------
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/messages`: recorded, answered from the same script as text or `tool_use` blocks."""
+        body = await request.json()
+        self.anthropic_requests.append(body)
+        self.headers.append(dict(request.headers))
+        reply = self.script.popleft() if self.script else Reply()
+        if reply.status != 200 or reply.body is not None:
+            return await self._raw(request, reply)
+        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        last = users[-1]["content"] if users else ""
+        if isinstance(last, list):
+            last = " ".join(str(block.get("text", "")) for block in last if isinstance(block, dict))
+        text = reply.text if reply.text is not None else "" if reply.calls else f"stub answer to: {last}"
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        content += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": json.loads(c["arguments"] or "{}")}
+                    for c in reply.tool_calls()]
+        answer = {"id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant",
+                  "model": body.get("model", "stub"), "content": content,
+                  "stop_reason": "tool_use" if reply.calls else "end_turn", "stop_sequence": None,
+                  "usage": {"input_tokens": word_count(body.get("messages", [])), "output_tokens": len(text.split())}}
+        if not body.get("stream"):
+            return web.json_response(answer)
+        return await self._message_stream(request, answer)
+
+    @staticmethod
+    async def _message_stream(request: web.Request, answer: dict[str, Any]) -> web.StreamResponse:
+        """The answer as Anthropic streams it: message_start, a start/delta/stop per block, message_delta."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(kind: str, data: dict[str, Any]) -> None:
+            await response.write(f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode())
+
+        await send("message_start", {"message": {**answer, "content": [], "stop_reason": None,
+                                                 "usage": {**answer["usage"], "output_tokens": 0}}})
+        for index, block in enumerate(answer["content"]):
+            if block["type"] == "text":
+                await send("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                await send("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": block["text"]}})
+            else:
+                await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
+            await send("content_block_stop", {"index": index})
+        await send("message_delta", {"delta": {"stop_reason": answer["stop_reason"], "stop_sequence": None},
+                                     "usage": {"output_tokens": answer["usage"]["output_tokens"]}})
+        await send("message_stop", {})
+        await response.write_eof()
+        return response
+
+    # -- Ollama's chat API ----------------------------------------------------------------------------
+
+    async def _ollama_chat(self, request: web.Request) -> web.StreamResponse:
+        """`POST /api/chat` (not streamed): recorded, answered from the script; Ollama's tool calls
+        carry no id (litellm makes one) and their arguments are objects."""
+        body = await request.json()
+        self.ollama_requests.append(body)
+        reply = self.script.popleft() if self.script else Reply()
+        if reply.status != 200 or reply.body is not None:
+            return await self._raw(request, reply)
+        text = reply.text if reply.text is not None else "" if reply.calls else self.answer(body.get("messages", []))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reply.calls:
+            message["tool_calls"] = [{"function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
+                                     for c in reply.tool_calls()]
+        return web.json_response({"model": body.get("model", "stub"), "created_at": "2026-01-01T00:00:00Z",
+                                  "message": message, "done": True, "done_reason": "stop",
+                                  "prompt_eval_count": word_count(body.get("messages", [])),
+                                  "eval_count": len(text.split())})

@@ -407,3 +407,15 @@ async def test_request_options_to_a_cli_model_are_refused_not_dropped(cli_daemon
     assert caught.value.code == "unsupported_parameter"
     assert set(caught.value.details["fields"]) == {"options.seed", "options.stop"}
     assert fake.calls() == [] and listed["total"] == 0  # nothing ran, nothing was created
+
+
+async def test_tools_to_a_cli_model_are_refused(cli_daemon: Daemon, fake: Fake) -> None:
+    tool = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}
+    async with connected(cli_daemon) as client:
+        for model in ("claude-cli/sonnet", "gemini-cli/default"):
+            with pytest.raises(KsiError) as caught:
+                await client.request("completion:async", {"prompt": "hi", "model": model, "tools": [tool]})
+            assert caught.value.code == "unsupported_parameter"
+            assert list(caught.value.details["fields"]) == ["tools"]
+        listed = await client.request("conversation:list", {})
+    assert fake.calls() == [] and listed["total"] == 0

@@ -106,9 +106,10 @@ async def test_abilities_come_from_the_settings_then_from_litellm(short_tmp: Pat
         "openai/local-*": {"supports_response_schema": True, "supports_vision": False},
         "gpt-4o-mini": {"supports_response_schema": False}}))
     # litellm's model list knows gpt-4o; a declaration overrides it, key by key
-    assert await provider.abilities("gpt-4o") == ModelAbilities(True)
+    assert await provider.abilities("gpt-4o") == ModelAbilities(True, function_calling=True, vision=True)
     assert (await provider.abilities("gpt-4o-mini")).response_schema is False
-    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True)
+    assert (await provider.abilities("gpt-4o-mini")).function_calling is True
+    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True, vision=False)
     assert await provider.abilities("openai/nobody-knows") == ModelAbilities(None)
 
 

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item, message
 
-ChunkSink = Callable[[str], None]
+# a streamed piece: text, or a tool call's delta ({"index", "call_id", "name", "arguments"})
+ChunkSink = Callable[[str | dict[str, Any]], None]
 
 
 @dataclass(slots=True)
@@ -21,6 +23,11 @@ class ProviderCall:
     max_tokens: int | None = None
     timeout: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    # function tools in the Responses form ({"type": "function", "name", "description", "parameters",
+    # "strict"}); the provider turns them (and tool_choice) into its own shapes
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     on_chunk: ChunkSink | None = None
     # CLI-session providers: resume this session (None starts a fresh one seeded with `messages`).
     resume_session: str | None = None
@@ -42,6 +49,12 @@ class ProviderReply:
     session_note: str | None = None  # e.g. "resume failed; started a fresh session"
     # answerer-specific fields added to the result and the response file (consortium: run_id, ...)
     extra: dict[str, Any] = field(default_factory=dict)
+    # the reply as items (function calls, a reasoning summary, the text); empty: the text alone
+    output: list[Item] = field(default_factory=list)
+
+    def items(self) -> list[Item]:
+        """The reply's output items: those the provider gave, else its text as one assistant message."""
+        return self.output or [message("assistant", self.content)]
 
 
 Probe = Callable[[], Awaitable[bool]]
@@ -53,6 +66,8 @@ class ModelAbilities:
     nobody does (the option is then passed on and the provider's own refusal comes back)."""
 
     response_schema: bool | None = None
+    function_calling: bool | None = None
+    vision: bool | None = None
 
 
 class ProviderFailure(KsiError):

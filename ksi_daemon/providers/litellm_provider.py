@@ -34,6 +34,7 @@ from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import SAMPLING_OPTIONS, asks_for_schema, check_options, is_routing_option
+from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -268,14 +269,32 @@ class LiteLLMProvider:
                     info = dict(await asyncio.wait_for(asyncio.to_thread(litellm.get_model_info, model), 5.0))
                 except Exception:  # a model litellm does not list: nothing is known of it
                     info = {}
-            known = ModelAbilities(response_schema=info.get("supports_response_schema"))
+            known = ModelAbilities(response_schema=info.get("supports_response_schema"),
+                                   function_calling=info.get("supports_function_calling"),
+                                   vision=info.get("supports_vision"))
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
         else:
             self._abilities.move_to_end(model)
         return ModelAbilities(
-            response_schema=_first_known(declared.supports_response_schema, known.response_schema))
+            response_schema=_first_known(declared.supports_response_schema, known.response_schema),
+            function_calling=_first_known(declared.supports_function_calling, known.function_calling),
+            vision=_first_known(declared.supports_vision, known.vision))
+
+    async def check_tools(self, model: str) -> None:
+        """Refuse (unsupported_parameter) tools for a model known not to call them: a CLI session
+        (its program runs its own tools, if any) or one the settings or litellm say cannot."""
+        program = next((name for prefix, name in CLI_PROGRAMS.items() if model.startswith(prefix)), None)
+        if program is not None:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"tools is not supported: {model} runs the {program} CLI, which takes no tools from a request",
+                           fields={"tools": f"not passed to the {program} CLI"}, model=model)
+        if (await self.abilities(model)).function_calling is False:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"tools is not supported: {model} cannot call tools (declare supports_function_calling "
+                           "for it in KSI_MODELS if it can)",
+                           fields={"tools": "this model cannot call tools"}, model=model)
 
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose
@@ -314,6 +333,12 @@ class LiteLLMProvider:
             kwargs["max_tokens"] = call.max_tokens
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
+        if call.tools:
+            kwargs["tools"] = chat_tools(call.tools)
+            if call.tool_choice is not None:
+                kwargs["tool_choice"] = chat_tool_choice(call.tool_choice)
+            if call.parallel_tool_calls is not None:
+                kwargs["parallel_tool_calls"] = call.parallel_tool_calls
         if overrides.api_base:
             kwargs.setdefault("api_base", overrides.api_base)
         if overrides.api_key_env and os.environ.get(overrides.api_key_env):
@@ -354,6 +379,8 @@ class LiteLLMProvider:
         kwargs.setdefault("stream_options", {"include_usage": True})
         stream = await litellm.acompletion(**kwargs)
         parts: list[str] = []
+        reasoning: list[str] = []
+        calls = ToolCallDeltas()
         finish_reason = None
         usage: dict[str, int] = {}
         response_id = None
@@ -374,6 +401,11 @@ class LiteLLMProvider:
                         raise self._too_large(received)
                     parts.append(text)
                     call.on_chunk(text)
+                if delta is not None and getattr(delta, "tool_calls", None):
+                    for piece in calls.add(delta.tool_calls):
+                        call.on_chunk(piece)
+                if delta is not None and getattr(delta, "reasoning_content", None):
+                    reasoning.append(str(delta.reasoning_content))
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage:
@@ -389,9 +421,14 @@ class LiteLLMProvider:
             # only without the finish reason: its text is a fragment, never a whole answer
             raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's stream ended without a finish reason",
                                   retryable=True, reason="truncated", received_bytes=received)
+        output = [{"type": "reasoning", "summary": "".join(reasoning)}] if reasoning else []
+        if content or not calls:
+            output.append({"type": "message", "role": "assistant", "content": content})
+        output.extend(calls.items())
         return ProviderReply(
-            content=content, model=call.model, finish_reason=finish_reason, usage=usage,
+            content=content, model=call.model, finish_reason="tool_calls" if calls else finish_reason, usage=usage,
             cost=None, provider=provider_of(call.model), provider_response_id=response_id,
+            output=output if len(output) > 1 or calls else [],
         )
 
     def _too_large(self, size: int) -> ProviderFailure:
@@ -407,6 +444,9 @@ class LiteLLMProvider:
         settings)."""
         openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
         asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
+        if call.tools:
+            asked += [name for name in ("tools", "tool_choice", "parallel_tool_calls")
+                      if name == "tools" or getattr(call, name) is not None]
         if not asked or call.model.startswith(OWN_PREFIXES):
             return []
         supported = self._supported_params(litellm, call.model)
@@ -438,7 +478,9 @@ class LiteLLMProvider:
                                   retryable=True, reason="no_choices")
         choice = choices[0]
         content = choice.message.content or ""
-        size = len(content.encode())
+        output = reply_items(choice.message)
+        called = any(item["type"] == "function_call" for item in output)
+        size = len(content.encode()) + sum(len(str(item.get("arguments", "")).encode()) for item in output)
         if size > self.settings.max_response_bytes:
             raise self._too_large(size)
         hidden = getattr(response, "_hidden_params", {}) or {}
@@ -457,13 +499,14 @@ class LiteLLMProvider:
         return ProviderReply(
             content=content,
             model=call.model,
-            finish_reason=choice.finish_reason,
+            finish_reason="tool_calls" if called else choice.finish_reason,
             usage=_usage_dict(getattr(response, "usage", None)),
             cost=float(cost) if cost else None,
             provider=provider_of(call.model),
             provider_response_id=getattr(response, "id", None),
             session_id=session_id,
             session_note=session_note,
+            output=output if len(output) > 1 or called else [],
         )
 
 

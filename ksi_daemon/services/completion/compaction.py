@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from ksi_common.items import item_text
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.summaries import Summary
@@ -102,9 +103,13 @@ def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
     lines = []
     for offset, exchange in enumerate(exchanges):
         n = first + offset
-        for message in exchange.inputs:
-            lines.append(f"[{n}] User: {str(message['content'])[:EXCHANGE_TEXT_LIMIT]}")
-        lines.append(f"[{n}] Assistant: {exchange.reply[:EXCHANGE_TEXT_LIMIT]}")
+        # tool calls and their outputs are shown too, so a summary of a tool turn can mention them
+        for item in exchange.input:
+            who = "Tool" if item.get("type") == "function_call_output" else "User"
+            lines.append(f"[{n}] {who}: {item_text(item)[:EXCHANGE_TEXT_LIMIT]}")
+        for item in exchange.output:
+            if item.get("type") != "reasoning":
+                lines.append(f"[{n}] Assistant: {item_text(item)[:EXCHANGE_TEXT_LIMIT]}")
     return "\n".join(lines)
 
 

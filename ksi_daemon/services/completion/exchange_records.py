@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ksi_common.errors import KsiError
+from ksi_common.items import Item, item_text, output_fields
 from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
+from ksi_daemon.services.conversations.memory import exchange_input
 from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange, preview_of
 
 
@@ -17,15 +19,14 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
     """The request's raw inputs as response-file lines (never the expanded history)."""
     data = state.request
     lines = []
-    for message in data.input_messages():
-        line: dict[str, Any] = {
-            "v": 1,
-            "type": "feedback" if data.is_feedback and message["role"] == "user" else message["role"],
-            "content": message["content"],
-            "ts": state.created,
-            "request_id": state.request_id,
-            "conversation_id": state.conversation_id,
-        }
+    for item in data.input_items():
+        line: dict[str, Any] = {"v": 1}
+        if item["type"] == "function_call_output":
+            line.update(type="function_call_output", call_id=item["call_id"], output=item["output"])
+        else:
+            line.update(type="feedback" if data.is_feedback and item["role"] == "user" else item["role"],
+                        content=item["content"])
+        line.update(ts=state.created, request_id=state.request_id, conversation_id=state.conversation_id)
         if state.agent_id:
             line["agent_id"] = state.agent_id
         if state.from_agent:
@@ -46,27 +47,23 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
 
 def first_input_preview(data: CompletionAsync) -> str | None:
     """What lists show for a conversation this request starts: the start of its user input."""
-    first = next((m["content"] for m in data.input_messages() if m["role"] == "user"), None)
+    items = data.input_items()
+    first = next((item_text(i) for i in items if i["type"] == "message" and i["role"] == "user"), None)
+    if first is None:  # a turn of tool outputs alone
+        first = next((item_text(i) for i in items), None)
     return preview_of(first) if first is not None else None
 
 
-def user_messages(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The new input as the model sees it: user turns, a message from an agent marked as such."""
-    messages = []
-    for line in inputs:
-        if line["type"] == "system":
-            continue
-        content = line["content"]
-        if line.get("from_agent"):
-            content = f"[from {line['from_agent']}] {content}"
-        messages.append({"role": "user", "content": content})
-    return messages
+def new_items(inputs: list[dict[str, Any]]) -> list[Item]:
+    """The new input as the model sees it: input items without the system prompt (kept in the
+    metadata), a message from an agent marked as such."""
+    return [item for item in exchange_input(inputs) if item.get("role") != "system"]
 
 
 def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[str, Any]],
                  duration_ms: float, ts: str, sent: dict[str, Any] | None = None) -> dict[str, Any]:
     line: dict[str, Any] = {
-        "v": 1, "type": "assistant", "content": reply.content, "model": state.model,
+        "v": 1, "type": "assistant", **output_fields(reply.items()), "model": state.model,
         "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
         "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
         "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": ts,
@@ -128,6 +125,7 @@ def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, hi
         "agent_id": state.agent_id,
         "model": state.model,
         "content": reply.content,
+        "output": reply.items(),
         "finish_reason": reply.finish_reason,
         "usage": reply.usage,
         "cost": reply.cost,

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item, message
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, SafeId, Text
-from ksi_daemon.providers.options import check_request_options
+from ksi_daemon.providers.options import REFUSED_OPTIONS, Penalty, ResponseFormat, check_request_options
+from ksi_daemon.services.completion.input_items import (
+    MAX_TOOLS,
+    FunctionTool,
+    InputItem,
+    ToolChoice,
+    checked_choice,
+    checked_tools,
+    items_of,
+)
+
+# sampling fields a request may give at its top level; they reach the provider as options do
+SAMPLING_FIELDS = ("seed", "stop", "top_p", "presence_penalty", "frequency_penalty", "reasoning_effort",
+                   "response_format")
+TOOL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
 class InputMessage(EventData):
@@ -19,6 +35,10 @@ class InputMessage(EventData):
 class CompletionAsync(EventData):
     prompt: NonBlank | None = Field(default=None, description="the new user input (or use messages)")
     messages: list[InputMessage] | None = Field(default=None, description="new input messages, user or system roles")
+    input: list[InputItem] | None = Field(
+        default=None, min_length=1,
+        description="new input as items: messages (user or system; text or parts) and function_call_output "
+                    "items answering the calls of the conversation's newest exchange")
     model: ModelName | None = Field(default=None, description="model name; defaults to the agent's, the conversation's last, then the setting")
     conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
     previous_response_id: SafeId | None = Field(
@@ -35,12 +55,29 @@ class CompletionAsync(EventData):
     is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
+    tools: list[FunctionTool] = Field(
+        default_factory=list, max_length=MAX_TOOLS,
+        description='function tools: {"type": "function", "name", "description", "parameters" (a JSON schema '
+                    'object), "strict"}; the chat-completions form {"type": "function", "function": {...}} is taken too')
+    tool_choice: ToolChoice | None = Field(
+        default=None, description='"auto", "none", "required", or {"type": "function", "name": NAME}')
+    parallel_tool_calls: bool | None = Field(default=None, description="whether the model may call several tools at once")
+    response_format: ResponseFormat | None = Field(
+        default=None, description='{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}')
+    seed: int | None = Field(default=None, description="sampling seed, for providers that take one")
+    stop: str | Annotated[list[str], Field(min_length=1, max_length=4)] | None = Field(
+        default=None, description="up to four stop sequences")
+    top_p: float | None = Field(default=None, ge=0, le=1, description="nucleus sampling")
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="how much a reasoning model thinks before answering")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="provider options: the sampling/format ones (seed, stop, top_p, presence_penalty, "
                     "frequency_penalty, max_tokens, reasoning_effort, response_format, logit_bias, user) are "
-                    "checked in shape; tools, tool_choice, functions, n > 1, logprobs and stream are refused "
-                    "(unsupported_parameter); others go to the provider by name")
+                    "checked in shape; n > 1, logprobs and stream are refused (unsupported_parameter), tools "
+                    "go in the tools field; others go to the provider by name")
     consortium: dict[str, Any] | None = Field(default=None, description="an inline consortium definition")
     external_ids: dict[SafeId, SafeId] = Field(
         default_factory=dict,
@@ -56,6 +93,12 @@ class CompletionAsync(EventData):
         reserved = {"model", "messages", "metadata", "api_key", "api_base"} & set(value)
         if reserved:
             raise ValueError(f"options may not set {sorted(reserved)}")
+        tooled = {f"options.{name}": f"give it as the request's {'tools' if 'function' in name else name} field"
+                  for name in TOOL_OPTIONS if name in value and not REFUSED_OPTIONS[name][0](value[name])}
+        if tooled:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           "; ".join(f"{name} is not taken in options: {why}" for name, why in tooled.items()),
+                           fields=tooled)
         # refused options (tools, n > 1, stream, ...) fail with unsupported_parameter, before anything is written
         return check_request_options(value)
 
@@ -66,18 +109,54 @@ class CompletionAsync(EventData):
             raise ValueError("give conversation_id or previous_response_id, not both")
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tools(cls, value: list[FunctionTool]) -> list[FunctionTool]:
+        return checked_tools(value)
+
     @model_validator(mode="after")
     def _one_input(self) -> CompletionAsync:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
+        if sum(given is not None for given in (self.prompt, self.messages, self.input)) != 1:
+            raise ValueError("give exactly one of prompt, messages or input")
         if self.messages is not None and not any(m.role == "user" for m in self.messages):
             raise ValueError("messages need at least one user message")
+        if self.input is not None:
+            items = items_of(self.input)  # refuses the parts it cannot keep (unsupported_parameter)
+            if not any(i["type"] == "function_call_output" or i["role"] == "user" for i in items):
+                raise ValueError("input needs a user message or a function_call_output")
+            if self.is_feedback and any(i["type"] == "function_call_output" for i in items):
+                raise ValueError("feedback is kept out of history, so it cannot answer tool calls")
+        if self.is_feedback and self.tools:
+            raise ValueError("feedback is kept out of history, so its tool calls could never be answered")
+        checked_choice(self.tool_choice, self.tools)
+        both = sorted(name for name in SAMPLING_FIELDS if getattr(self, name) is not None and name in self.options)
+        if both:
+            raise ValueError(f"{', '.join(both)} given both as a field and in options: give it once")
         return self
 
-    def input_messages(self) -> list[dict[str, str]]:
+    def input_items(self) -> list[Item]:
+        """The new input as items (prompt and messages are messages)."""
+        if self.input is not None:
+            return items_of(self.input)
         if self.prompt is not None:
-            return [{"role": "user", "content": self.prompt}]
-        return [{"role": m.role, "content": m.content} for m in self.messages or []]
+            return [message("user", self.prompt)]
+        return [message(m.role, m.content) for m in self.messages or []]
+
+    def provider_options(self) -> dict[str, Any]:
+        """`options` with the sampling fields given at the top level."""
+        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        if "response_format" in fields:
+            fields["response_format"] = self.response_format.model_dump(by_alias=True, exclude_none=True)  # type: ignore[union-attr]
+        return {**self.options, **fields}
+
+    def tool_fields(self) -> dict[str, Any]:
+        """The tools, tool_choice and parallel_tool_calls a provider call carries (none without tools)."""
+        if not self.tools:
+            return {}
+        choice = self.tool_choice
+        return {"tools": [tool.stored() for tool in self.tools],
+                "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice,
+                "parallel_tool_calls": self.parallel_tool_calls}
 
 
 class RequestRef(EventData):

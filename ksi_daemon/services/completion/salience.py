@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ksi_common.items import item_text
 from ksi_daemon.services.conversations.memory import Exchange
 
 EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange's texts a summariser is shown (and searched for items)
@@ -31,7 +32,8 @@ _IDENT = (r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w]+(?:[-_][\w]+)+\b|\b[a-z]+_[a-z_
 _NUMBER = r"(?<![\w.])[$€£]?\d+(?:[.,:]\d+)*%?(?![\w.])"
 _QUOTED = r"\"([^\"\n]{2,80})\"|“([^”\n]{2,80})”"
 _NAME = r"\b[A-Z][a-z]+(?:[ -][A-Z][a-z]+)*\b"
-_PATTERNS = [re.compile(p) for p in (_URL, _EMAIL, _PATH, _FILE, _DATE, _IDENT, _NUMBER)]
+_CALL = r"\[call [\w-]+\([^\n]{0,120}?\) id=[^\]\s]*\]"  # a tool call as ksi_common.items.item_text shows it
+_PATTERNS = [re.compile(p) for p in (_CALL, _URL, _EMAIL, _PATH, _FILE, _DATE, _IDENT, _NUMBER)]
 _QUOTE_RE = re.compile(_QUOTED)
 _NAME_RE = re.compile(_NAME)
 _SENTENCE_RE = re.compile(r"[^.!?\n]+[.!?]?")
@@ -77,7 +79,7 @@ def _names(text: str) -> list[str]:
 
 
 def salient_items(text: str) -> list[str]:
-    """The names, numbers, dates, identifiers, paths, URLs and quoted strings of `text`, in order."""
+    """The tool calls, names, numbers, dates, identifiers, paths, URLs and quoted strings of `text`, in order."""
     found: list[tuple[int, str]] = []
     covered = bytearray(len(text) + 1)  # 1 where an item found so far lies: a lookup per match
 
@@ -133,11 +135,16 @@ class Items:
 def exchange_items(exchanges: list[Exchange]) -> Items:
     items = Items()
     for exchange in exchanges:  # clipped as the summariser is shown them: it cannot keep what it never saw
-        for message in exchange.inputs:
-            text = str(message.get("content") or "")[:EXCHANGE_TEXT_LIMIT]
-            items.user.extend(self_statements(text))
+        for item in exchange.input:
+            text = item_text(item)[:EXCHANGE_TEXT_LIMIT]
+            if item.get("type") == "message":
+                items.user.extend(self_statements(text))
             items.facts.extend(salient_items(text))
-        items.facts.extend(salient_items(exchange.reply[:EXCHANGE_TEXT_LIMIT]))
+        for item in exchange.output:
+            if item.get("type") == "function_call":  # a summary says which tools were called
+                items.facts.append(_clip(item_text(item)))
+            elif item.get("type") != "reasoning":
+                items.facts.extend(salient_items(item_text(item)[:EXCHANGE_TEXT_LIMIT]))
     items.user = list(dict.fromkeys(items.user))
     items.facts = list(dict.fromkeys(items.facts))
     return items
@@ -243,9 +250,10 @@ def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_token
             if not add(f"- {fact}"):
                 break
     for n, exchange in reversed(exchanges if inputs else []):
-        for message in exchange.inputs:
+        for item in exchange.input:
             room = (limit - used - 8) * 3  # characters: a shortened input where a whole one no longer fits
             if room < 40:
                 return "\n".join(lines)
-            add(f"[{n}] User: {_clip(str(message.get('content') or ''), min(USER_INPUT_CHARS, room))}")
+            who = "Tool" if item.get("type") == "function_call_output" else "User"
+            add(f"[{n}] {who}: {_clip(item_text(item), min(USER_INPUT_CHARS, room))}")
     return "\n".join(lines)

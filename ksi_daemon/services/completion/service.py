@@ -13,6 +13,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id, new_response_id
+from ksi_common.items import Item
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
@@ -48,7 +49,9 @@ from ksi_daemon.services.conversations.history import (
     select_history,
     sent_record,
 )
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
+from ksi_daemon.services.completion import tool_turns
+from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
@@ -86,6 +89,9 @@ class ModelFacts(Protocol):
 
     async def check_request(self, model: str, options: dict[str, Any]) -> None:
         """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
+
+    async def check_tools(self, model: str) -> None:
+        """Refuse tools for a model known not to call them."""
 
 
 @dataclass(slots=True)
@@ -131,7 +137,7 @@ class Prepared:
     system: str | None
     system_changed: bool
     inputs: list[dict[str, Any]]  # the raw input lines for the response file
-    user_messages: list[dict[str, Any]]  # the new input as the model sees it
+    new_items: list[Item]  # the new input as the model sees it
     input_tokens: int
     history_stats: dict[str, int]
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
@@ -387,8 +393,10 @@ class CompletionService:
         if chosen is not None or conversation_id is None:  # before a new conversation is written
             await self._check_answerer(chosen or self.settings.default_model, data)
             await self._check_model_options(chosen or self.settings.default_model, data)
+        await tool_turns.check_new_conversation(self.cache, conversation_id, data)
         memory = await self._conversation_for(conversation_id, data, agent, chosen)
         self._check_open(memory)
+        await tool_turns.check_turn(self.cache, memory, data, self.settings.max_fork_depth)
         if memory.meta.turn_cap is not None:
             pending = self.requests.count_live(memory.conversation_id)
             if memory.total + pending >= memory.meta.turn_cap:
@@ -437,8 +445,14 @@ class CompletionService:
                            retry_after=1.0, queued=self.scheduler.queued)
 
     async def _check_model_options(self, model: str, data: CompletionAsync) -> None:
-        if data.options and self._answerer(model) is self.provider:
-            await self.facts.check_request(model, data.options)
+        if self._answerer(model) is not self.provider:
+            tool_turns.refuse_tools_to(model, data, "is a consortium: its members answer, and no tool call reaches the client")
+            return
+        options = data.provider_options()
+        if options:
+            await self.facts.check_request(model, options)
+        if data.tools:
+            await self.facts.check_tools(model)
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)
@@ -613,9 +627,9 @@ class CompletionService:
         system = new_system if new_system is not None else memory.meta.system
         # instructions are this request's own system prompt; the conversation keeps its own
         sent_system = data.instructions if data.instructions is not None else system
-        user_messages = records.user_messages(inputs)
+        new_items = records.new_items(inputs)
         count = self.facts.count_tokens
-        input_tokens = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in user_messages)
+        input_tokens = items_tokens(new_items, count, MESSAGE_OVERHEAD)
         budget = await self.history_budget(state.model, sent_system, input_tokens, data.max_tokens)
         if budget < 0:
             window = await self.facts.context_window(state.model)
@@ -651,7 +665,8 @@ class CompletionService:
             attached = attached.kept_for(history.exchanges)
         pinned.add_to(history, after)
         inputs = attached.record_in(inputs)
-        messages = build_messages(sent_system, history, attached.prepend(user_messages),
+        tool_turns.check_called_in_history(history, new_items, state.model)
+        messages = build_messages(sent_system, history, attached.prepend(input_messages(new_items)),
                                   stand_in.text() if stand_in is not None else None)
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = (history.tokens + attached.tokens + input_tokens
@@ -662,12 +677,12 @@ class CompletionService:
         if stand_in is not None:
             stats["summary_upto"] = stand_in.upto
             stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
-        options = dict(data.options)
+        options = data.provider_options()
         if data.extra_body:
             options["extra_body"] = data.extra_body
         call = ProviderCall(
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
-            timeout=data.timeout or self.settings.request_timeout, options=options,
+            timeout=data.timeout or self.settings.request_timeout, options=options, **data.tool_fields(),
             on_chunk=self._chunk_sink(state) if data.stream else None,
             resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
@@ -678,7 +693,7 @@ class CompletionService:
                            stand_in.to_record() if stand_in is not None else None)
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
-        return Prepared(memory, call, system, new_system is not None, inputs, user_messages, input_tokens,
+        return Prepared(memory, call, system, new_system is not None, inputs, new_items, input_tokens,
                         stats, files=attached.new_files, estimate=estimate, sent=sent)
 
     async def _with_pins(self, memory: ConversationMemory, history: History, budget: int, after: int,
@@ -729,15 +744,17 @@ class CompletionService:
             return None
         return session.session_id
 
-    def _chunk_sink(self, state: RequestState) -> Callable[[str], None]:
+    def _chunk_sink(self, state: RequestState) -> Callable[[str | dict[str, Any]], None]:
         index = 0
         context = state.context.child()
 
-        def emit(text: str) -> None:
+        def emit(piece: str | dict[str, Any]) -> None:
             nonlocal index
+            # a text piece, or a tool call's delta: {"index", "call_id", "name", "arguments"}
+            payload = {"text": piece} if isinstance(piece, str) else {"tool_call": piece}
             self.router.emit("completion:chunk", {"request_id": state.request_id,
                                                   "conversation_id": state.conversation_id,
-                                                  "index": index, "text": text}, context)
+                                                  "index": index, **payload}, context)
             index += 1
 
         return emit
@@ -760,7 +777,7 @@ class CompletionService:
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,
             provider=reply.provider, agent_id=state.agent_id, tokens_in=prepared.input_tokens,
-            tokens_out=self.facts.count_tokens(reply.content) + MESSAGE_OVERHEAD,
+            tokens_out=items_tokens(reply.items(), self.facts.count_tokens, MESSAGE_OVERHEAD),
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         while True:
@@ -777,7 +794,7 @@ class CompletionService:
                 continue
             break
         memory.meta = meta
-        memory.append(entry, Exchange(inputs=prepared.user_messages, reply=reply.content, files=prepared.files))
+        memory.append(entry, Exchange(input=prepared.new_items, output=reply.items(), files=prepared.files))
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import fork_chain as walk_fork_chain
+from ksi_daemon.providers.tool_calls import with_calls_answered
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
@@ -73,6 +74,12 @@ async def select_history(
     for member, entries in reversed(picked):
         history.exchanges.extend(await cache.texts(member, entries))
         history.entries.extend(entries)
+    # an exchange answering calls goes only with the exchange that made them: when the budget (or a
+    # summary) took that one, its outputs leave too, and so on along a chain of tool turns
+    while history.exchanges and history.exchanges[0].answers_calls:
+        entry = history.entries.pop(0)
+        history.exchanges.pop(0)
+        history.tokens -= entry.tokens_in + entry.tokens_out
     return history
 
 
@@ -223,4 +230,4 @@ def build_messages(system: str | None, history: History, new_input: list[dict[st
     for exchange in history.exchanges:
         messages.extend(exchange.chat_messages())
     messages.extend(new_input)
-    return messages
+    return with_calls_answered(messages)

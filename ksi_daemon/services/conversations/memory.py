@@ -14,38 +14,62 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item, call_ids_answered, input_items, item_text, output_items, output_text
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
+from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationStore, ResponseStore, StoredTail
 
 
 @dataclass(slots=True)
 class Exchange:
-    """The texts of one exchange as the next model will see them."""
+    """One exchange as the next model will see it: its input items (no system prompt, a message
+    from an agent marked `[from AGENT]`) and its output items."""
 
-    inputs: list[dict[str, Any]]  # chat messages (user role), `[from AGENT]` already applied
-    reply: str
+    input: list[Item]
+    output: list[Item]
     files: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def reply(self) -> str:
+        return output_text(self.output)
+
+    @property
+    def answers_calls(self) -> bool:
+        """Its input holds outputs of calls the exchange before it made: the two go together."""
+        return bool(call_ids_answered(self.input))
+
     def chat_messages(self) -> list[dict[str, Any]]:
-        if not self.inputs:  # its response file is missing or unreadable: a lone reply would break
+        if not self.input:  # its response file is missing or unreadable: a lone reply would break
             return []  # the user/assistant alternation (and some providers refuse it)
-        return [*self.inputs, {"role": "assistant", "content": self.reply}]
+        return [*input_messages(self.input), output_message(self.output)]
+
+
+def exchange_input(lines: list[dict[str, Any]]) -> list[Item]:
+    """A record's input lines as the items the model sees (the system prompt lives in the
+    conversation's metadata; a message from an agent is marked as such)."""
+    items: list[Item] = []
+    for line in lines:
+        if line.get("type") == "system":
+            continue
+        for item in input_items([line]):
+            if line.get("from_agent") and isinstance(item.get("content"), str):
+                item = {**item, "content": f"[from {line['from_agent']}] {item['content']}"}
+            items.append(item)
+    return items
 
 
 def exchange_from_response(record: ResponseRecord) -> Exchange:
-    inputs = []
     files: list[dict[str, Any]] = []
     for line in record.inputs:
-        if line.get("type") == "system":
-            continue  # system prompts live in the conversation's metadata
-        content = str(line.get("content") or "")
-        if line.get("from_agent"):
-            content = f"[from {line['from_agent']}] {content}"
-        inputs.append({"role": "user", "content": content})
         files.extend(line.get("files") or [])
-    return Exchange(inputs=inputs, reply=record.content, files=files)
+    return Exchange(input=exchange_input(record.inputs), output=output_items(record.outcome), files=files)
+
+
+def items_tokens(items: list[Item], count_tokens: Callable[[str], int], overhead: int) -> int:
+    """Tokens of items as the daemon counts them: each one's text and a message's overhead."""
+    return sum(count_tokens(item_text(item)) + overhead for item in items)
 
 
 class ConversationMemory:
@@ -158,6 +182,7 @@ class ConversationMemory:
         return max(0, self.first_loaded - 1 - max(self.base, after))
 
 
+NEWEST_TAIL_BUDGET = 4096  # tokens of index tail read first to find a conversation's newest exchange
 LEGACY_MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD, for exchanges counted here
 
 
@@ -279,6 +304,19 @@ class ConversationCache:
             memory.set_entries(entries, total)
         memory.tail_budget = max(memory.tail_budget, budget)
 
+    async def load_newest(self, memory: ConversationMemory) -> None:
+        """At least the newest history exchange's index entry loaded, when the conversation has
+        one: a cold conversation reads the tail of its index, a wider one each round, not all of it.
+        A conversation with requests under way is left as their preparation loaded it."""
+        budget = max(memory.tail_budget, NEWEST_TAIL_BUDGET)
+        for _round in range(4):
+            if memory.count_eligible() or memory.complete or memory.in_use:
+                return
+            await self._extend(memory, budget)
+            budget *= 16
+        if not memory.count_eligible() and not memory.in_use:
+            await self.load_all(memory)
+
     async def load_all(self, memory: ConversationMemory) -> None:
         """Load every index entry (for forks of this conversation and inspection)."""
         if not memory.complete:
@@ -304,9 +342,8 @@ class ConversationCache:
             if record is None:
                 continue
             exchange = exchange_from_response(record)
-            entry.tokens_in = sum(self.count_tokens(str(m["content"])) + LEGACY_MESSAGE_OVERHEAD
-                                  for m in exchange.inputs)
-            entry.tokens_out = self.count_tokens(exchange.reply) + LEGACY_MESSAGE_OVERHEAD
+            entry.tokens_in = items_tokens(exchange.input, self.count_tokens, LEGACY_MESSAGE_OVERHEAD)
+            entry.tokens_out = items_tokens(exchange.output, self.count_tokens, LEGACY_MESSAGE_OVERHEAD)
         return entries
 
     async def texts(self, memory: ConversationMemory, entries: list[IndexEntry]) -> list[Exchange]:
@@ -317,7 +354,7 @@ class ConversationCache:
             for entry, record in zip(missing, records, strict=True):
                 memory.texts[entry.n] = (
                     exchange_from_response(record) if record is not None
-                    else Exchange(inputs=[], reply="")
+                    else Exchange(input=[], output=[])
                 )
         return [memory.texts[e.n] for e in entries]
 

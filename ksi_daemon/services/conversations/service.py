@@ -19,6 +19,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
+from ksi_common.items import message
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -435,8 +436,8 @@ class ConversationService:
                 entry = IndexEntry(n=memory.next_n + position, response_id=response_id, ts=now,
                                    tokens_in=sum(count(text) + 4 for text in exchange.inputs),
                                    tokens_out=count(exchange.reply) + 4)
-                appended.append((entry, Exchange(inputs=[{"role": "user", "content": t} for t in exchange.inputs],
-                                                 reply=exchange.reply)))
+                appended.append((entry, Exchange(input=[message("user", t) for t in exchange.inputs],
+                                                 output=[message("assistant", exchange.reply)])))
             changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.exchanges[0].inputs[0])
