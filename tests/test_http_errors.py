@@ -105,8 +105,12 @@ async def test_chat_rejects_history_with_a_conversation_and_tool_messages(http_d
                          {"role": "user", "content": "c"}], "conversation_id": "conv-x", "create": True})
         assert with_history.status_code == 400 and with_history.json()["error"]["param"] == "messages.1.role"
         tool = await http.post("/v1/chat/completions", json={"messages": [{"role": "tool", "content": "r"}]})
-        assert tool.status_code == 400 and tool.json()["error"]["param"] == "messages.0.role"
-        assert tool.json()["error"]["code"] == ErrorCode.UNSUPPORTED_PARAMETER  # a feature KSI lacks
+        assert tool.status_code == 400 and tool.json()["error"]["param"] == "messages.0.tool_call_id"
+        assert tool.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
+        # a tool message answering a call no conversation made: the engine finds no such call open
+        orphan = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "tool", "tool_call_id": "call_1", "content": "r"}]})
+        assert orphan.status_code == 400 and orphan.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
         header = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]},
                                  headers={"X-KSI-Conversation-Id": "../x"})
         assert header.status_code == 400 and header.json()["error"]["param"] == "conversation_id"

@@ -239,9 +239,6 @@ async def test_responses_tool_loop_by_previous_response_id(
     inputs = await client.responses.input_items.list(second.id)
     assert [(item.type, item.call_id, item.output) for item in inputs.data] == [  # type: ignore[union-attr]
         ("function_call_output", "call_w1", "12C and rain")]
-    listed = await client.conversations.items.list(first.conversation.id, order="asc")
-    assert [(item.type, item.model_dump().get("call_id")) for item in listed.data] == [
-        ("message", None), ("function_call", "call_w1"), ("function_call_output", "call_w1"), ("message", None)]
 
 
 async def test_responses_tool_loop_in_a_conversation(
@@ -258,6 +255,18 @@ async def test_responses_tool_loop_in_a_conversation(
     assert tool_turns(stub)[-2:] == [("assistant", [("call_w1", "weather", {"city": "Oslo"})]),
                                      ("tool", "call_w1", "12C")]
     assert exchanges(http_daemon, conversation.id) == 2
+
+
+async def test_a_conversations_items_list_a_tool_exchange_as_its_items(
+        http_daemon: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(calls=[call("weather", "Oslo", "call_w1")]))
+    asked = await client.responses.create(model="openai/stub-model", input="Weather in Oslo?", tools=[WEATHER])
+    await client.responses.create(model="openai/stub-model", previous_response_id=asked.id, tools=[WEATHER],
+                                  input=[{"type": "function_call_output", "call_id": "call_w1", "output": "12C"}])
+    assert asked.conversation is not None
+    listed = await client.conversations.items.list(asked.conversation.id, order="asc")
+    assert [(item.type, item.model_dump().get("call_id")) for item in listed.data] == [
+        ("message", None), ("function_call", "call_w1"), ("function_call_output", "call_w1"), ("message", None)]
 
 
 async def test_responses_parallel_calls_streamed_in_the_sdks_order(
