@@ -111,6 +111,7 @@ async def test_chat_rejects_history_with_a_conversation_and_tool_messages(http_d
         orphan = await http.post("/v1/chat/completions", json={
             "messages": [{"role": "tool", "tool_call_id": "call_1", "content": "r"}]})
         assert orphan.status_code == 400 and orphan.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
+        assert orphan.json()["error"]["param"] == "messages"  # the engine's `input`, in the client's terms
         header = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]},
                                  headers={"X-KSI-Conversation-Id": "../x"})
         assert header.status_code == 400 and header.json()["error"]["param"] == "conversation_id"

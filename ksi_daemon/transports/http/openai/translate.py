@@ -62,7 +62,7 @@ def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
                    "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
-CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages"}
+CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "input": "messages"}
 
 
 def _model_fields(payload: dict[str, Any], model: str | None) -> None:
