@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +97,7 @@ class StubOpenAI:
         app.router.add_post("/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/api/chat", self._ollama_chat)
+        app.router.add_post("/api/show", self._ollama_show)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -328,3 +331,26 @@ class StubOpenAI:
                                   "message": message, "done": True, "done_reason": "stop",
                                   "prompt_eval_count": word_count(body.get("messages", [])),
                                   "eval_count": len(text.split())})
+
+    async def _ollama_show(self, _request: web.Request) -> web.StreamResponse:
+        """`POST /api/show`: a model whose template takes tools (litellm reads that as function calling)."""
+        return web.json_response({"template": "{{ if .Tools }}{{ .Tools }}{{ end }}{{ .Prompt }}",
+                                  "model_info": {"llama.context_length": 8192}, "details": {}})
+
+
+@contextmanager
+def served_from_a_thread(stub: StubOpenAI) -> Iterator[StubOpenAI]:
+    """`stub` served by an event loop of its own: litellm asks an Ollama server for its model
+    info with a blocking call from the caller's event loop, which a stub on that loop could never
+    answer."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(stub.start(), loop).result(30)
+    try:
+        yield stub
+    finally:
+        asyncio.run_coroutine_threadsafe(stub.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

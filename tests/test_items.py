@@ -9,6 +9,7 @@ from ksi_common.items import (
     output_items,
     output_text,
 )
+from ksi_daemon.providers.tool_calls import input_messages, output_message, with_calls_answered
 
 
 def test_a_record_written_before_items_reads_as_one_user_and_one_assistant_message() -> None:
@@ -40,3 +41,17 @@ def test_function_call_outputs_and_image_parts_are_input_items() -> None:
     assert item_text(items[1]) == "and this? [image sha256:abababababab]"
     assert output_items({"type": "error", "code": "timeout"}) == []
     assert output_text([{"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}]) == ""
+
+
+def test_a_call_without_its_output_and_an_output_without_its_call_are_shown_as_text() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
+    made = output_message([call])
+    answer = input_messages([{"type": "function_call_output", "call_id": "c1", "output": "12C"}])
+    paired = [{"role": "user", "content": "hi"}, made, *answer]
+    assert with_calls_answered(paired) == paired  # kept as they are when whole
+    # a pinned exchange shown without the one that answers it, and an answer without its call
+    broken = with_calls_answered([{"role": "user", "content": "hi"}, made, {"role": "user", "content": "next"},
+                                  *answer])
+    assert [m["role"] for m in broken] == ["user", "assistant", "user", "user"]
+    assert "tool_calls" not in broken[1] and "weather" in broken[1]["content"] and "c1" in broken[1]["content"]
+    assert broken[3]["content"] == "[output of c1: 12C]"

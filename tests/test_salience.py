@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ksi_common.items import message
 from ksi_daemon.services.completion.salience import (
     Items,
     check_candidate,
@@ -11,6 +12,10 @@ from ksi_daemon.services.completion.salience import (
     self_statements,
 )
 from ksi_daemon.services.conversations.memory import Exchange
+
+
+def exchange(user: str, reply: str) -> Exchange:
+    return Exchange([message("user", user)], [message("assistant", reply)])
 
 
 def count(text: str) -> int:
@@ -33,7 +38,7 @@ def test_the_users_statements_about_themselves_and_decisions_are_kept_questions_
 
 
 def test_a_refusal_a_question_a_long_echo_and_a_lossy_summary_fail_their_checks() -> None:
-    items = exchange_items([Exchange([{"role": "user", "content": "My name is Alice Bowman; my locker is 4817."}],
+    items = exchange_items([exchange("My name is Alice Bowman; my locker is 4817.",
                                      "Noted, Alice Bowman, locker 4817.")])
     good = check_candidate("The user is Alice Bowman; her locker is 4817.", items, 40, 30, count)
     assert good.ok, good
@@ -46,8 +51,8 @@ def test_a_refusal_a_question_a_long_echo_and_a_lossy_summary_fail_their_checks(
 
 
 def test_the_fallback_keeps_the_users_words_first_and_stays_within_its_limit() -> None:
-    exchanges = [(1, Exchange([{"role": "user", "content": "My name is Alice Bowman and I chose plan B-17."}], "ok")),
-                 *[(n, Exchange([{"role": "user", "content": "tell about the sea " * 30}], "the sea is wide"))
+    exchanges = [(1, exchange("My name is Alice Bowman and I chose plan B-17.", "ok")),
+                 *[(n, exchange("tell about the sea " * 30, "the sea is wide"))
                    for n in range(2, 30)]]
     text = fallback_text(exchanges, 60, count)
     assert "My name is Alice Bowman and I chose plan B-17." in text
@@ -59,7 +64,7 @@ def test_items_past_what_the_summariser_is_shown_are_not_required_of_it() -> Non
 
     shown = "Ticket PROJ-1234 is open. "
     reply = shown + "and so on " * (EXCHANGE_TEXT_LIMIT // 10) + "Ticket PROJ-9999 too."
-    items = exchange_items([Exchange([{"role": "user", "content": shown + "x " * EXCHANGE_TEXT_LIMIT + "PROJ-8888"}],
+    items = exchange_items([exchange(shown + "x " * EXCHANGE_TEXT_LIMIT + "PROJ-8888",
                                      reply)])
     assert "PROJ-1234" in items.facts
     assert "PROJ-9999" not in items.facts and "PROJ-8888" not in items.facts

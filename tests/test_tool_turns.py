@@ -16,7 +16,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
-from tests.stub_openai import Reply, StubOpenAI
+from tests.stub_openai import Reply, StubOpenAI, served_from_a_thread
 
 WEATHER = {"type": "function", "name": "weather", "description": "today's weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -109,6 +109,9 @@ async def test_a_restart_in_the_middle_of_the_loop(short_tmp: Path, stub: StubOp
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         first = await loop_step_one(client, stub)
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        # the first turn's result, asked for again after the restart, still holds the call
+        again = await client.request("completion:wait", {"request_id": first["request_id"], "timeout": 5})
+        assert again["recovered"] is True and calls_of(again) == calls_of(first)
         # the new daemon knows the open call from storage alone: a plain prompt is refused...
         with pytest.raises(KsiError) as caught:
             await client.request("completion:async", {"prompt": "never mind", "conversation_id": "tools"})
@@ -143,8 +146,10 @@ async def test_a_fork_before_the_tool_call_continues_without_it(stub_daemon: Dae
 
 
 @pytest.mark.backends
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_blocks(
-        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        stream: bool) -> None:
     monkeypatch.setenv("KSI_TEST_ANTHROPIC_KEY", "sk-ant-stub")
     anthropic = {"api_base": f"http://127.0.0.1:{stub.port}", "api_key_env": "KSI_TEST_ANTHROPIC_KEY"}
     settings = stub_settings(stub, models={"anthropic/stub*": anthropic}, **backend)
@@ -153,7 +158,7 @@ async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_bloc
         # the outputs go to a Claude-style model, which calls another tool in its own format
         stub.enqueue(Reply(calls=[{"id": "toolu_b", "name": "clock", "arguments": {"city": "Bergen"}}]))
         second = await complete(client, input=[output("call_a", "12C")], tools=TOOLS, model="anthropic/stub-claude",
-                                conversation_id="tools")
+                                conversation_id="tools", stream=stream)
         # and back on the OpenAI-style model for the last step
         stub.enqueue(Reply(text="Done."))
         third = await complete(client, input=[output("toolu_b", "14:05")], tools=TOOLS,
@@ -173,8 +178,12 @@ async def test_a_conversation_continues_on_an_anthropic_model_with_tool_use_bloc
     assert sent[3]["tool_calls"][0]["id"] == "toolu_b" and sent[4]["tool_call_id"] == "toolu_b"
 
 
-async def test_a_conversation_continues_on_an_ollama_model_with_its_tool_calls(
-        short_tmp: Path, stub: StubOpenAI) -> None:
+async def test_a_conversation_continues_on_an_ollama_model_with_its_tool_calls(short_tmp: Path) -> None:
+    with served_from_a_thread(StubOpenAI()) as stub:
+        await ollama_loop(short_tmp, stub)
+
+
+async def ollama_loop(short_tmp: Path, stub: StubOpenAI) -> None:
     settings = stub_settings(stub, models={"ollama_chat/stub*": {"api_base": f"http://127.0.0.1:{stub.port}"}})
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         await loop_step_one(client, stub)
@@ -238,6 +247,24 @@ async def test_the_oldest_tool_turn_leaves_with_its_output_and_the_summary_names
     assert "minus 12C" not in json.dumps(sent[1:])
     # ...and what stands in for them says the tool was called
     assert sent[0]["role"] == "system" and "weather" in sent[0]["content"] and "call_first" in sent[0]["content"]
+
+
+async def test_outputs_whose_call_no_longer_fits_are_context_window_exceeded(short_tmp: Path,
+                                                                            stub: StubOpenAI) -> None:
+    small = "openai/stub-small"
+    settings = stub_settings(stub, models={small: {"api_base": stub.api_base, "context_window": 700,
+                                                   "output_reserve": 100}},
+                             calibration=False, summariser="off", default_model=small)
+    long_arguments = {"notes": "the quick brown fox jumps over the lazy dog " * 60}
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        stub.enqueue(Reply(calls=[{"id": "call_big", "name": "weather", "arguments": long_arguments}]))
+        await complete(client, prompt="Weather?", tools=TOOLS, conversation_id="big", create=True)
+        with pytest.raises(KsiError) as caught:
+            await complete(client, input=[output("call_big", "12C")], tools=TOOLS, conversation_id="big")
+        index = await stored_index(daemon, "big")
+    # the call would be left out and its output sent alone: the turn does not fit, and is not sent
+    assert caught.value.code == ErrorCode.CONTEXT_WINDOW_EXCEEDED and caught.value.details["call_ids"] == ["call_big"]
+    assert len(stub.requests) == 1 and len(index) == 1
 
 
 # -- bad input ----------------------------------------------------------------------------------------
@@ -307,6 +334,11 @@ async def test_tools_go_only_where_they_can_be_called(short_tmp: Path, stub: Stu
         error = await refused(client, daemon, {"input": [{"role": "user", "content": [
             {"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "https://x.test/a.png"}]}]})
         assert error.code == ErrorCode.UNSUPPORTED_PARAMETER and list(error.details["fields"]) == ["input.0.content.1"]
-        # a model nobody declared gets the tools
+        # a model nobody declared gets the tools, and its own refusal of them comes back
         await complete(client, prompt="hi", tools=[WEATHER], model="openai/stub-undeclared")
-    assert stub.requests[-1]["tools"][0]["function"]["name"] == "weather"
+        assert stub.requests[-1]["tools"][0]["function"]["name"] == "weather"
+        stub.enqueue(Reply(status=400, body=json.dumps({"error": {
+            "message": "stub-undeclared does not support tools", "type": "invalid_request_error"}})))
+        with pytest.raises(KsiError) as caught:
+            await complete(client, prompt="hi", tools=[WEATHER], model="openai/stub-undeclared")
+    assert caught.value.code == ErrorCode.PROVIDER_ERROR and "does not support tools" in caught.value.message

@@ -71,6 +71,8 @@ def with_calls_answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     and every tool message answers a call just made. Where history broke a pair (a pinned exchange
     shown without its partner, a lost record), both sides are shown as plain text instead, since
     providers refuse a call without its result and a result without its call."""
+    if not any("tool_calls" in m or m.get("role") == "tool" for m in messages):
+        return messages  # most conversations: no tool turn to look at
     out: list[dict[str, Any]] = []
     position = 0
     while position < len(messages):

@@ -16,11 +16,13 @@ async def open_calls(cache: ConversationCache, memory: ConversationMemory, max_d
     """The function calls of the conversation's newest history exchange (a fork's may be its
     parent's); the admission rule makes the next exchange answer all of them, so they are open."""
     await cache.load_newest(memory)
-    for member, upto in await fork_chain(cache, memory, max_depth):
+    own = memory.eligible_between(0, memory.total)
+    if own:  # most turns: the conversation's own newest exchange, in memory since its commit
+        return function_calls((await cache.texts(memory, own[-1:]))[0].output)
+    for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:  # a fork with none of its own yet
         entries = member.eligible_between(0, member.total if upto is None else upto)
         if entries:
-            newest = (await cache.texts(member, entries[-1:]))[0]
-            return function_calls(newest.output)
+            return function_calls((await cache.texts(member, entries[-1:]))[0].output)
     return []
 
 

@@ -30,6 +30,8 @@ class Exchange:
     input: list[Item]
     output: list[Item]
     files: list[dict[str, Any]] = field(default_factory=list)
+    # its chat messages, made once: a conversation in memory is sent again every turn
+    _chat: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def reply(self) -> str:
@@ -43,7 +45,9 @@ class Exchange:
     def chat_messages(self) -> list[dict[str, Any]]:
         if not self.input:  # its response file is missing or unreadable: a lone reply would break
             return []  # the user/assistant alternation (and some providers refuse it)
-        return [*input_messages(self.input), output_message(self.output)]
+        if self._chat is None:
+            self._chat = [*input_messages(self.input), output_message(self.output)]
+        return self._chat
 
 
 def exchange_input(lines: list[dict[str, Any]]) -> list[Item]:
