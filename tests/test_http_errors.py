@@ -101,8 +101,13 @@ async def test_malformed_json_is_400(http_daemon: HttpDaemon, content: bytes) ->
 async def test_chat_rejects_tool_messages_and_a_bad_conversation_header(http_daemon: HttpDaemon) -> None:
     async with api(http_daemon) as http:
         tool = await http.post("/v1/chat/completions", json={"messages": [{"role": "tool", "content": "r"}]})
-        assert tool.status_code == 400 and tool.json()["error"]["param"] == "messages.0.role"
-        assert tool.json()["error"]["code"] == ErrorCode.UNSUPPORTED_PARAMETER  # a feature KSI lacks
+        assert tool.status_code == 400 and tool.json()["error"]["param"] == "messages.0.tool_call_id"
+        assert tool.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
+        # a tool message answering a call no conversation made: the engine finds no such call open
+        orphan = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "tool", "tool_call_id": "call_1", "content": "r"}]})
+        assert orphan.status_code == 400 and orphan.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
+        assert orphan.json()["error"]["param"] == "messages"  # the engine's `input`, in the client's terms
         header = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]},
                                  headers={"X-KSI-Conversation-Id": "../x"})
         assert header.status_code == 400 and header.json()["error"]["param"] == "conversation_id"

@@ -49,12 +49,7 @@ async def test_a_field_the_door_does_not_declare_goes_to_the_provider(
     assert stub.requests[-1]["top_k"] == 5
 
 
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-
-
 @pytest.mark.parametrize(("extra", "field"), [
-    ({"tools": [TOOL]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ({"function_call": {"name": "f"}}, "function_call"),
     ({"n": 2}, "n"),
@@ -75,18 +70,18 @@ async def test_chat_completion_refusals(http_daemon: HttpDaemon, stub: StubOpenA
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
 
-async def test_chat_history_with_tool_calls_is_refused_before_it_is_imported(
+async def test_chat_history_with_legacy_function_calls_is_refused_before_it_is_imported(
         http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     async with api(http_daemon) as http:
         reply = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
-            {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
             {"role": "user", "content": "c"}]})
-        tool = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
-            {"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]})
+        result = await http.post("/v1/chat/completions", json={"model": "openai/stub-model", "messages": [
+            {"role": "user", "content": "a"}, {"role": "function", "name": "f", "content": "42"}]})
     assert (reply.status_code, reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
-        400, ErrorCode.UNSUPPORTED_PARAMETER, "messages.1.tool_calls")
-    assert (tool.status_code, tool.json()["error"]["code"], tool.json()["error"]["param"]) == (
+        400, ErrorCode.UNSUPPORTED_PARAMETER, "messages.1.function_call")
+    assert (result.status_code, result.json()["error"]["code"], result.json()["error"]["param"]) == (
         400, ErrorCode.UNSUPPORTED_PARAMETER, "messages.1.role")
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
@@ -132,8 +127,6 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
 
 
 @pytest.mark.parametrize(("extra", "field"), [
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
@@ -144,7 +137,7 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
      "input.0.content.0.type"),
     ({"input": [{"role": "user", "content": "go"},
-                {"type": "function_call_output", "call_id": "call_1", "output": "42"}]}, "input.1.type"),
+                {"type": "computer_call_output", "call_id": "call_1", "output": {}}]}, "input.1.type"),
 ])
 async def test_response_refusals(http_daemon: HttpDaemon, stub: StubOpenAI, extra: dict[str, Any],
                                  field: str) -> None:

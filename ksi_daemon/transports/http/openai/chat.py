@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import KsiError
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.responses import SSE_HEADERS
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
 from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate
@@ -50,7 +50,7 @@ class ChatCompletions:
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
             raise renamed(error, CHAT_FIELDS) from None
-        shaped = shapes.chat_completion(result, created)
+        shaped = tool_shapes.with_tool_calls(shapes.chat_completion(result, created), result)
         headers = {CONVERSATION_HEADER: result["conversation_id"]}
         used = history_used(result)
         if used is not None:
@@ -66,15 +66,21 @@ class ChatCompletions:
         def line(data: dict[str, Any]) -> bytes:
             return b"data: " + orjson.dumps(data) + b"\n\n"
 
+        calls = tool_shapes.ChatCallDeltas()
         try:
             yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"role": "assistant", "content": ""}, **ids))
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
                     if outcome.text:
                         yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {"content": outcome.text}))
+                    if outcome.tool_call is not None:
+                        yield line(shapes.chat_chunk(chunk_id, ack["model"], created, calls.delta(outcome.tool_call)))
                 elif isinstance(outcome, Done):
                     result = outcome.result
                     used = history_used(result)
+                    unsent = calls.unsent(result.get("output") or [])
+                    if unsent is not None:
+                        yield line(shapes.chat_chunk(chunk_id, ack["model"], created, unsent))
                     yield line(shapes.chat_chunk(chunk_id, ack["model"], created, {},
                                                  result.get("finish_reason") or "stop", **ids,
                                                  **({"metadata": {"ksi_history": used}} if used else {})))

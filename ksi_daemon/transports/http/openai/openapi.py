@@ -31,13 +31,24 @@ _MESSAGE = {"type": "object", "required": ["type", "id", "role", "content"],
             "properties": {"type": {"const": "message"}, "id": {"type": "string"}, "status": {"type": "string"},
                            "role": {"enum": ["user", "system", "assistant"]},
                            "content": {"type": "array", "items": _TEXT}}}
+_FUNCTION_CALL = {"type": "object", "required": ["type", "id", "call_id", "name", "arguments"],
+                  "properties": {"type": {"const": "function_call"}, "id": {"type": "string"},
+                                 "call_id": {"type": "string"}, "name": {"type": "string"},
+                                 "arguments": {"type": "string"}, "status": {"type": "string"}}}
+_REASONING = {"type": "object", "required": ["type", "id", "summary"],
+              "properties": {"type": {"const": "reasoning"}, "id": {"type": "string"},
+                             "summary": {"type": "array", "items": _TEXT}}}
+_CALL_OUTPUT = {"type": "object", "required": ["type", "id", "call_id", "output"],
+                "properties": {"type": {"const": "function_call_output"}, "id": {"type": "string"},
+                               "call_id": {"type": "string"}, "output": {"type": "string"},
+                               "status": {"type": "string"}}}
 _RESPONSE = {
     "type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
     "properties": {
         "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
         "status": {"enum": ["completed", "incomplete", "failed", "cancelled", "in_progress", "queued"]},
         "model": {"type": "string"}, "background": {"type": "boolean"},
-        "output": {"type": "array", "items": _MESSAGE},
+        "output": {"type": "array", "items": {"anyOf": [_MESSAGE, _FUNCTION_CALL, _REASONING]}},
         "usage": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
         "previous_response_id": {"type": ["string", "null"]}, "instructions": {"type": ["string", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -138,7 +149,7 @@ def openapi_document() -> dict[str, Any]:
             "responses": {"200": _json(response_ref), **_errors(404, 409)}}},
         "/v1/responses/{id}/input_items": {"get": {
             "operationId": "listInputItems", "parameters": _ID + _PAGE,
-            "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}}},
+            "responses": {"200": _json(_list({"anyOf": [_MESSAGE, _CALL_OUTPUT]})), **_errors(404)}}},
         "/v1/chat/completions": {"post": {
             "operationId": "createChatCompletion", "requestBody": body(ChatCompletionCreate),
             "parameters": [{"name": "X-KSI-Conversation-Id", "in": "header", "schema": {"type": "string"}}],

@@ -17,7 +17,7 @@ CLOSING_DONE = 4  # output_text.done, content_part.done, output_item.done, respo
 CLOSING_FAILED = 1  # response.failed
 
 # a Response status at its end -> the event that says so
-_FINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete",
+FINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete",
                  "failed": "response.failed", "cancelled": "response.failed"}
 
 
@@ -64,7 +64,7 @@ class ResponseEvents:
         number = OPENING + chunks
         status = final["status"]
         if status not in ("completed", "incomplete"):
-            return [{"type": _FINAL_EVENTS.get(status, "response.failed"), "sequence_number": number,
+            return [{"type": FINAL_EVENTS.get(status, "response.failed"), "sequence_number": number,
                      "response": final}]
         text = "".join(part["text"] for item in final["output"] for part in item.get("content") or [])
         where = self._where()
@@ -74,5 +74,5 @@ class ResponseEvents:
              "part": output_text(text)},
             {"type": "response.output_item.done", "sequence_number": number + 2, "output_index": 0,
              "item": message_item(self.response_id, text, status=final["output"][0]["status"])},
-            {"type": _FINAL_EVENTS[status], "sequence_number": number + 3, "response": final},
+            {"type": FINAL_EVENTS[status], "sequence_number": number + 3, "response": final},
         ]

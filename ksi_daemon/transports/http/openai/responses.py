@@ -4,6 +4,7 @@ KSI response id; either form is taken."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai import tool_shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.response_object import (
     Asked,
@@ -25,6 +26,7 @@ from ksi_daemon.transports.http.openai.response_object import (
     response_object,
 )
 from ksi_daemon.transports.http.openai.response_stream import (
+    FINAL_EVENTS,
     ResponseEvents,
     chunks_before,
     last_sequence,
@@ -82,7 +84,7 @@ class Responses:
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
                 ack = await stream.start(payload)
-                return StreamingResponse(self._events(stream, ack, asked, created_at),
+                return StreamingResponse(self._events(stream, ack, asked, body, created_at),
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
@@ -91,36 +93,49 @@ class Responses:
             result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],
             finish_reason=result.get("finish_reason"))
+        shaped = tool_shapes.with_output({**shaped, **tool_shapes.request_echo(body)},
+                                         result["response_id"], result.get("output"))
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
         shaped["metadata"] = {**(shaped.get("metadata") or {}), "ksi_history": used}
         return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
-    async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked,
+    async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
                       created_at: int) -> AsyncIterator[bytes]:
-        """A foreground stream: followed through pushed events; a client that leaves cancels it."""
+        """A foreground stream: followed through pushed events; a client that leaves cancels it. Its
+        events are numbered as they are sent (only a background one is read again, from its kept
+        chunks: see _replayed); an output item opens when its first delta arrives."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
-        numbering = ResponseEvents(response_id)
+        items = tool_shapes.ResponseItemEvents(response_id)
+        sequence = itertools.count()
+
+        def event(kind: str, **fields: Any) -> bytes:
+            return sse({"type": kind, "sequence_number": next(sequence), **fields})
 
         def snapshot(status: str, **fields: Any) -> dict[str, Any]:
-            return response_object(response_id, asked, model=model, status=status, created_at=created_at,
-                                   conversation_id=conversation_id, **fields)
+            return {**response_object(response_id, asked, model=model, status=status, created_at=created_at,
+                                      conversation_id=conversation_id, **fields), **tool_shapes.request_echo(body)}
 
-        chunks = 0
         try:
-            for event in numbering.opening(snapshot("in_progress"), snapshot("in_progress")):
-                yield sse(event)
+            yield event("response.created", response=snapshot("in_progress"))
+            yield event("response.in_progress", response=snapshot("in_progress"))
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
                     if outcome.text:
-                        yield sse(numbering.delta(chunks, outcome.text))
-                        chunks += 1
+                        for kind, fields in items.text_delta(outcome.text):
+                            yield event(kind, **fields)
+                    if outcome.tool_call is not None:
+                        for kind, fields in items.call_delta(outcome.tool_call):
+                            yield event(kind, **fields)
                     continue
                 if isinstance(outcome, Done):
                     result = outcome.result
-                    final = snapshot("completed", text=str(result["content"]), usage=result.get("usage"),
-                                     finish_reason=result.get("finish_reason"))
+                    closing, output = items.done(result)
+                    for kind, fields in closing:
+                        yield event(kind, **fields)
+                    final = {**snapshot("completed", text=str(result["content"]), usage=result.get("usage"),
+                                        finish_reason=result.get("finish_reason")), "output": output}
                     used = history_used(result)
                     if used is not None:  # which history the model was sent: the client's or the stored one
                         final["metadata"] = {**(final.get("metadata") or {}), "ksi_history": used}
@@ -129,8 +144,7 @@ class Responses:
                     cancelled = error.code == ErrorCode.CANCELLED
                     final = snapshot("cancelled" if cancelled else "failed",
                                      error=None if cancelled else response_error(error.code, error.message))
-                for event in numbering.closing(chunks, final):
-                    yield sse(event)
+                yield event(FINAL_EVENTS.get(final["status"], "response.failed"), response=final)
         finally:
             stream.abandon()  # the client left early: cancel what is still running
 
@@ -197,9 +211,10 @@ class Responses:
             return await self._resume(response_id, _starting_after(request))
         view = await self._kept(response_id)
         if view is not None:
-            return JSONResponse(from_chunks(view))
+            output = (view.get("result") or {}).get("output")
+            return JSONResponse(tool_shapes.with_output(from_chunks(view), response_id, output))
         shown = await call(self.door.handle_request, "response:show", {"response_id": response_id})
-        return JSONResponse(from_record(shown))
+        return JSONResponse(tool_shapes.with_output(from_record(shown), response_id, tool_shapes.stored_output(shown)))
 
     async def cancel(self, request: Request) -> Response:
         """Cancel a background response that is queued or running; any other is refused."""
@@ -223,5 +238,5 @@ class Responses:
     async def input_items(self, request: Request) -> Response:
         shown = await call(self.door.handle_request, "response:show",
                            {"response_id": ksi_id(request.path_params["id"])})
-        items = shapes.input_items(shown["response_id"], shown.get("inputs") or [])
+        items = tool_shapes.input_items(shown["response_id"], shown.get("inputs") or [])
         return JSONResponse(list_page(items, request))

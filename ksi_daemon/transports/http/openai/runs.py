@@ -27,6 +27,7 @@ async def complete(handle_request: RequestHandler, payload: dict[str, Any]) -> d
 @dataclass(slots=True)
 class Chunk:
     text: str
+    tool_call: dict[str, Any] | None = None  # {"index", "call_id", "name", "arguments": a delta}
 
 
 @dataclass(slots=True)
@@ -70,7 +71,8 @@ class CompletionStream:
                 continue  # a subscription sees every request's events; this stream follows one
             event = frame["event"]
             if event == "completion:chunk":
-                yield Chunk(str(data.get("text") or ""))
+                call = data.get("tool_call")
+                yield Chunk(str(data.get("text") or ""), call if isinstance(call, dict) else None)
                 continue
             self.finished = True
             self.origin.close()

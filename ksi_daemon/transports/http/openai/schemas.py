@@ -2,8 +2,8 @@
 and the source of the request schemas in /openapi.json. Nothing a client asks is dropped: a field
 is mapped onto completion:async (the sampling/format ones onto its `options`, see
 ksi_daemon/providers/options.py), or shapes only KSI's own answer and is honoured here (each says
-why it is not passed on), or is refused with `unsupported_parameter` naming it (tools, n > 1,
-logprobs, image input, ...). A field this door does not declare goes to the provider by name, as
+why it is not passed on), or is refused with `unsupported_parameter` naming it (hosted tools,
+n > 1, logprobs, image input, ...). A field this door does not declare goes to the provider by name, as
 the socket's `options` do; values an SDK sends by default (`tools: []`, `n: 1`) ask for nothing and
 pass."""
 
@@ -61,12 +61,24 @@ class InputMessage(Body):
         return part_texts(self.content, where)
 
 
-class ToolItem(Body):
-    """An input item of a tool call or its result: a feature KSI lacks, refused by name."""
+class FunctionCallOutput(Body):
+    """A function tool's result, answering a call of the response it continues."""
 
-    type: Literal["function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[Part]
+
+
+class ToolItem(Body):
+    """An input item of a call (history, see tool_shapes.response_input_item) or of a hosted tool: refused."""
+
+    type: Literal["function_call", "custom_tool_call", "custom_tool_call_output",
                   "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
                   "mcp_call", "mcp_approval_response", "reasoning", "item_reference"]
+    # a function_call's own fields (a client-held history resends the calls the model made)
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
 
 
 class ConversationRef(Body):
@@ -77,6 +89,12 @@ class CreateBody(Body):
     """A create body: fields it does not declare are kept (model_extra) and go to the provider."""
 
     model_config = ConfigDict(extra="allow")
+
+    # function tools in either API's form (flat or nested under `function`), as completion:async takes
+    # them; hosted tools are refused by name (see tool_shapes.tool_fields)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TextFormatSpec(Body):
@@ -122,7 +140,7 @@ class Reasoning(Body):
 class ResponseCreate(CreateBody):
     """POST /v1/responses."""
 
-    input: str | list[InputMessage | ToolItem]
+    input: str | list[InputMessage | FunctionCallOutput | ToolItem]
     model: str | None = None
     instructions: str | None = None
     previous_response_id: Id | None = None
@@ -149,7 +167,8 @@ class ResponseCreate(CreateBody):
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[InputMessage | ToolItem]) -> str | list[InputMessage | ToolItem]:
+    def _some_input(cls, value: str | list[InputMessage | FunctionCallOutput | ToolItem]
+                    ) -> str | list[InputMessage | FunctionCallOutput | ToolItem]:
         if isinstance(value, list) and not value:
             raise ValueError("must hold at least one message")
         return value
@@ -161,9 +180,9 @@ class ResponseCreate(CreateBody):
 class ChatMessage(Body):
     role: Literal["user", "system", "developer", "assistant", "tool", "function"]
     content: str | list[Part] | None = None
-    # an assistant turn's tool calls: refused when there are some (see translate.split_chat)
-    tool_calls: list[Any] | None = None
-    function_call: Any = None
+    tool_calls: list[Any] | None = None  # an assistant turn's calls (see tool_shapes.chat_calls_as_items)
+    tool_call_id: str | None = None  # the call a tool message answers
+    function_call: Any = None  # the legacy form of tool_calls: refused (see translate.split_chat)
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)

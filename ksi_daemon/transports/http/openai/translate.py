@@ -8,11 +8,14 @@ from typing import Any
 from starlette.requests import Request
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item
+from ksi_common.items import message as message_item
 from ksi_common.settings import Settings
-from ksi_daemon.providers.options import TOOLS_NOT_STORED, check_request_options
+from ksi_daemon.providers.options import check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
+from ksi_daemon.transports.http.openai import tool_shapes
 from ksi_daemon.transports.http.openai.response_object import ksi_id
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, ResponseCreate, ToolItem, parse
+from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, InputMessage, ResponseCreate, parse
 
 AGENT_PREFIX = "agent/"
 HISTORY_HEADER = "X-KSI-History"  # client: the client's own history was sent; stored: KSI's rebuild
@@ -56,7 +59,8 @@ def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
                    "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input"}
-CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages"}
+CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages",
+               "input": "messages"}
 
 
 def _model_fields(payload: dict[str, Any], model: str | None) -> None:
@@ -113,31 +117,33 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
-        # a list holding assistant items carries the client's own history: everything up to the
-        # last assistant item is history (matched to its conversation), what follows is new
-        last_reply = max((p for p, m in enumerate(body.input) if not isinstance(m, ToolItem) and m.role == "assistant"),
-                         default=-1)
-        history: list[dict[str, Any]] = []
-        messages = []
+        # a list holding assistant items (or calls) carries the client's own history: everything up
+        # to the last of them is history (matched to its conversation), what follows is new
+        last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+        history: list[Item] = []
+        messages: list[Item] = []
         for position, message in enumerate(body.input):
-            if isinstance(message, ToolItem):
-                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                               f"input.{position} is a {message.type} item: {TOOLS_NOT_STORED}",
-                               fields={f"input.{position}.type": TOOLS_NOT_STORED})
-            text = message.text(f"input.{position}.content")
             if position <= last_reply:
-                history.append({"type": "message", "role": message.role, "content": text})
+                item = tool_shapes.history_item(position, message)
+                if item is not None:
+                    history.append(item)
                 continue
+            if not isinstance(message, InputMessage):
+                messages.append(tool_shapes.response_input_item(position, message))
+                continue
+            text = message.text(f"input.{position}.content")
             if not text.strip():
                 raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
                                fields={f"input.{position}.content": "must not be empty"})
-            messages.append({"role": "user" if message.role == "user" else "system", "content": text})
+            messages.append(message_item("user" if message.role == "user" else "system", text))
         if history:
             payload["history"] = history
-        if not any(m["role"] == "user" for m in messages):
-            raise KsiError(ErrorCode.VALIDATION_ERROR, "input must end with a user message (the new input)",
-                           fields={"input": "no user message after the last assistant message"})
-        payload["messages"] = messages
+        if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           "input must end with a user message or a call's output (the new input)",
+                           fields={"input": "no user message or call output after the last assistant item"})
+        payload.update(tool_shapes.new_input(messages))
+    payload.update(tool_shapes.tool_fields(body))
     _model_fields(payload, body.model)
     previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else None
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
@@ -152,52 +158,60 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
 @dataclass(slots=True)
 class ChatInput:
     """A chat request's messages split into what KSI needs: the client's own earlier turns (as
-    items, its leading system messages first), the system prompt, and the new input."""
+    items, its leading system messages first), the system prompt, and the new input (user and
+    system messages, and the outputs of the calls the last assistant message made)."""
 
     system: str | None
-    history: list[dict[str, Any]]  # every message up to the last assistant one
-    new: list[dict[str, str]]
+    history: list[Item]  # every message up to the last assistant one, its tool calls as items
+    new: list[Item]
     options: dict[str, Any]
 
 
 def split_chat(body: ChatCompletionCreate) -> ChatInput:
     system = None
-    history: list[dict[str, Any]] = []
-    pending: list[dict[str, str]] = []
-    options = _extra_fields(body)  # seed, stop, response_format, n, tools, ...: OpenAI's names are the options'
+    history: list[Item] = []
+    pending: list[Item] = []
+    calls = tool_shapes.ChatCalls()
+    options = _extra_fields(body)  # seed, stop, response_format, n, ...: OpenAI's names are the options'
     if body.top_p is not None:
         options["top_p"] = body.top_p
     options = _checked(options, CHAT_FIELDS)
     for position, message in enumerate(body.messages):
-        if message.role in ("tool", "function"):
-            # a feature KSI lacks, not a malformed request: refused like the tools themselves
-            raise _refuse(f"messages.{position}.role", f"{message.role} messages carry tool results: {TOOLS_NOT_STORED}")
-        if message.tool_calls or message.function_call:
-            called = "tool_calls" if message.tool_calls else "function_call"
-            raise _refuse(f"messages.{position}.{called}", TOOLS_NOT_STORED)
+        if message.role == "function" or message.function_call:
+            # the deprecated form of tool calls: its replies have no call ids to answer
+            called = "role" if message.role == "function" else "function_call"
+            raise _refuse(f"messages.{position}.{called}", "functions are called through tools and tool_calls")
+        if message.role == "tool":
+            pending.append(calls.answer(message, position))
+            continue
+        calls.check_answered(position)
         text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
             if not history and system is not None:
-                history.append({"type": "message", "role": "system", "content": system})
-            history.extend({"type": "message", **m} for m in pending)
-            history.append({"type": "message", "role": "assistant", "content": text})
+                history.append(message_item("system", system))
+            made = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
+            history.extend(pending)
+            history.extend([message_item("assistant", text)] if text or not made else [])
+            history.extend(made)
+            calls.called(made)
             pending = []
             continue
-        if message.role in ("system", "developer") and not history and not any(m["role"] == "user" for m in pending):
+        if message.role in ("system", "developer") and not history and not pending:
             system = text if system is None else f"{system}\n\n{text}"
             continue
         if not text.strip():
             raise KsiError(ErrorCode.VALIDATION_ERROR, f"messages.{position}.content is empty",
                            fields={f"messages.{position}.content": "must not be empty"})
-        pending.append({"role": "user" if message.role == "user" else "system", "content": text})
-    if not any(m["role"] == "user" for m in pending):
-        raise KsiError(ErrorCode.VALIDATION_ERROR, "the last messages must include a user message (the new input)",
-                       fields={"messages": "no new user message after the last assistant message"})
+        pending.append(message_item("user" if message.role == "user" else "system", text))
+    if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
+        raise KsiError(ErrorCode.VALIDATION_ERROR,
+                       "the last messages must include a user message or tool results (the new input)",
+                       fields={"messages": "no new user or tool message after the last assistant message"})
     return ChatInput(system, history, pending, options)
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"messages": chat.new, "origin": "http"}
+    payload: dict[str, Any] = {**tool_shapes.new_input(chat.new), **tool_shapes.tool_fields(body), "origin": "http"}
     if chat.history:
         payload["history"] = chat.history  # matched to the conversation it belongs to
     _model_fields(payload, body.model)

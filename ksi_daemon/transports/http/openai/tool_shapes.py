@@ -1,0 +1,411 @@
+"""Tool calls through the OpenAI door, in both APIs' shapes.
+
+Requests: the tool fields (`tools`, `tool_choice`, `parallel_tool_calls`) go to completion:async
+as they are (it takes both the Responses flat form and the Chat Completions nested form); a tool
+KSI cannot run a loop for (a hosted tool: web search, file search, computer use, ...) is refused
+by name. A tool's result comes back as a `function_call_output` item: a Responses input item, or
+a chat `role: tool` message answering the last assistant message's `tool_calls`.
+
+Replies: the result's output items become a chat message's `tool_calls` or the Responses output
+items (`message`, `function_call`, `reasoning`), and `completion:chunk` tool-call deltas become
+chat `delta.tool_calls` entries or the Responses streaming events the official SDK accumulates.
+Which engine behaviour a tool option gets (passed on, refused with `unsupported_parameter`) is the
+completion service's; the door only translates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item, function_calls, message
+from ksi_common.items import output_items as stored_items
+from ksi_common.items import part_text as part_texts_of
+from ksi_common.items import output_text as reply_text
+from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.schemas import (
+    ChatMessage,
+    CreateBody,
+    FunctionCallOutput,
+    InputMessage,
+    ToolItem,
+    part_texts,
+)
+from ksi_daemon.transports.http.openai.shapes import message_item, output_text
+
+NO_CALL_CHOICES = (None, "auto", "none")  # what an SDK sends by default: with no tools it asks for nothing
+HOSTED = "KSI runs function tools only: the client runs each call and sends its output back"
+
+
+def _refuse(name: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} is not supported: {why}", fields={name: why})
+
+
+def tool_fields(body: CreateBody) -> dict[str, Any]:
+    """The completion:async tool fields of a request body. Values that ask for nothing (`tools: []`,
+    `tool_choice: "auto"` without tools) are left out, so a client's defaults reach a model without
+    tool support as no tools at all."""
+    choice = body.tool_choice
+    if not body.tools:
+        return {} if choice in NO_CALL_CHOICES else {"tool_choice": choice}
+    for position, tool in enumerate(body.tools):
+        kind = tool.get("type")
+        if isinstance(kind, str) and kind != "function":
+            raise _refuse(f"tools.{position}.type", f"a {kind} tool is hosted by OpenAI; {HOSTED}")
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] != "function":
+        raise _refuse("tool_choice.type", f"a {choice['type']} tool choice: KSI takes \"auto\", \"none\", "
+                                          f"\"required\" or one named function; {HOSTED}")
+    fields: dict[str, Any] = {"tools": body.tools}
+    if choice is not None:
+        fields["tool_choice"] = choice
+    if body.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = body.parallel_tool_calls
+    return fields
+
+
+def check_declared(model: str, function_calling: bool | None) -> None:
+    """Tools to a model its settings declare unable to call them: unsupported_parameter."""
+    if function_calling is False:
+        raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                       f"tools is not supported: {model} cannot call tools (its settings say so)",
+                       fields={"tools": "this model cannot call tools"}, model=model)
+
+
+def call_output(call_id: str, output: str) -> Item:
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+
+def response_input_item(position: int, item: FunctionCallOutput | ToolItem) -> Item:
+    """A Responses input item that is not a message: a call's output is new input; a call is
+    history (it comes from `previous_response_id` or `conversation`); other kinds are refused."""
+    where = f"input.{position}"
+    if isinstance(item, FunctionCallOutput):
+        return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
+    if item.type == "function_call":
+        raise KsiError(ErrorCode.VALIDATION_ERROR,
+                       f"{where} is a function_call item: the history comes from previous_response_id or "
+                       "conversation, the input is only what is new (the calls' outputs)",
+                       fields={f"{where}.type": "a call is history, not new input"})
+    why = {"reasoning": "reasoning items are kept by KSI with the response that made them, not taken as input",
+           "item_reference": "items are continued by previous_response_id or conversation, not referenced"}
+    raise _refuse(f"{where}.type", why.get(item.type, f"a {item.type} item belongs to a hosted tool; {HOSTED}"))
+
+
+def is_output_item(item: InputMessage | FunctionCallOutput | ToolItem) -> bool:
+    """An item only a model gives (an assistant message, a call): what ends a client's history."""
+    if isinstance(item, InputMessage):
+        return item.role == "assistant"
+    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning")
+
+
+def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item | None:
+    """An item of a client-held Responses history as completion:async's `history` takes it (None:
+    a reasoning item, kept by KSI with the response that made it and never matched)."""
+    where = f"input.{position}"
+    if isinstance(item, InputMessage):
+        return message(item.role if item.role != "developer" else "system", item.text(f"{where}.content"))
+    if isinstance(item, FunctionCallOutput):
+        return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
+    if item.type == "function_call":
+        return {"type": "function_call", "call_id": item.call_id or "", "name": item.name or "",
+                "arguments": item.arguments or ""}
+    if item.type == "reasoning":
+        return None
+    return response_input_item(position, item)  # refused: a hosted tool's item, an item reference
+
+
+@dataclass(slots=True)
+class ChatCalls:
+    """The tool calls of the last assistant message of a chat request, and the tool messages that
+    answer them: each answers one of them, and every call is answered before the next message of
+    another role (as OpenAI requires), so a history is refused before any of it is written."""
+
+    made: set[str] | None = None  # None: no assistant message yet (the new input of a stored conversation)
+    answered: set[str] = field(default_factory=set)
+
+    def called(self, calls: list[Item]) -> None:
+        self.made, self.answered = {call["call_id"] for call in calls}, set()
+
+    def answer(self, message: ChatMessage, position: int) -> Item:
+        """A `role: tool` message as a function_call_output item (with no assistant message before
+        it, the engine checks its call id against the conversation's newest exchange)."""
+        where = f"messages.{position}.tool_call_id"
+        if not message.tool_call_id:
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is missing: a tool message answers a call",
+                           fields={where: "the id of the tool call this message answers"})
+        if self.made is not None and message.tool_call_id not in self.made:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"{where} {message.tool_call_id!r} answers no tool call of the assistant message before it",
+                           fields={where: "not a call of the assistant message before it"})
+        self.answered.add(message.tool_call_id)
+        return call_output(message.tool_call_id, message.text(f"messages.{position}.content"))
+
+    def check_answered(self, position: int) -> None:
+        """Before message `position`, of another role: every call has its tool message."""
+        missing = sorted((self.made or set()) - self.answered)
+        if missing:
+            raise KsiError(ErrorCode.VALIDATION_ERROR,
+                           f"messages.{position} comes before tool messages answering the calls {missing} of the "
+                           "assistant message before it",
+                           fields={f"messages.{position}": f"the calls {missing} have no tool message"})
+
+
+# -- Chat Completions -------------------------------------------------------------------------------
+
+def chat_tool_calls(output: list[Item]) -> list[dict[str, Any]]:
+    """The function calls among output items, as a chat message's `tool_calls`."""
+    return [{"id": call["call_id"], "type": "function",
+             "function": {"name": call["name"], "arguments": call.get("arguments") or ""}}
+            for call in function_calls(output)]
+
+
+def chat_calls_as_items(tool_calls: list[Any], where: str) -> list[Item]:
+    """An assistant message's `tool_calls` as function_call items (a client-held history)."""
+    calls = []
+    for position, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(call.get("id"), str) \
+                or not isinstance(function.get("name"), str):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.{position} needs an id and a function name",
+                           fields={f"{where}.{position}": "a function call: id, function.name, function.arguments"})
+        calls.append({"type": "function_call", "call_id": call["id"], "name": function["name"],
+                      "arguments": str(function.get("arguments") or "")})
+    return calls
+
+
+def with_tool_calls(completion: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion whose message carries the calls the result made, if it made some (with
+    `content: null` when there is no text beside them, as OpenAI gives it)."""
+    calls = chat_tool_calls(result.get("output") or [])
+    if calls:
+        message = completion["choices"][0]["message"]
+        message.update(content=message["content"] or None, tool_calls=calls)
+    return completion
+
+
+@dataclass(slots=True)
+class ChatCallDeltas:
+    """`completion:chunk` tool-call deltas as chat `delta.tool_calls` entries: a call's id, type
+    and name are sent once (the SDK's accumulator concatenates strings it sees twice), its
+    arguments in pieces."""
+
+    named: set[int] = field(default_factory=set)
+
+    def delta(self, tool_call: dict[str, Any]) -> dict[str, Any]:
+        index = int(tool_call.get("index") or 0)
+        entry: dict[str, Any] = {"index": index}
+        function: dict[str, Any] = {}
+        if index not in self.named and tool_call.get("call_id"):
+            self.named.add(index)
+            entry.update(id=tool_call["call_id"], type="function")
+            function["name"] = str(tool_call.get("name") or "")
+        function["arguments"] = str(tool_call.get("arguments") or "")
+        entry["function"] = function
+        return {"tool_calls": [entry]}
+
+    def unsent(self, output: list[Item]) -> dict[str, Any] | None:
+        """The calls of the result no delta announced (a reply that came whole), as one delta."""
+        entries = []
+        for index, call in enumerate(chat_tool_calls(output)):
+            if index not in self.named:
+                self.named.add(index)
+                entries.append({"index": index, **call})
+        return {"tool_calls": entries} if entries else None
+
+
+# -- Responses -------------------------------------------------------------------------------------
+
+def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
+    """A result's (or a record's) output items as Responses output items, in order."""
+    shaped = []
+    calls = 0
+    for item in output:
+        kind = item.get("type")
+        if kind == "function_call":
+            shaped.append(function_call_item(response_id, calls, item))
+            calls += 1
+        elif kind == "reasoning":
+            shaped.append(reasoning_item(response_id, item))
+        elif kind == "message":
+            shaped.append(message_item(response_id, str(item.get("content") or "")))
+    return shaped
+
+
+def function_call_item(response_id: str, index: int, call: Item, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{response_id}_{index}", "call_id": str(call.get("call_id") or ""),
+            "name": str(call.get("name") or ""), "arguments": str(call.get("arguments") or ""), "status": status}
+
+
+def reasoning_item(response_id: str, item: Item) -> dict[str, Any]:
+    return {"type": "reasoning", "id": f"rs_{response_id}",
+            "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}
+
+
+def with_output(shaped: dict[str, Any], response_id: str, output: list[Item] | None) -> dict[str, Any]:
+    """A Response object whose `output` holds the reply's items, when they are more than its text."""
+    if not output or all(item.get("type") == "message" for item in output):
+        return shaped  # plain text: the one message already there
+    return {**shaped, "output": output_items(response_id, output)}
+
+
+def stored_output(shown: dict[str, Any]) -> list[Item]:
+    """The output items of a stored response (the data of response:show)."""
+    return stored_items(shown.get("outcome")) if shown.get("status") == "completed" else []
+
+
+def input_items(response_id: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's input lines as input items: messages, and the outputs of calls it answered."""
+    shaped = shapes.input_items(response_id, lines)
+    for position, line in enumerate(lines):
+        if line.get("type") == "function_call_output":
+            shaped[position] = {"type": "function_call_output", "id": f"fco_{response_id}_in{position}",
+                                "call_id": str(line.get("call_id") or ""), "output": str(line.get("output") or ""),
+                                "status": "completed"}
+    return shaped
+
+
+def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation's exchanges as Conversations API items, oldest first: an exchange of calls or
+    their outputs as its items (from the `input` and `output` a transcript shows), any other as
+    messages, as before tools."""
+    shaped: list[dict[str, Any]] = []
+    for exchange in exchanges:
+        inputs, output = exchange.get("input") or [], exchange.get("output") or []
+        if not (function_calls(output) or any(item.get("type") == "function_call_output" for item in inputs)):
+            shaped += shapes.conversation_items(conversation_id, [exchange])
+            continue
+        response_id = exchange.get("response_id") or f"{conversation_id}-{exchange.get('n')}"
+        lines = [{"type": "function_call_output", **item} if item.get("type") == "function_call_output"
+                 else {"type": "system" if item.get("role") == "system" else "user",
+                       "content": part_texts_of(item.get("content") or "")} for item in inputs]
+        shaped += input_items(response_id, lines)
+        shaped += output_items(response_id, output)
+    return shaped
+
+
+def request_echo(body: CreateBody) -> dict[str, Any]:
+    """What a Response object says about the request's tools (the fields the SDK reads back)."""
+    fields = tool_fields(body)
+    echo: dict[str, Any] = {}
+    if fields.get("tools"):
+        echo["tools"] = fields["tools"]
+    if "tool_choice" in fields:
+        echo["tool_choice"] = fields["tool_choice"]
+    if "parallel_tool_calls" in fields:
+        echo["parallel_tool_calls"] = bool(fields["parallel_tool_calls"])
+    return echo
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class ResponseItemEvents:
+    """A streamed response's output items as Responses events, in the order the official SDK
+    accumulates them: an item is added when its first delta arrives (the text message, or each
+    function call by its index), its deltas follow, and the end closes every open item in order
+    before `response.completed` holds them all."""
+
+    response_id: str
+    # ("message", 0), ("call", index) or ("reasoning", 0), by output index
+    opened: list[tuple[str, int]] = field(default_factory=list)
+    text: str = ""
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # call index -> call_id, name, arguments
+
+    def text_delta(self, delta: str) -> Iterator[Event]:
+        if ("message", 0) not in self.opened:
+            yield from self._open_message()
+        self.text += delta
+        yield "response.output_text.delta", {**self._where(), "delta": delta, "logprobs": []}
+
+    def call_delta(self, tool_call: dict[str, Any]) -> Iterator[Event]:
+        index = int(tool_call.get("index") or 0)
+        call = self.calls.get(index)
+        if call is None:
+            call = self.calls[index] = {"call_id": str(tool_call.get("call_id") or ""),
+                                        "name": str(tool_call.get("name") or ""), "arguments": ""}
+            self.opened.append(("call", index))
+            yield "response.output_item.added", {
+                "output_index": len(self.opened) - 1,
+                "item": function_call_item(self.response_id, index, call, status="in_progress")}
+        delta = str(tool_call.get("arguments") or "")
+        if delta:
+            call["arguments"] += delta
+            yield "response.function_call_arguments.delta", {
+                "item_id": f"fc_{self.response_id}_{index}", "output_index": self._position("call", index),
+                "delta": delta}
+
+    def done(self, result: dict[str, Any]) -> tuple[list[Event], list[dict[str, Any]]]:
+        """The closing events, and the response's output items in their announced order. What the
+        result holds that no delta announced (a reply that came whole) is announced here first."""
+        output = list(result.get("output") or [])
+        events: list[Event] = []
+        text = str(result.get("content") or "")
+        calls = function_calls(output)
+        for index, call in enumerate(calls):
+            if index not in self.calls:
+                events += self.call_delta({"index": index, "call_id": call.get("call_id"), "name": call.get("name"),
+                                           "arguments": call.get("arguments")})
+        summaries = [item for item in output if item.get("type") == "reasoning"]
+        if summaries:  # a summary comes whole with the result: announced at the end
+            self.opened.append(("reasoning", 0))
+            events.append(("response.output_item.added", {"output_index": len(self.opened) - 1,
+                                                          "item": reasoning_item(self.response_id, summaries[0])}))
+        if ("message", 0) not in self.opened and (text or not calls):
+            events += self._open_message()  # an empty answer still is one message, as before tools
+            if text:
+                events.append(("response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}))
+        items = []
+        for position, (kind, index) in enumerate(self.opened):
+            if kind == "message":
+                where = self._where()
+                events.append(("response.output_text.done", {**where, "text": text, "logprobs": []}))
+                events.append(("response.content_part.done", {**where, "part": output_text(text)}))
+                item = message_item(self.response_id, text)
+            elif kind == "reasoning":
+                item = reasoning_item(self.response_id, summaries[0])
+            else:
+                call = calls[index] if index < len(calls) else self.calls[index]
+                item = function_call_item(self.response_id, index, call)
+                events.append(("response.function_call_arguments.done", {
+                    "item_id": item["id"], "output_index": position, "name": item["name"],
+                    "arguments": item["arguments"]}))
+            events.append(("response.output_item.done", {"output_index": position, "item": item}))
+            items.append(item)
+        return events, items
+
+    def _open_message(self) -> Iterator[Event]:
+        self.opened.append(("message", 0))
+        yield "response.output_item.added", {"output_index": len(self.opened) - 1,
+                                             "item": message_item(self.response_id, "", status="in_progress")}
+        yield "response.content_part.added", {**self._where(), "part": output_text("")}
+
+    def _position(self, kind: str, index: int) -> int:
+        return self.opened.index((kind, index))
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": f"msg_{self.response_id}", "output_index": self._position("message", 0),
+                "content_index": 0}
+
+
+# -- new input and imported history ----------------------------------------------------------------
+
+def new_input(items: list[Item]) -> dict[str, Any]:
+    """The new input as completion:async takes it: `messages` when it is only messages (as before
+    tools), `input` items when it holds the outputs of calls."""
+    if any(item["type"] == "function_call_output" for item in items):
+        return {"input": items}
+    return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}
+
+
+def exchange_document(inputs: list[Item], output: list[Item]) -> dict[str, Any]:
+    """One exchange of a client's own history as an export's exchange: its input lines and reply,
+    and, when it holds calls or their outputs, its `input` and `output` items."""
+    lines = [{"type": "function_call_output", "call_id": item["call_id"], "output": item["output"]}
+             if item["type"] == "function_call_output" else {"type": "user", "content": item["content"]}
+             for item in inputs]
+    exchange: dict[str, Any] = {"inputs": lines, "reply": {"content": reply_text(output)}}
+    if function_calls(output) or any(item["type"] == "function_call_output" for item in inputs):
+        exchange.update(input=inputs, output=output)
+    return exchange
