@@ -400,12 +400,13 @@ async def test_hosted_tools_are_refused_by_name(http_daemon: HttpDaemon, stub: S
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
 
-async def test_a_call_in_the_input_is_history_not_new_input(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+async def test_a_call_in_the_input_is_history_and_needs_the_user_turn_before_it(
+        http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     async with sdk(http_daemon) as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.responses.create(model="openai/stub-model", input=[
                 {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "c1", "output": "12C"}])
     assert caught.value.code == ErrorCode.VALIDATION_ERROR
-    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input.0.type"
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input.0.role"
     assert stored(http_daemon.daemon) == [] and stub.requests == []

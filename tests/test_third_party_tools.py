@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_daemon.context import EventContext
+from ksi_daemon.transports.http.openai.response_object import ksi_id
 from tests.client_venvs import run_client
 from tests.conftest import HttpDaemon
 from tests.stub_openai import Reply, StubOpenAI
@@ -115,8 +116,10 @@ async def test_an_openai_agents_tool_loop_over_responses_is_one_conversation(
     [conversation] = await conversations(http_daemon)
     assert conversation["exchanges"] == 2
     first, second = out["responses"]
-    shown = await http_daemon.daemon.router.request("response:show", {"response_id": second}, EventContext.root())
-    assert shown["previous_response_id"] == first
+    assert first.startswith("resp_") and second.startswith("resp_")  # the door's ids, KSI's after the prefix
+    shown = await http_daemon.daemon.router.request("response:show", {"response_id": ksi_id(second)},
+                                                    EventContext.root())
+    assert shown["previous_response_id"] == ksi_id(first)
 
 
 async def test_an_openai_agents_tool_loop_over_chat_completions(

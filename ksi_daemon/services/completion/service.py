@@ -794,8 +794,8 @@ class CompletionService:
                                   stand_in.text() if stand_in is not None else None)
         own = own_history(data, whole_budget - attached.tokens, count)  # the client's own, when it fits
         if own is not None:
-            messages = build_messages(sent_system, History(), new_messages)
-            messages[1 if messages[0]["role"] == "system" else 0:0] = own.messages
+            # the client's turns then the new input, so its calls and their outputs stay paired
+            messages = build_messages(sent_system, History(), [*own.messages, *new_messages])
         # the prompt as the daemon counts it, for calibration against the provider's count
         estimate = ((own.tokens if own is not None else history.tokens) + attached.tokens + input_tokens
                     + (count(messages[0]["content"]) + MESSAGE_OVERHEAD if messages[0]["role"] == "system" else 0))
