@@ -184,9 +184,14 @@ class ConversationService:
                 "exchanges": len(transcript["exchanges"]), "content": render(transcript, data.format)}
 
     # -- metadata -------------------------------------------------------------
-    async def _change(self, conversation_id: str, changes: dict[str, Any]) -> ConversationMeta:
+    async def _change(self, conversation_id: str, changes: dict[str, Any],
+                      extra: dict[str, Any] | None = None) -> ConversationMeta:
+        """Apply `changes` (and `extra`, merged into the metadata's extras) to the metadata as it is
+        under the lock: a commit that changed it meanwhile (pending input taken) is never undone."""
         memory = await self.cache.require(conversation_id)
         async with memory.lock:
+            if extra:
+                changes = {**changes, "extra": {**memory.meta.extra, **extra}}
             meta = memory.meta.model_copy(update=changes, deep=True)
             meta = ConversationMeta.model_validate(meta.model_dump())
             await self.store.save_meta(meta)
@@ -201,6 +206,7 @@ class ConversationService:
             entries, allowed = await self._pin_facts(memory, pins)
             self._pins_within(pins, entries, allowed)
             changes["pins"] = pins
+        extra: dict[str, Any] = {}
         for name in data.model_fields_set - {"conversation_id", "pins"}:
             value = getattr(data, name)
             if name == "tags":
@@ -208,16 +214,14 @@ class ConversationService:
             if name == "status" and value is None:
                 continue
             if name == "metadata":  # kept with the other client extras, not as a field of its own
-                extra = await self._extra(data.conversation_id)
-                name, value = "extra", {**extra, "metadata": dict(value or {})}
+                extra["metadata"] = dict(value or {})
+                continue
             changes[name] = value  # an explicit null clears title, ttl or turn_cap
-        meta = await self._change(data.conversation_id, changes)
-        log.info("conversation_updated", conversation_id=data.conversation_id, fields=sorted(changes))
+        meta = await self._change(data.conversation_id, changes, extra)
+        updated = sorted([*changes, *(["extra"] if extra else [])])
+        log.info("conversation_updated", conversation_id=data.conversation_id, fields=updated)
         self._changed(data.conversation_id, "updated", context)
-        return {"conversation": self._summary(meta), "updated": sorted(changes)}
-
-    async def _extra(self, conversation_id: str) -> dict[str, Any]:
-        return dict((await self.cache.require(conversation_id)).meta.extra)
+        return {"conversation": self._summary(meta), "updated": updated}
 
     async def handle_archive(self, data: ConversationArchive, context: EventContext) -> dict[str, Any]:
         meta = await self._change(data.conversation_id, {"status": "archived"})
