@@ -278,3 +278,16 @@ async def test_exchanges_stored_before_digests_are_never_matched(short_tmp: Path
         result = await complete(client, prompt="again", conversation_id="c1", history=[
             *history, {"role": "user", "content": "new"}, {"role": "assistant", "content": "stub answer to: new"}])
         assert result["conversation_id"] == "c1"
+
+
+async def test_an_agents_client_resending_its_history_keeps_one_conversation(stub_daemon: Daemon) -> None:
+    """The agent's profile holds the system prompt; its client never sees it, so never resends it."""
+    async with connected(stub_daemon) as client:
+        await client.request("agent:spawn", {"agent_id": "helper", "system": "You are Helper."})
+        history: list[dict[str, Any]] = []
+        seen = []
+        for turn in range(3):
+            result = await complete(client, prompt=f"t{turn}", agent_id="helper", history=history or None)
+            seen.append((result["conversation_id"], result["exchange"]))
+            history += [{"role": "user", "content": f"t{turn}"}, {"role": "assistant", "content": result["content"]}]
+        assert len({cid for cid, _n in seen}) == 1 and [n for _cid, n in seen] == [1, 2, 3]

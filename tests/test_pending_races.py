@@ -35,3 +35,4 @@ async def test_a_metadata_update_during_a_commit_never_brings_taken_pending_inpu
         assert (shown["conversation"].get("extra") or {}).get("metadata", {"k": "v"}) == {"k": "v"}
         await complete(client, prompt="p3", conversation_id=cid)
         assert [m["content"] for m in stub.messages()].count("PENDING-Q") == 1
+

@@ -161,12 +161,16 @@ class ClientHistory:
         self.max_depth = max_depth
 
     async def resolve(self, data: CompletionAsync, context: EventContext,
-                      before_write: Callable[[CompletionAsync], Awaitable[None]]) -> CompletionAsync:
+                      before_write: Callable[[CompletionAsync], Awaitable[None]],
+                      default_system: str | None = None) -> CompletionAsync:
         """`data` naming the conversation its history belongs to (made when needed); its history
         stays, for the provider to be sent when it fits. `before_write` refuses the request before
-        a conversation is written for it."""
+        a conversation is written for it; `default_system` is the system prompt of a history that
+        names none (an agent's profile's)."""
         assert data.history is not None
         turns = split_history(data.history, data.instructions)
+        if turns.system is None and data.system is None:
+            turns.system = default_system
         if not turns.exchanges:
             return data
         chain = turns.chain()

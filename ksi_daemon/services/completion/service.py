@@ -384,7 +384,9 @@ class CompletionService:
         an earlier one (or create the same conversation a second time) meanwhile.
         """
         if data.history:
-            data = await self.client_history.resolve(data, context, self._check_before_write)
+            # an agent's profile supplies the system prompt its client never sees, so never resends
+            agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
+            data = await self.client_history.resolve(data, context, self._check_before_write, agent_system)
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
