@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import tool_shapes
+from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.response_object import (
     Asked,
@@ -238,5 +238,5 @@ class Responses:
     async def input_items(self, request: Request) -> Response:
         shown = await call(self.door.handle_request, "response:show",
                            {"response_id": ksi_id(request.path_params["id"])})
-        items = tool_shapes.input_items(shown["response_id"], shown.get("inputs") or [])
+        items = shapes.input_items(shown["response_id"], shown.get("inputs") or [])
         return JSONResponse(list_page(items, request))

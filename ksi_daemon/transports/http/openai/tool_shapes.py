@@ -21,7 +21,6 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
-from ksi_common.items import part_text as part_texts_of
 from ksi_common.items import output_text as reply_text
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.schemas import (
@@ -252,36 +251,6 @@ def with_output(shaped: dict[str, Any], response_id: str, output: list[Item] | N
 def stored_output(shown: dict[str, Any]) -> list[Item]:
     """The output items of a stored response (the data of response:show)."""
     return stored_items(shown.get("outcome")) if shown.get("status") == "completed" else []
-
-
-def input_items(response_id: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's input lines as input items: messages, and the outputs of calls it answered."""
-    shaped = shapes.input_items(response_id, lines)
-    for position, line in enumerate(lines):
-        if line.get("type") == "function_call_output":
-            shaped[position] = {"type": "function_call_output", "id": f"fco_{response_id}_in{position}",
-                                "call_id": str(line.get("call_id") or ""), "output": str(line.get("output") or ""),
-                                "status": "completed"}
-    return shaped
-
-
-def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A conversation's exchanges as Conversations API items, oldest first: an exchange of calls or
-    their outputs as its items (from the `input` and `output` a transcript shows), any other as
-    messages, as before tools."""
-    shaped: list[dict[str, Any]] = []
-    for exchange in exchanges:
-        inputs, output = exchange.get("input") or [], exchange.get("output") or []
-        if not (function_calls(output) or any(item.get("type") == "function_call_output" for item in inputs)):
-            shaped += shapes.conversation_items(conversation_id, [exchange])
-            continue
-        response_id = exchange.get("response_id") or f"{conversation_id}-{exchange.get('n')}"
-        lines = [{"type": "function_call_output", **item} if item.get("type") == "function_call_output"
-                 else {"type": "system" if item.get("role") == "system" else "user",
-                       "content": part_texts_of(item.get("content") or "")} for item in inputs]
-        shaped += input_items(response_id, lines)
-        shaped += output_items(response_id, output)
-    return shaped
 
 
 def request_echo(body: CreateBody) -> dict[str, Any]:
