@@ -111,8 +111,9 @@ async def test_a_cycle_in_hand_edited_metadata_is_fork_cycle(short_tmp: Path, st
 
     async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
         for conversation_id in ("a", "b"):
-            ack = await client.request("completion:async", {"prompt": "loop?", "conversation_id": conversation_id})
+            # at the ack when the open tool calls are looked up along the chain, else when the turn runs
             with pytest.raises(KsiError) as caught:
+                ack = await client.request("completion:async", {"prompt": "loop?", "conversation_id": conversation_id})
                 await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
             assert caught.value.code == "fork_cycle"
             for event in ("conversation:show", "conversation:stats", "conversation:fork"):
@@ -134,7 +135,6 @@ async def test_a_chain_deeper_than_the_limit_is_fork_cycle(short_tmp: Path, stub
             parent = (await client.request("conversation:fork", {"conversation_id": parent}))["conversation_id"]
             if i < 1:
                 await complete(client, prompt=f"level {i}", conversation_id=parent)
-        ack = await client.request("completion:async", {"prompt": "deep", "conversation_id": parent})
-        with pytest.raises(KsiError) as caught:
-            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        with pytest.raises(KsiError) as caught:  # at the ack, before anything is queued
+            await client.request("completion:async", {"prompt": "deep", "conversation_id": parent})
         assert caught.value.code == "fork_cycle"
