@@ -200,6 +200,15 @@ async def settle_after_restart(daemon: DaemonProcess, ledger: Ledger, database_u
                 assert result["content"] == indexed[request_id][2]
                 ledger.recovered_done.add(request_id)
                 continue
+            if status["status"] in ("queued", "running"):
+                # PostgreSQL: accepted is durable for the pool, so the restarted daemon (another
+                # member to the database) takes the dead one's request over and runs it again
+                assert database_url is not None, status
+                result = await client.request("completion:wait", {"request_id": request_id, "timeout": 60})
+                indexed = await indexed_requests(daemon.var, database_url)
+                assert request_id in indexed and result["response_id"] == indexed[request_id][1], result
+                ledger.recovered_done.add(request_id)
+                continue
             assert status["status"] == "failed" and status["reason"] == "daemon_restart", status
             assert request_id not in indexed, f"{request_id} failed with daemon_restart yet is indexed"
             frame = await client.send_frame("completion:wait", {"request_id": request_id, "timeout": 0})

@@ -31,6 +31,13 @@ class RequestsElsewhere:
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id}", request_id=request_id)
         return found
 
+    async def knows(self, request_id: str) -> bool:
+        """Whether the pool holds the request (a shared backend: any live daemon answers for it)."""
+        try:
+            return await self.requests.find(request_id) is not None
+        except KsiError:  # the database is away: the journal's own account stands
+            return False
+
     async def taken_from_here(self, request_id: str) -> bool:
         """Whether another daemon took the request over from this one."""
         try:

@@ -236,6 +236,10 @@ class CompletionService:
 
     async def start(self) -> None:
         for record in await recover(self.journal, self.cache.store, self.responses):
+            if record.get("code") == ErrorCode.DAEMON_RESTART and await self.elsewhere.knows(record["request_id"]):
+                # accepted is durable for the pool: a live daemon (this one, once the old run's
+                # heartbeat is stale) takes it over, so it is answered from there, never as lost
+                continue
             self.requests.add_interrupted(record)
         await self.calibration.load()
 
