@@ -291,3 +291,18 @@ async def test_an_agents_client_resending_its_history_keeps_one_conversation(stu
             seen.append((result["conversation_id"], result["exchange"]))
             history += [{"role": "user", "content": f"t{turn}"}, {"role": "assistant", "content": result["content"]}]
         assert len({cid for cid, _n in seen}) == 1 and [n for _cid, n in seen] == [1, 2, 3]
+
+
+async def test_a_system_message_between_turns_holds_from_its_exchange_and_the_chat_goes_on(
+        stub_daemon: Daemon) -> None:
+    """A chat client that changed its system prompt mid-conversation resends it where it stood."""
+    async with connected(stub_daemon) as client:
+        first = await complete(client, prompt="u1")
+        history = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": first["content"]}]
+        second = await complete(client, messages=[{"role": "system", "content": "be terse"},
+                                                  {"role": "user", "content": "u2"}], history=history)
+        assert second["conversation_id"] == first["conversation_id"]
+        history += [{"role": "system", "content": "be terse"}, {"role": "user", "content": "u2"},
+                    {"role": "assistant", "content": second["content"]}]
+        third = await complete(client, prompt="u3", history=history)
+        assert (third["conversation_id"], third["exchange"]) == (first["conversation_id"], 3)

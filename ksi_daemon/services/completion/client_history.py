@@ -47,13 +47,20 @@ def _invalid(where: str, why: str) -> KsiError:
 
 @dataclass(slots=True)
 class ClientTurns:
-    """A client-held history as exchanges (input items, output items), under one system prompt."""
+    """A client-held history as exchanges (input items, output items), each under the system prompt
+    in effect for it (`system` is the first one: the history's, as an import stores it)."""
 
     system: str | None
     exchanges: list[tuple[list[items.Item], list[items.Item]]] = field(default_factory=list)
+    systems: list[str | None] = field(default_factory=list)  # the system prompt of each exchange
 
     def chain(self) -> list[str]:
-        return items.digest_chain(self.system, self.exchanges)
+        chain: list[str] = []
+        previous = None
+        for system, (inputs, outputs) in zip(self.systems, self.exchanges, strict=True):
+            previous = items.exchange_digest(previous, system, inputs, outputs)
+            chain.append(previous)
+        return chain
 
     def text_only(self) -> bool:
         """Every item a message whose content is text (what `conversation:append` can store)."""
@@ -106,21 +113,34 @@ def _normalised(raw: Any, where: str) -> items.Item:
 
 
 def split_history(history: list[Any], instructions: str | None = None) -> ClientTurns:
-    """The client's earlier turns as exchanges; system messages only before the first exchange
-    (the system prompt of the whole history; `instructions`, when given, is it instead)."""
+    """The client's earlier turns as exchanges. System messages opening the history are its system
+    prompt; a later one replaces it from the exchange it stands in on (as a system message in a
+    request's new input does); `instructions`, when given, is the system prompt of every exchange."""
     turns = ClientTurns(system=None)
     system_parts: list[str] = []
+    later: str | None = None  # a system prompt given after the history began
+    waiting: int | None = None  # where a later system message stands with no turn after it yet
     inputs: list[items.Item] = []
     outputs: list[items.Item] = []
+
+    def close() -> None:
+        opening = "\n\n".join(system_parts) or None
+        turns.exchanges.append((inputs, outputs))
+        turns.systems.append(instructions if instructions is not None else (later if later is not None else opening))
+
     for position, raw in enumerate(history):
         where = f"history.{position}"
         item = _normalised(raw, where)
         kind, role = item["type"], item.get("role")
         if kind == "message" and role == "system":
-            if turns.exchanges or inputs or outputs:
-                raise _invalid(f"{where}.role", "a system message can only open the history "
-                                                "(a changed system prompt starts another conversation)")
-            system_parts.append(items.part_text(item["content"]))
+            text = items.part_text(item["content"])
+            if not turns.exchanges and not inputs and not outputs:
+                system_parts.append(text)
+                continue
+            if outputs:  # between exchanges: it holds from the next one on
+                close()
+                inputs, outputs = [], []
+            later, waiting = text, (position if not inputs else None)
             continue
         is_output = kind in OUTPUT_KINDS or (kind == "message" and role == "assistant")
         if is_output:
@@ -129,14 +149,18 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
             outputs.append(item)
             continue
         if outputs:  # an input after outputs opens the next exchange
-            turns.exchanges.append((inputs, outputs))
+            close()
             inputs, outputs = [], []
         inputs.append(item)
+        waiting = None
+    if waiting is not None:
+        raise _invalid(f"history.{waiting}.role", "a system message after the last exchange belongs to the new "
+                                                  "input (messages or input), not to the history")
     if inputs and not outputs:
         raise _invalid(f"history.{len(history) - 1}", "the history must end with an assistant turn "
                                                       "(what is new goes in prompt, messages or input)")
     if outputs:
-        turns.exchanges.append((inputs, outputs))
+        close()
     turns.system = instructions if instructions is not None else ("\n\n".join(system_parts) or None)
     return turns
 
@@ -169,8 +193,9 @@ class ClientHistory:
         names none (an agent's profile's)."""
         assert data.history is not None
         turns = split_history(data.history, data.instructions)
-        if turns.system is None and data.system is None:
+        if turns.system is None and data.system is None and default_system is not None:
             turns.system = default_system
+            turns.systems = [default_system if system is None else system for system in turns.systems]
         if not turns.exchanges:
             return data
         chain = turns.chain()
