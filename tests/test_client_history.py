@@ -306,3 +306,21 @@ async def test_a_system_message_between_turns_holds_from_its_exchange_and_the_ch
                     {"role": "assistant", "content": second["content"]}]
         third = await complete(client, prompt="u3", history=history)
         assert (third["conversation_id"], third["exchange"]) == (first["conversation_id"], 3)
+
+
+async def test_the_same_history_sent_twice_at_once_continues_one_and_forks_the_other(
+        short_tmp: Path, stub: Any) -> None:
+    """Neither answer is stored after the other's turn, which its client never saw."""
+    notes = short_tmp / "notes.txt"
+    notes.write_text("some notes")  # reading a file at admission suspends: the window of the race
+    async with running_daemon(short_tmp, **stub_settings(stub, allowed_file_roots=[str(short_tmp)])) as daemon, \
+            connected(daemon) as client, connected(daemon) as other:
+        first = await complete(client, prompt="p1")
+        history = [{"role": "user", "content": "p1"}, {"role": "assistant", "content": first["content"]}]
+        acks = await asyncio.gather(*(c.request("completion:async", {"prompt": f"branch {i}", "history": history,
+                                                                    "files": [str(notes)]})
+                                      for i, c in enumerate((client, other))))
+        results = [await client.request("completion:wait", {"request_id": a["request_id"], "timeout": 30})
+                   for a in acks]
+        placed = sorted((r["conversation_id"] == first["conversation_id"], r["exchange"]) for r in results)
+        assert placed == [(False, 2), (True, 2)]  # one continued in place, the other a fork at exchange 1

@@ -208,6 +208,7 @@ class CompletionService:
         self._overload_logged_at = -1.0e9
         self._held: dict[str, ConversationMemory] = {}  # request id -> the conversation it keeps in memory
         self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
+        self._history_admission = asyncio.Lock()  # see submit
         self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
                                    facts.count_tokens, self.history_budget)
@@ -388,9 +389,17 @@ class CompletionService:
         an earlier one (or create the same conversation a second time) meanwhile.
         """
         if data.history:
-            # an agent's profile supplies the system prompt its client never sees, so never resends
-            agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
-            data = await self.client_history.resolve(data, context, self._check_before_write, agent_system)
+            # one client-held history at a time, from matching it to admitting its request: two
+            # identical ones sent at once must not both continue the same conversation in place
+            # (the second sees the first admitted there, and forks)
+            async with self._history_admission:
+                # an agent's profile supplies the system prompt its client never sees, so never resends
+                agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
+                data = await self.client_history.resolve(data, context, self._check_before_write, agent_system)
+                return await self._submit(data, context, from_agent)
+        return await self._submit(data, context, from_agent)
+
+    async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None) -> RequestState:
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
