@@ -27,6 +27,7 @@ from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
 from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
@@ -95,6 +96,9 @@ class Daemon:
         self.litellm = LiteLLMProvider(settings)
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
                                        count_tokens=self.litellm.count_tokens_loading)
+        # the one write path of conversations, shared by every service that changes one
+        self.writer = ConversationWriter(self.cache, self.storage.summaries, clock=clock,
+                                         default_ttl=settings.default_ttl, max_fork_depth=settings.max_fork_depth)
         # one set of limits for every provider call, plain completions and consortium members alike
         self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency,
                                         pool=self.storage.slots, pool_limit=settings.pool_max_concurrency)
@@ -110,24 +114,23 @@ class Daemon:
         # reads agents' defaults from it, the agent service submits completions
         self.agent_registry = AgentRegistry(settings, self.storage.agents)
         self.completion = CompletionService(
-            settings, self.router, self.cache, self.responses, self.storage.journal,
+            settings, self.router, self.cache, self.writer, self.responses, self.storage.journal,
             provider=self.provider, facts=self.litellm, answerers={"consortium/": self.consortium},
             images=Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes),
             clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
-            summaries=self.storage.summaries,
             # wait, status and cancel for requests other daemons of the pool accepted
             elsewhere=RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id),
         )
 
         self.conversations = ConversationService(
-            settings, self.router, self.cache, self.storage.blobs, clock=clock,
+            settings, self.router, self.cache, self.writer, self.storage.blobs, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
             calibration=self.completion.calibration.report,
             pins_budget=self.completion.pins_budget,
         )
         self.agents = AgentService(
-            settings, self.router, self.completion, self.cache, self.agent_registry,
+            settings, self.router, self.completion, self.cache, self.writer, self.agent_registry,
             ProfileLibrary(settings.profiles_dir),
         )
         self.monitor = MonitorService(self.router)

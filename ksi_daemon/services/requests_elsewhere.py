@@ -11,14 +11,15 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.services.completion.recovery import indexed_result
-from ksi_daemon.storage.ports import ConversationStore, PoolRequest, PoolRequests, ResponseStore
+from ksi_common.reading import StoredReader
+from ksi_daemon.storage.ports import PoolRequest, PoolRequests, ResponseStore
 
 POLL = 0.1  # seconds between two looks at a request another daemon runs, while a wait lasts
 CANCEL_WAIT = 10.0  # seconds a cancel waits for the daemon running the request to end it
 
 
 class RequestsElsewhere:
-    def __init__(self, requests: PoolRequests, conversations: ConversationStore, responses: ResponseStore,
+    def __init__(self, requests: PoolRequests, conversations: StoredReader, responses: ResponseStore,
                  daemon_id: str = "") -> None:
         self.requests = requests
         self.daemon_id = daemon_id  # this daemon's

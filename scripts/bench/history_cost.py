@@ -67,6 +67,7 @@ from ksi_daemon.services.conversations.history import (
     select_history,
 )
 from ksi_daemon.services.conversations.memory import ConversationCache, estimate_tokens, exchange_from_response
+from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.models import ConversationMeta
@@ -219,7 +220,9 @@ class Preparer:
         self.max_depth = max_depth
         settings = Settings(_env_file=None, var_dir=layout.root, summariser=None if compaction else "off")
         # only the reading side of the compactor runs here: no provider, no budget callback
-        self.compactor = Compactor(settings, Router(), self.cache, JsonlSummaries(layout, fsync=False),
+        writer = ConversationWriter(self.cache, JsonlSummaries(layout, fsync=False), clock=time.time,
+                                    default_ttl=None, max_fork_depth=max_depth)
+        self.compactor = Compactor(settings, Router(), self.cache, writer,
                                    provider=None, count_tokens=estimate_tokens, budget_for=None)  # type: ignore[arg-type]
 
     async def prepare(self, conversation_id: str, user_messages: list[dict[str, Any]]

@@ -31,6 +31,7 @@ from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.storage.models import AgentRecord, ConversationMeta
 from ksi_daemon.storage.ports import AgentExists, ConversationExists
@@ -49,6 +50,7 @@ class AgentService:
         router: Router,
         completion: CompletionService,
         cache: ConversationCache,
+        writer: ConversationWriter,
         registry: AgentRegistry,
         profiles: ProfileLibrary,
     ) -> None:
@@ -56,6 +58,7 @@ class AgentService:
         self.router = router
         self.completion = completion
         self.cache = cache
+        self.writer = writer  # an agent's conversation is created, moved and read from storage through it
         self.registry = registry
         self.store = registry.store
         self.profiles = profiles
@@ -114,7 +117,7 @@ class AgentService:
                            status=existing.status if existing else "spawning")
         self._reserved.add(agent_id)
         try:
-            if self.cache.cached(agent_id) is not None or await self.cache.store.exists(agent_id):
+            if await self.writer.taken(agent_id):
                 raise self._conversation_taken(agent_id)
             record = self._new_record(agent_id, data, profile, spawned_by=context.agent_id)
             parent = self.records.get(context.agent_id) if context.agent_id else None
@@ -124,8 +127,8 @@ class AgentService:
             # the conversation first, created exclusively: a fork, an import or a completion racing
             # for this id either loses here or wins and the spawn is refused; never two writers
             try:
-                await self.completion.create_conversation(agent_id, agent_id=agent_id, system=record.system,
-                                                          origin="agent")
+                await self.writer.create(self.writer.new_meta(agent_id, agent_id=agent_id, system=record.system,
+                                                              origin="agent"))
             except ConversationExists:
                 raise self._conversation_taken(agent_id) from None
             try:
@@ -214,25 +217,20 @@ class AgentService:
             if memory is not None:
                 has_history = memory.total > memory.base
             else:
-                has_history = await self.cache.store.head(conversation_id) > 0
+                has_history = await self.writer.head(conversation_id) > 0
             previous = None
-            forks: list[str] = []
             if has_history:
                 previous = await self._archive_id(record)
                 # the record names the previous conversation before it moves: a kill between the
                 # two leaves it listed (start() drops a listed one the move never reached)
                 record.previous_conversations.append(previous)
                 await self.store.save(record)
-                forks = await self.cache.store.move(conversation_id, previous,
-                                                    {"reset_from": conversation_id, "reset_at": utc_now()})
-                if memory is not None:
-                    memory.retired = True
-            self.cache.forget(conversation_id)
-            for fork in forks:
-                self.cache.forget(fork)
+                await self.writer.move(conversation_id, previous,
+                                       {"reset_from": conversation_id, "reset_at": utc_now()}, memory)
+            self.writer.forget(conversation_id)
             try:
-                await self.completion.create_conversation(conversation_id, agent_id=record.agent_id,
-                                                          system=record.system, origin="agent")
+                await self.writer.create(self.writer.new_meta(conversation_id, agent_id=record.agent_id,
+                                                              system=record.system, origin="agent"))
             except ConversationExists:  # the reset moved nothing and the conversation is already fresh
                 pass
         record.last_activity = utc_now()
@@ -329,13 +327,13 @@ class AgentService:
         exchanges it has no index for): it goes too."""
         if not record.previous_conversations:
             return
-        store = self.cache.store
+        writer = self.writer
         previous = record.previous_conversations[-1]
-        if await store.exists(previous):
-            meta = await store.load_meta(previous)
-            if meta is None or meta.exchanges == 0 or await store.head(previous) > 0:
+        if await writer.stored(previous):
+            meta = await writer.load_meta(previous)
+            if meta is None or meta.exchanges == 0 or await writer.head(previous) > 0:
                 return  # moved whole (or there was nothing to move)
-            await store.delete(previous)
+            await writer.delete_stored(previous)
         gone = record.previous_conversations.pop()
         await self.store.save(record)
         log.warning("agent_reset_rolled_back", agent_id=record.agent_id, previous_conversation_id=gone)
@@ -376,7 +374,7 @@ class AgentService:
         while True:
             suffix = f"-{n}"
             candidate = record.agent_id[: ID_MAX - len(suffix)] + suffix
-            if self.cache.cached(candidate) is None and not await self.cache.store.exists(candidate):
+            if not await self.writer.taken(candidate):
                 return candidate
             n += 1
 
@@ -427,7 +425,7 @@ class AgentService:
             else:
                 missing.append(conversation_id)
         if missing:
-            loaded = [await self.cache.store.load_meta(c) for c in missing]
+            loaded = [await self.writer.load_meta(c) for c in missing]
             metas.update({c: m for c, m in zip(missing, loaded, strict=True) if m is not None})
         return metas
 

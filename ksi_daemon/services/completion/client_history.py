@@ -239,7 +239,7 @@ class ClientHistory:
         """The stored exchanges numbered `n` holding `digest`, checked against the conversation as
         loaded (the JSONL lookup is derived data) without reading more of it."""
         found = []
-        for candidate in await self.cache.store.find_digest(digest):
+        for candidate in await self.cache.find_digest(digest):
             if candidate.n != n:
                 continue
             memory = await self.cache.get(candidate.conversation_id)

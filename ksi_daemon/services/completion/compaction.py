@@ -43,7 +43,7 @@ from ksi_daemon.services.completion.salience import (
 from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.storage.ports import SummaryStore
+from ksi_daemon.services.conversations.writer import ConversationWriter
 
 log = structlog.get_logger("ksi.compaction")
 
@@ -63,19 +63,6 @@ GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchang
 # a stand-in block's header line ("[Summary of exchanges 1-40 of this conversation, ...]"), at most:
 # counted as this instead of counting each rendering again
 BLOCK_HEADER_TOKENS = 28
-class NoSummaries:
-    """Summaries kept for the life of the process only."""
-
-    def __init__(self) -> None:
-        self._kept: dict[str, list[Summary]] = {}
-
-    async def append(self, summary: Summary) -> None:
-        self._kept.setdefault(summary.conversation_id, []).append(summary)
-
-    async def read(self, conversation_id: str) -> list[Summary]:
-        return list(self._kept.get(conversation_id, []))
-
-
 # (model, system, input tokens, max_tokens) -> the history budget a turn would have
 BudgetFor = Callable[[str, str | None, int, int | None], Awaitable[int]]
 
@@ -116,12 +103,12 @@ def transcript_lines(first: int, exchanges: list[Exchange]) -> str:
 class Compactor:
     """Summaries per conversation: found for a turn, written in the background."""
 
-    def __init__(self, settings: Settings, router: Router, cache: ConversationCache, store: SummaryStore,
+    def __init__(self, settings: Settings, router: Router, cache: ConversationCache, writer: ConversationWriter,
                  provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor) -> None:
         self.settings = settings
         self.router = router
         self.cache = cache
-        self.store = store
+        self.writer = writer  # summaries and the metadata counting them are written through it
         self.provider = provider
         self.count_tokens = count_tokens
         self.budget_for = budget_for
@@ -166,7 +153,7 @@ class Compactor:
     async def summaries(self, memory: ConversationMemory) -> list[Summary]:
         """Kept on the conversation in memory, so they leave with it (eviction, reset, delete)."""
         if memory.summaries is None:
-            memory.summaries = await self.store.read(memory.conversation_id)
+            memory.summaries = await self.writer.summaries(memory.conversation_id)
         return memory.summaries
 
     async def _cover(self, memory: ConversationMemory) -> list[Summary]:
@@ -335,7 +322,7 @@ class Compactor:
             return await self._merge(memory, summariser, stored, share)
         # a step ahead, so the summariser runs once every `compaction_step` turns (never the newest)
         target = max(left_out, min(left_out + self.settings.compaction_step - 1, memory.next_n - 2))
-        if self.cache.store.shared and not await self.cache.fresh(memory):
+        if self.writer.shared and not await self.cache.fresh(memory):
             return await self.extend(conversation_id, model)  # another daemon moved it: decide again
         # the summariser's prompt must fit: a long stretch goes in several chunks
         exchanges = await self._numbered(memory, covered, target, budget)
@@ -466,7 +453,7 @@ class Compactor:
             if memory.retired or self.cache.cached(conversation_id) is not memory:
                 log.info("summary_dropped", conversation_id=conversation_id, upto=summary.upto)
                 raise ConversationGone(conversation_id)
-            await self.store.append(summary)
+            await self.writer.add_summary(summary)
             known = await self.summaries(memory)
             known.append(summary)
             meta = memory.meta.model_copy(deep=True)
@@ -480,8 +467,7 @@ class Compactor:
             if summary.fallback:
                 compaction["fallbacks"] = int(compaction.get("fallbacks", 0)) + 1
             meta.extra["compaction"] = compaction
-            await self.cache.store.save_meta(meta)
-            memory.meta = meta
+            await self.writer.save_meta(memory, meta)
         log.info("summary_written", conversation_id=conversation_id, first=summary.first, upto=summary.upto,
                  kind=summary.kind, level=summary.level, tokens=summary.tokens)
         self.router.emit("conversation:summarised", {

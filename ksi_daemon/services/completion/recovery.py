@@ -6,12 +6,13 @@ from typing import Any
 
 from ksi_common.items import output_items
 from ksi_common.timefmt import utc_now
-from ksi_daemon.storage.ports import ConversationStore, RequestJournal, ResponseStore
+from ksi_common.reading import StoredReader
+from ksi_daemon.storage.ports import RequestJournal, ResponseStore
 
 KEPT = 10_000  # recovered requests remembered across restarts
 
 
-async def recover(journal: RequestJournal, conversations: ConversationStore,
+async def recover(journal: RequestJournal, conversations: StoredReader,
                   responses: ResponseStore) -> list[dict[str, Any]]:
     """Every request the journal knows, finished ones as they ended and unfinished ones now failed
     with `daemon_restart` (or done when their exchange was indexed); the journal is compacted to
@@ -36,7 +37,7 @@ async def recover(journal: RequestJournal, conversations: ConversationStore,
     return kept
 
 
-async def indexed_result(line: dict[str, Any], conversations: ConversationStore, responses: ResponseStore,
+async def indexed_result(line: dict[str, Any], conversations: StoredReader, responses: ResponseStore,
                          indexed: dict[str, dict[str, int]] | None = None) -> dict[str, Any] | None:
     """The result data of a journaled request whose exchange made it into its index, else None;
     `indexed` keeps each conversation's index as read, for a caller asking about many requests."""

@@ -42,7 +42,7 @@ from ksi_daemon.services.completion.models import (
     CompletionWait,
 )
 from ksi_daemon.services.completion.calibration import Calibration, NoCalibrationStore
-from ksi_daemon.services.completion.compaction import Compactor, NoSummaries
+from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -53,9 +53,9 @@ from ksi_daemon.services.conversations.history import (
     select_history,
     sent_record,
 )
-from ksi_daemon.services.conversations.digests import next_digest
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import with_pending, without_consumed
+from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.conversations.responses import locate
@@ -70,12 +70,10 @@ from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import (
     ConversationExists,
     ConversationLeases,
-    ExchangeConflict,
     OneDaemonRequests,
     PoolRequest,
     RequestJournal,
     ResponseStore,
-    SummaryStore,
 )
 
 log = structlog.get_logger("ksi.completion")
@@ -165,6 +163,7 @@ class CompletionService:
         settings: Settings,
         router: Router,
         cache: ConversationCache,
+        writer: ConversationWriter,
         responses: ResponseStore,
         journal: RequestJournal,
         provider: Provider,
@@ -173,7 +172,6 @@ class CompletionService:
         answerers: dict[str, Provider] | None = None,
         clock: Callable[[], float] = time.time,
         calibration: Calibration | None = None,
-        summaries: SummaryStore | None = None,
         agents: AgentDirectory | None = None,
         limits: ConcurrencyLimits | None = None,
         leases: ConversationLeases | None = None,
@@ -182,6 +180,7 @@ class CompletionService:
         self.settings = settings
         self.router = router
         self.cache = cache
+        self.writer = writer  # every write of a conversation goes through it
         self.responses = responses
         self.journal = journal
         self.provider = provider
@@ -190,7 +189,7 @@ class CompletionService:
         # found once: an isinstance check against a Protocol costs tens of microseconds per request
         self._up_front = {id(a): a for a in [provider, *self.answerers.values()] if isinstance(a, ChecksUpFront)}
         self.agents: AgentDirectory = agents or NoAgents()
-        self.elsewhere = elsewhere or RequestsElsewhere(OneDaemonRequests(), self.cache.store, responses)
+        self.elsewhere = elsewhere or RequestsElsewhere(OneDaemonRequests(), self.writer.reader, responses)
         self.clock = clock
         self.attachments = Attachments(settings.allowed_file_roots, facts.count_tokens)
         self.images = images
@@ -210,7 +209,7 @@ class CompletionService:
         self._admitting: dict[str, _Admission] = {}  # conversation (or agent) id -> its admission turn
         self._history_admission = asyncio.Lock()  # see submit
         self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
-        self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
+        self.compactor = Compactor(settings, router, cache, writer, provider,
                                    facts.count_tokens, self.history_budget)
         self._calibration_saved = time.monotonic()
         self._background: set[asyncio.Task[None]] = set()  # calibration saves, discards under way
@@ -236,7 +235,7 @@ class CompletionService:
         ]
 
     async def start(self) -> None:
-        for record in await recover(self.journal, self.cache.store, self.responses):
+        for record in await recover(self.journal, self.writer.reader, self.responses):
             if record.get("code") == ErrorCode.DAEMON_RESTART and await self.elsewhere.knows(record["request_id"]):
                 # accepted is durable for the pool: a live daemon (this one, once the old run's
                 # heartbeat is stale) takes it over, so it is answered from there, never as lost
@@ -306,7 +305,7 @@ class CompletionService:
             return await self.elsewhere.wait(data.request_id, data.timeout)
         if isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
             # done before the last restart: its result is rebuilt from storage when first asked for
-            found["result"] = await indexed_result(found, self.cache.store, self.responses)
+            found["result"] = await indexed_result(found, self.writer.reader, self.responses)
         return self.outcome(found)
 
     async def handle_status(self, data: CompletionStatus, _context: EventContext) -> dict[str, Any]:
@@ -540,7 +539,7 @@ class CompletionService:
                 conversation_id is None or self.cache.cached(conversation_id) is None):
             # a new conversation answers with the chosen or the default model: refuse its options
             # before anything is written (an existing one is checked against its own last model)
-            if conversation_id is None or not await self.cache.store.exists(conversation_id):
+            if conversation_id is None or not await self.writer.stored(conversation_id):
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
@@ -569,12 +568,7 @@ class CompletionService:
                                   **fields: Any) -> ConversationMemory:
         """A new conversation (exclusive: raises `ConversationExists` when the id is taken);
         `for_request`: created for a request, durable with its first exchange."""
-        now = format_ts(self.clock())
-        meta = ConversationMeta(conversation_id=conversation_id, ttl=self.settings.default_ttl,
-                                created=now, last_activity=now,
-                                **{k: v for k, v in fields.items() if v is not None})
-        await self.cache.store.create(meta, durable_with_first_exchange=for_request)
-        return self.cache.create(meta)
+        return await self.writer.create(self.writer.new_meta(conversation_id, **fields), for_request=for_request)
 
     async def _check_before_write(self, data: CompletionAsync) -> None:
         """What `_admit` refuses before a new conversation is written, for one written for a history."""
@@ -642,7 +636,7 @@ class CompletionService:
         if taken.indexed:
             line = {"request_id": state.request_id, "response_id": state.response_id,
                     "conversation_id": state.conversation_id}
-            result = await indexed_result(line, self.cache.store, self.responses)
+            result = await indexed_result(line, self.writer.reader, self.responses)
             self.requests.add_interrupted({**line, "status": "done", "recovered": True, "result": result})
             self.journal.record(state.request_id, state.conversation_id, "done", response_id=state.response_id)
             if result is not None:
@@ -930,22 +924,13 @@ class CompletionService:
             is_feedback=state.request.is_feedback, run_id=reply.extra.get("run_id"),
         )
         system = state.request.instructions if state.request.instructions is not None else prepared.system
-        while True:
-            entry.digest = await next_digest(self.cache, memory, system, lines, self.settings.max_fork_depth)
-            meta = without_consumed(records.updated_meta(memory.meta, state, reply, entry, prepared.system,
+        exchange = Exchange(input=prepared.new_items, output=reply.items(), files=prepared.files)
+
+        def meta_after(meta: ConversationMeta, _entries: list[IndexEntry]) -> ConversationMeta:
+            return without_consumed(records.updated_meta(meta, state, reply, entry, prepared.system,
                                                          prepared.system_changed, now), prepared.inputs)
-            try:
-                # Too late to cancel once the write has begun: the index line would be stored but
-                # not in memory. A cancel arriving now is absorbed; the request is reported done.
-                await to_the_end(
-                    self.cache.store.append_exchange(state.conversation_id, entry, response=lines, meta=meta))
-            except ExchangeConflict:
-                await self.cache.reload(memory)
-                entry.n = memory.next_n
-                continue
-            break
-        memory.meta = meta
-        memory.append(entry, Exchange(input=prepared.new_items, output=reply.items(), files=prepared.files))
+
+        meta = await self.writer.commit(memory, [NewExchange(entry, lines, exchange)], system, meta_after)
         turns_left = None if meta.turn_cap is None else max(0, meta.turn_cap - memory.total)
         return records.result_data(state, reply, entry, prepared.history_stats, len(attempts), duration_ms,
                                    turns_left)
@@ -956,21 +941,9 @@ class CompletionService:
         named, or that another request uses, stays."""
         if not state.made_conversation or memory is None or not self._unused(state, memory):
             return
-        async with memory.lock:
-            # again, right before the delete: a request naming the id from this one's ack may
-            # have been admitted while the lock was awaited; once retired, none is admitted
-            if memory.retired or not self._unused(state, memory):
-                return
-            memory.retired = True
-            discarded = False
-            try:
-                discarded = await self.cache.store.discard_unused(state.conversation_id)
-            except Exception:  # kept, empty: listed with no exchanges, as before
-                log.exception("discard_failed", conversation_id=state.conversation_id)
-            finally:
-                memory.retired = discarded
-        if discarded:
-            self.cache.forget(state.conversation_id)
+        # again, right before the delete: a request naming the id from this one's ack may have
+        # been admitted while the lock was awaited; once retired, none is admitted
+        await self.writer.discard_unused(memory, lambda: self._unused(state, memory))
 
     def _unused(self, state: RequestState, memory: ConversationMemory) -> bool:
         """No exchange in the conversation and no request on it but `state` (live or just ended)."""

@@ -19,7 +19,7 @@ from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationStore, ResponseStore, StoredTail
+from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
 
 
 @dataclass(slots=True)
@@ -341,6 +341,10 @@ class ConversationCache:
             memory.set_entries(entries, entries[-1].n if entries else 0)
 
     # -- readers ----------------------------------------------------------------
+    async def find_digest(self, digest: str) -> list[DigestMatch]:
+        """The stored exchanges holding a chained digest (a client-held history is matched by it)."""
+        return await self.store.find_digest(digest)
+
     async def _read_tail(self, conversation_id: str, budget: int) -> tuple[list[IndexEntry], int]:
         entries, total = await self.store.read_tail(conversation_id, budget)
         return await self._counted(entries), total

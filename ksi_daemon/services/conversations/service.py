@@ -43,12 +43,13 @@ from ksi_daemon.services.conversations.models import (
     ConversationUpdate,
     ResponseRef,
 )
-from ksi_daemon.services.conversations.digests import digest_at, record_chain
+from ksi_daemon.services.conversations.digests import record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
+from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
 from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
@@ -85,6 +86,7 @@ class ConversationService:
         settings: Settings,
         router: Router,
         cache: ConversationCache,
+        writer: ConversationWriter,
         blobs: BlobStore,
         clock: Callable[[], float] = time.time,
         cancel_requests: CancelRequests = _no_requests,
@@ -96,12 +98,12 @@ class ConversationService:
         self.settings = settings
         self.router = router
         self.cache = cache
-        self.store = cache.store
+        self.writer = writer  # every change of a conversation is written through it
         self.blobs = blobs
         self.responses = cache.responses
         self.clock = clock
         self.cancel_requests = cancel_requests
-        self.reader = Transcripts(cache.store, settings.max_fork_depth)
+        self.reader = Transcripts(writer.reader, settings.max_fork_depth)
 
     def register(self) -> list[Unregister]:
         r = self.router
@@ -194,8 +196,7 @@ class ConversationService:
                 changes = {**changes, "extra": {**memory.meta.extra, **extra}}
             meta = memory.meta.model_copy(update=changes, deep=True)
             meta = ConversationMeta.model_validate(meta.model_dump())
-            await self.store.save_meta(meta)
-            memory.meta = meta
+            await self.writer.save_meta(memory, meta)
         return meta
 
     async def handle_update(self, data: ConversationUpdate, context: EventContext) -> dict[str, Any]:
@@ -265,8 +266,7 @@ class ConversationService:
             pins = sorted(set(memory.meta.pins) | set(data.n))
             tokens = self._pins_within(pins, entries, allowed)
             meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
-            await self.store.save_meta(meta)
-            memory.meta = meta
+            await self.writer.save_meta(memory, meta)
         log.info("conversation_pinned", conversation_id=data.conversation_id, pins=pins)
         self._changed(data.conversation_id, "pinned", context)
         return {"conversation_id": data.conversation_id, "pins": pins, "tokens": tokens, "allowed": allowed}
@@ -276,8 +276,7 @@ class ConversationService:
         async with memory.lock:
             pins = [n for n in memory.meta.pins if n not in data.n]
             meta = memory.meta.model_copy(update={"pins": pins}, deep=True)
-            await self.store.save_meta(meta)
-            memory.meta = meta
+            await self.writer.save_meta(memory, meta)
         self._changed(data.conversation_id, "unpinned", context)
         return {"conversation_id": data.conversation_id, "pins": pins}
 
@@ -305,10 +304,9 @@ class ConversationService:
             pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
         )
         try:
-            await self.store.create(meta)
+            await self.writer.create(meta)
         except ConversationExists:
             raise self._taken(fork_id, "new_id") from None
-        self.cache.create(meta)
         log.info("conversation_forked", conversation_id=fork_id, parent_id=parent.conversation_id, at=at)
         self._changed(fork_id, "created", context)
         return {"conversation_id": fork_id, "parent_id": parent.conversation_id, "fork_at": at,
@@ -325,7 +323,7 @@ class ConversationService:
         return None
 
     async def _check_free(self, conversation_id: str, field_name: str) -> None:
-        if self.cache.cached(conversation_id) is not None or await self.store.exists(conversation_id):
+        if await self.writer.taken(conversation_id):
             raise self._taken(conversation_id, field_name)
 
     @staticmethod
@@ -356,7 +354,7 @@ class ConversationService:
         if data.continues is not None:
             meta.extra["continues"] = data.continues
         try:
-            await self.store.import_conversation(meta, exchanges)
+            await self.writer.import_conversation(meta, exchanges)
         except ConversationExists:
             raise self._taken(conversation_id, "new_id") from None
         log.info("conversation_imported", conversation_id=conversation_id, exchanges=meta.exchanges)
@@ -456,8 +454,7 @@ class ConversationService:
         count = self.cache.count_tokens
         async with memory.lock:
             now = format_ts(self.clock())
-            appended: list[tuple[IndexEntry, Exchange]] = []
-            files: list[tuple[str, list[dict[str, Any]]]] = []
+            appended: list[NewExchange] = []
             held = pending_of(memory.meta)
             exchanges = list(data.exchanges)
             if data.reply_to_pending is not None:
@@ -467,46 +464,37 @@ class ConversationService:
                                    fields={"reply_to_pending": "no pending input to reply to"})
                 exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
                                                      reply=data.reply_to_pending))
-            for position, exchange in enumerate(exchanges):
+            for exchange in exchanges:
                 response_id = new_response_id("appended")
                 lines: list[dict[str, Any]] = [
                     {"v": 1, "type": "user", "content": text, "ts": now, "conversation_id": memory.conversation_id}
                     for text in exchange.inputs]
                 lines.append({"v": 1, "type": "assistant", "content": exchange.reply, "model": None, "usage": {},
                               "ts": now, "conversation_id": memory.conversation_id, "appended": True})
-                files.append((response_id, lines))
-                entry = IndexEntry(n=memory.next_n + position, response_id=response_id, ts=now,
+                # numbered and chained by the writer, after the head it finds
+                entry = IndexEntry(n=0, response_id=response_id, ts=now,
                                    tokens_in=sum(count(text) + 4 for text in exchange.inputs),
                                    tokens_out=count(exchange.reply) + 4)
-                appended.append((entry, Exchange(input=[message("user", t) for t in exchange.inputs],
-                                                 output=[message("assistant", exchange.reply)])))
-            previous = (await digest_at(self.cache, memory, memory.next_n - 1, self.settings.max_fork_depth)
-                        if memory.next_n > 1 else None)
-            if previous is not None or memory.next_n == 1:  # else the chain broke before (no digests)
-                chain = record_chain(memory.meta.system, [lines for _r, lines in files], previous)
-                for (entry, _exchange), digest in zip(appended, chain, strict=True):
-                    entry.digest = digest
-            changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
-            if memory.total == 0 and memory.meta.preview is None:
-                changes["preview"] = preview_of(exchanges[0].inputs[0])
-            if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
-                changes["extra"] = {k: v for k, v in memory.meta.extra.items() if k != PENDING_KEY}
-            meta = memory.meta.model_copy(update=changes)
+                appended.append(NewExchange(entry, lines, Exchange(input=[message("user", t) for t in exchange.inputs],
+                                                                   output=[message("assistant", exchange.reply)])))
+            first = memory.total == 0
 
-            # each exchange's response record, then its index line; the metadata with the last one
-            for position, ((entry, _exchange), (_response_id, lines)) in enumerate(zip(appended, files, strict=True)):
-                last = position == len(appended) - 1
-                await self.store.append_exchange(memory.conversation_id, entry, response=lines,
-                                                 meta=meta if last else None)
-            if not appended:
-                await self.store.save_meta(meta)
-            for entry, exchange_texts in appended:
-                memory.append(entry, exchange_texts)
-            memory.meta = meta
+            def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
+                changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
+                if first and meta.preview is None:
+                    changes["preview"] = preview_of(exchanges[0].inputs[0])
+                if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
+                    changes["extra"] = {k: v for k, v in meta.extra.items() if k != PENDING_KEY}
+                return meta.model_copy(update=changes)
+
+            if appended:
+                await self.writer.commit(memory, appended, memory.meta.system, meta_after)
+            else:
+                await self.writer.save_meta(memory, meta_after(memory.meta, []))
         self._changed(memory.conversation_id, "updated", context)
         return {"conversation_id": memory.conversation_id,
-                "response_ids": [entry.response_id for entry, _exchange in appended],
-                "exchanges": [entry.n for entry, _exchange in appended]}
+                "response_ids": [x.entry.response_id for x in appended],
+                "exchanges": [x.entry.n for x in appended]}
 
     async def handle_pend(self, data: ConversationPend, context: EventContext) -> dict[str, Any]:
         """User messages a client added without a reply (the Conversations API's items): kept in the
@@ -529,8 +517,7 @@ class ConversationService:
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.inputs[0])
             meta = memory.meta.model_copy(update=changes)
-            await self.store.save_meta(meta)
-            memory.meta = meta
+            await self.writer.save_meta(memory, meta)
         self._changed(memory.conversation_id, "updated", context)
         return {"conversation_id": memory.conversation_id, "added": added, "pending": [*pending, *added]}
 
@@ -575,13 +562,12 @@ class ConversationService:
         try:
             cancelled = await self.cancel_requests(conversation_id)
             async with memory.lock:
-                removed = await self.store.delete(conversation_id)
-                memory.retired = True
+                removed = await self.writer.delete(memory)
         except BaseException:
             memory.meta = previous
             raise
         self.cache.forget(conversation_id)
-        forks = await self.store.forks_of(conversation_id)
+        forks = await self.writer.forks_of(conversation_id)
         log.info("conversation_deleted", conversation_id=conversation_id, files=len(removed))
         self._changed(conversation_id, "deleted", context)
         return {"conversation_id": conversation_id, "deleted": True, "removed": removed,

@@ -1,0 +1,108 @@
+"""The one write path of conversations under two daemons sharing one PostgreSQL database: exchanges a
+client appends (`conversation:append`) while another daemon commits a turn of the same conversation
+land after that turn, as a completion's commit does, instead of failing with the stored head moved."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ksi_common.items import message
+from ksi_common.records import IndexEntry
+from ksi_common.settings import Settings
+from ksi_daemon.context import EventContext
+from ksi_daemon.router import Router
+from ksi_daemon.services.conversations.memory import ConversationCache, Exchange
+from ksi_daemon.services.conversations.models import ConversationAppend
+from ksi_daemon.services.conversations.service import ConversationService
+from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.postgres.blobs import PostgresBlobs
+from ksi_daemon.storage.postgres.conversations import PostgresConversations
+from ksi_daemon.storage.postgres.database import Database
+from ksi_daemon.storage.postgres.records import PostgresResponses, PostgresSummaries
+
+
+class AnotherDaemonFirst:
+    """A daemon's conversation store, where another daemon's write lands just before this daemon's
+    next append reaches the database (the moment two daemons race for one exchange number)."""
+
+    def __init__(self, store: PostgresConversations) -> None:
+        self.store = store
+        self.before: Callable[[], Awaitable[None]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    @property
+    def shared(self) -> bool:
+        return self.store.shared
+
+    async def append_exchange(self, conversation_id: str, entry: IndexEntry, **kwargs: Any) -> None:
+        before, self.before = self.before, None
+        if before is not None:
+            await before()
+        await self.store.append_exchange(conversation_id, entry, **kwargs)
+
+
+def writer_on(database: Database, store: Any) -> ConversationWriter:
+    cache = ConversationCache(store, PostgresResponses(database), capacity=100)
+    return ConversationWriter(cache, PostgresSummaries(database), clock=time.time, default_ttl=None, max_fork_depth=8)
+
+
+@pytest.fixture
+async def databases(pg_url: str) -> AsyncIterator[tuple[Database, Database]]:
+    first, second = Database(pg_url), Database(pg_url)
+    await first.open()
+    await second.open()
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_an_append_racing_another_daemons_turn_lands_after_it(databases: tuple[Database, Database],
+                                                                     short_tmp: Path) -> None:
+    here_db, there_db = databases
+    racing = AnotherDaemonFirst(PostgresConversations(here_db))
+    here, there = writer_on(here_db, racing), writer_on(there_db, PostgresConversations(there_db))
+    await here.create(here.new_meta("c", system="be brief"))
+    service = ConversationService(Settings(_env_file=None, var_dir=short_tmp), Router(), here.cache, here,
+                                  PostgresBlobs(here_db))
+    turn_there = IndexEntry(n=0, response_id="m-turn-there", ts="2026-01-01T00:00:00Z", model="m",
+                            tokens_in=5, tokens_out=5)
+
+    async def commit_there() -> None:
+        memory = await there.cache.require("c")
+        lines = [{"v": 1, "type": "user", "content": "hello", "conversation_id": "c"},
+                 {"v": 1, "type": "assistant", "content": "hi", "model": "m", "conversation_id": "c"}]
+
+        def counted(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
+            return meta.model_copy(update={"exchanges": meta.exchanges + len(entries)})
+
+        async with memory.lock:
+            await there.commit(memory, [NewExchange(turn_there, lines, Exchange(
+                input=[message("user", "hello")], output=[message("assistant", "hi")]))], memory.meta.system, counted)
+
+    racing.before = commit_there
+    reply = await service.handle_append(ConversationAppend.model_validate({
+        "conversation_id": "c", "exchanges": [{"inputs": ["one"], "reply": "1"}, {"inputs": ["two"], "reply": "2"}],
+    }), EventContext.root())
+
+    assert racing.before is None  # the other daemon's turn did land first
+    assert reply["exchanges"] == [2, 3]
+    stored = await there.reader.entries("c")
+    assert [(e.n, e.response_id) for e in stored] == [(1, "m-turn-there"), *zip([2, 3], reply["response_ids"])]
+    # one chain of digests through both daemons' exchanges, as a client-held history is matched by
+    assert all(e.digest for e in stored) and len({e.digest for e in stored}) == 3
+    meta = await there.load_meta("c")
+    assert meta is not None and meta.exchanges == 3
+    records = await PostgresResponses(there_db).read_many(reply["response_ids"])
+    assert [r.content if r else None for r in records] == ["1", "2"]
+    memory = await here.cache.require("c")
+    assert memory.total == 3 and memory.meta.exchanges == 3
