@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ksi_common.errors import KsiError
-from ksi_common.items import Item, item_text, output_fields
+from ksi_common.items import Item, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
+from ksi_daemon.services.conversations import response_lines
 from ksi_daemon.services.conversations.memory import exchange_input
 from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange, preview_of
 
@@ -18,37 +19,14 @@ from ksi_daemon.storage.models import CliSession, ConversationMeta, SystemChange
 def input_lines(state: RequestState) -> list[dict[str, Any]]:
     """The request's raw inputs as response-file lines (never the expanded history)."""
     data = state.request
-    lines = []
-    for item in data.input_items():
-        line: dict[str, Any] = {"v": 1}
-        if item["type"] == "function_call_output":
-            line.update(type="function_call_output", call_id=item["call_id"], output=item["output"])
-        else:
-            line.update(type="feedback" if data.is_feedback and item["role"] == "user" else item["role"],
-                        content=item["content"])
-        line.update(ts=state.created, request_id=state.request_id, conversation_id=state.conversation_id)
-        if state.agent_id:
-            line["agent_id"] = state.agent_id
-        if state.from_agent:
-            line["from_agent"] = state.from_agent
-        if data.metadata:
-            line["metadata"] = data.metadata
-        lines.append(line)
-    if data.files:  # resolved at admission; size and sha256 are added when they are read
-        for line in reversed(lines):
-            if line["type"] in ("user", "feedback"):
-                line["files"] = [{"path": path} for path in data.files]
-                break
-    if state.images:  # the parts of the user line: its text, then the images by reference
-        for line in reversed(lines):
-            if line["type"] in ("user", "feedback"):
-                text = [{"type": "input_text", "text": line["content"]}] if line["content"] else []
-                line["parts"] = [*text, *state.images]
-                break
-    if data.system is not None:
-        lines.insert(0, {"v": 1, "type": "system", "content": data.system, "ts": state.created,
-                         "request_id": state.request_id, "conversation_id": state.conversation_id})
-    return lines
+    ids: dict[str, Any] = {"request_id": state.request_id, "conversation_id": state.conversation_id}
+    if state.agent_id:
+        ids["agent_id"] = state.agent_id
+    if state.from_agent:
+        ids["from_agent"] = state.from_agent
+    return response_lines.request_lines(data.input_items(), is_feedback=data.is_feedback, system=data.system,
+                                        ts=state.created, ids=ids, metadata=data.metadata,
+                                        files=data.files, images=state.images)
 
 
 def first_input_preview(data: CompletionAsync) -> str | None:
@@ -68,13 +46,12 @@ def new_items(inputs: list[dict[str, Any]]) -> list[Item]:
 
 def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[str, Any]],
                  duration_ms: float, ts: str, sent: dict[str, Any] | None = None) -> dict[str, Any]:
-    line: dict[str, Any] = {
-        "v": 1, "type": "assistant", **output_fields(reply.items()), "model": state.model,
-        "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
+    line = response_lines.answer_line(reply.items(), {
+        "model": state.model, "provider": reply.provider, "usage": reply.usage, "cost": reply.cost,
         "finish_reason": reply.finish_reason, "duration_ms": duration_ms,
         "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": ts,
         "request_id": state.request_id, "conversation_id": state.conversation_id,
-    }
+    })
     if state.request.instructions is not None:
         line["instructions"] = state.request.instructions  # the system prompt of this exchange alone
     if sent is not None:
@@ -89,9 +66,9 @@ def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[
 
 
 def error_line(state: RequestState, error: KsiError, attempts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"v": 1, "type": "error", "code": error.code, "message": error.message, "details": error.details,
-            "model": state.model, "attempts": attempts, "duration_ms": state.duration_ms(), "ts": utc_now(),
-            "request_id": state.request_id, "conversation_id": state.conversation_id}
+    return response_lines.error_line(error.code, error.message, error.details, {
+        "model": state.model, "attempts": attempts, "duration_ms": state.duration_ms(), "ts": utc_now(),
+        "request_id": state.request_id, "conversation_id": state.conversation_id})
 
 
 def updated_meta(meta: ConversationMeta, state: RequestState, reply: ProviderReply, entry: IndexEntry,

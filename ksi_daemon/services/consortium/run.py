@@ -14,6 +14,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
+from ksi_common.items import message
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
 from ksi_daemon.services.consortium.arbiter import (
@@ -25,6 +26,7 @@ from ksi_daemon.services.consortium.arbiter import (
 )
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.consortium.models import ConsortiumDefinition
+from ksi_daemon.services.conversations.response_lines import answer_line, error_line, message_line
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.storage.ports import ResponseStore, TraceStore
 
@@ -351,16 +353,15 @@ class ConsortiumRun:
         """responses/{model-slug}-{hex}.jsonl: linked to the conversation, never in its index."""
         ts = utc_now()
         ids = self._ids(outcome)
-        lines = [{"v": 1, "type": "user" if m.get("role") != "system" else "system",
-                  "content": m.get("content"), "ts": ts, **ids} for m in inputs]
+        lines = [message_line("user" if m.get("role") != "system" else "system", m.get("content"), ts, **ids)
+                 for m in inputs]
+        common = {"duration_ms": outcome.duration_ms, "attempts": outcome.attempts, "ts": utc_now(), **ids}
         if outcome.ok:
-            end = {"v": 1, "type": "assistant", "content": outcome.content, "model": outcome.model,
-                   "provider": outcome.model.split("/", 1)[0], "usage": outcome.usage, "cost": outcome.cost,
-                   "finish_reason": outcome.finish_reason}
+            end = answer_line([message("assistant", outcome.content)], {
+                "model": outcome.model, "provider": outcome.model.split("/", 1)[0], "usage": outcome.usage,
+                "cost": outcome.cost, "finish_reason": outcome.finish_reason, **common})
         else:
-            end = {"v": 1, "type": "error", "code": outcome.code, "message": outcome.message,
-                   "details": outcome.details, "model": outcome.model}
-        end.update(duration_ms=outcome.duration_ms, attempts=outcome.attempts, ts=utc_now(), **ids)
+            end = error_line(outcome.code, outcome.message, outcome.details, {"model": outcome.model, **common})
         try:
             await self.parts.responses.write(outcome.response_id, [*lines, end])
         except Exception:

@@ -19,6 +19,7 @@ from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import INPUT_ITEM_TYPES, OUTPUT_ITEM_TYPES, PART_TYPES, Item
 from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedExchange, ImportedInput
+from ksi_daemon.services.conversations.response_lines import item_line
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MESSAGE_LINE_TYPES = ("user", "feedback", "system")
@@ -261,9 +262,7 @@ def imported_lines(found: ExchangeItems, is_feedback: bool, conversation_id: str
         user_type = line.type if line is not None and line.type in ("user", "feedback") else (
             "feedback" if is_feedback else "user")
         text = line.content if line is not None else None
-        record: dict[str, Any] = {"v": 1, **items.input_line_fields(item, user_type, text),
-                                  "ts": (line.ts if line is not None else None) or ts,
-                                  "conversation_id": conversation_id}
+        record = item_line(item, user_type, text, (line.ts if line is not None else None) or ts, conversation_id)
         if line is not None:
             if line.agent_id is not None:
                 record["agent_id"] = line.agent_id

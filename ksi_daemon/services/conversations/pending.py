@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ksi_daemon.services.conversations.response_lines import message_line
 from ksi_daemon.storage.models import ConversationMeta
 
 PENDING_KEY = "pending_input"  # in the metadata's extra: [{"id", "content", "ts"}], oldest first
@@ -26,9 +27,8 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> list[d
         return inputs
     at = next((i for i, line in enumerate(inputs) if line.get("type") != "system"), len(inputs))
     model = next((line for line in inputs if line.get("type") != "system"), inputs[0] if inputs else {})
-    shared = {key: model[key] for key in ("v", "request_id", "conversation_id", "agent_id") if key in model}
-    lines = [{**shared, "v": 1, "type": "user", "content": item["content"], "ts": item["ts"],
-              "pending_id": item["id"]} for item in pending]
+    shared = {key: model[key] for key in ("request_id", "conversation_id", "agent_id") if key in model}
+    lines = [message_line("user", item["content"], item["ts"], **shared, pending_id=item["id"]) for item in pending]
     return [*inputs[:at], *lines, *inputs[at:]]
 
 

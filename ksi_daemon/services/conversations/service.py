@@ -19,7 +19,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.items import item_text, message, output_fields
+from ksi_common.items import item_text, message
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -48,6 +48,7 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
+from ksi_daemon.services.conversations.response_lines import answer_line, message_line
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
@@ -401,13 +402,12 @@ class ConversationService:
             response_id = new_response_id(model)
             ts = exchange.ts or reply.ts or now
             lines = imported_lines(found, exchange.is_feedback, conversation_id, ts)
-            outcome = {
-                "v": 1, "type": "assistant", **output_fields(found.output), "model": model,
-                "provider": exchange.provider or reply.provider, "usage": reply.usage,
+            outcome = answer_line(found.output, {
+                "model": model, "provider": exchange.provider or reply.provider, "usage": reply.usage,
                 "cost": reply.cost, "finish_reason": reply.finish_reason,
                 "duration_ms": reply.duration_ms, "ts": reply.ts or ts,
                 "conversation_id": conversation_id, "imported_from": exchange.response_id,
-            }
+            })
             # counted as a summariser or a budget sees the items: text, calls, outputs, references
             text_in = sum(len(item_text(item)) for item in found.input
                           if not (item["type"] == "message" and item["role"] == "system"))
@@ -466,11 +466,11 @@ class ConversationService:
                                                      reply=data.reply_to_pending))
             for exchange in exchanges:
                 response_id = new_response_id("appended")
-                lines: list[dict[str, Any]] = [
-                    {"v": 1, "type": "user", "content": text, "ts": now, "conversation_id": memory.conversation_id}
-                    for text in exchange.inputs]
-                lines.append({"v": 1, "type": "assistant", "content": exchange.reply, "model": None, "usage": {},
-                              "ts": now, "conversation_id": memory.conversation_id, "appended": True})
+                lines = [message_line("user", text, now, conversation_id=memory.conversation_id)
+                         for text in exchange.inputs]
+                lines.append(answer_line([message("assistant", exchange.reply)], {
+                    "model": None, "usage": {}, "ts": now, "conversation_id": memory.conversation_id,
+                    "appended": True}))
                 # numbered and chained by the writer, after the head it finds
                 entry = IndexEntry(n=0, response_id=response_id, ts=now,
                                    tokens_in=sum(count(text) + 4 for text in exchange.inputs),
