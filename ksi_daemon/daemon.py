@@ -23,6 +23,14 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.agents.service import AgentService
 from ksi_daemon.services.agents.profiles import ProfileLibrary
+from ksi_daemon.services.completion.admission import Admission
+from ksi_daemon.services.completion.answerers import Answerers
+from ksi_daemon.services.completion.attachments import Attachments
+from ksi_daemon.services.completion.compaction import Compactor
+from ksi_daemon.services.completion.preparation import HistoryBudget, TurnPreparation
+from ksi_daemon.services.completion.requests import RequestRegistry
+from ksi_daemon.services.completion.running import TurnRunner
+from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
 from ksi_daemon.services.conversations.service import ConversationService
@@ -34,6 +42,7 @@ from ksi_daemon.services.monitor import MonitorService
 from ksi_daemon.services.pool import PoolService
 from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.resilience import CircuitBreaker
 from ksi_daemon.services.takeover import TakeoverService
 from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
@@ -113,21 +122,12 @@ class Daemon:
         # the agents' registry is built before both services that use it: the completion service
         # reads agents' defaults from it, the agent service submits completions
         self.agent_registry = AgentRegistry(settings, self.storage.agents)
-        self.completion = CompletionService(
-            settings, self.router, self.cache, self.writer, self.responses, self.storage.journal,
-            provider=self.provider, facts=self.litellm, answerers={"consortium/": self.consortium},
-            images=Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes),
-            clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
-            calibration=Calibration(self.storage.calibration, enabled=settings.calibration),
-            # wait, status and cancel for requests other daemons of the pool accepted
-            elsewhere=RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id),
-        )
-
+        self.completion, self.history_budget = self._completion_path(clock)
         self.conversations = ConversationService(
             settings, self.router, self.cache, self.writer, self.storage.blobs, clock=clock,
             cancel_requests=self.completion.cancel_conversation,
             calibration=self.completion.calibration.report,
-            pins_budget=self.completion.pins_budget,
+            pins_budget=self.history_budget.pins,
         )
         self.agents = AgentService(
             settings, self.router, self.completion, self.cache, self.writer, self.agent_registry,
@@ -252,6 +252,36 @@ class Daemon:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def _completion_path(self, clock: Callable[[], float]) -> tuple[CompletionService, HistoryBudget]:
+        """The completion service and its collaborators (admission, the preparation of a turn, its
+        run), and the history budget the conversation service bounds pins with."""
+        settings = self.settings
+        answerers = Answerers(self.provider, {"consortium/": self.consortium})
+        requests = RequestRegistry(settings.finished_requests_kept)
+        # one limits object with the consortium: its member calls count against the same limits;
+        # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
+        scheduler = Scheduler(self.limits, takes_slot=answerers.by_provider, leases=self.storage.leases)
+        calibration = Calibration(self.storage.calibration, enabled=settings.calibration)
+        budget = HistoryBudget(settings, self.litellm, calibration)
+        compactor = Compactor(settings, self.router, self.cache, self.writer, self.provider,
+                              self.litellm.count_tokens, budget.history)
+        attachments = Attachments(settings.allowed_file_roots, self.litellm.count_tokens)
+        images = Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes)
+        preparation = TurnPreparation(settings, self.cache, self.litellm, budget, compactor, attachments, images,
+                                      clock=clock)
+        # wait, status and cancel for requests other daemons of the pool accepted
+        elsewhere = RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id)
+        runner = TurnRunner(settings, preparation, self.writer, self.responses, answerers, requests, elsewhere,
+                            CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
+                            self.litellm.count_tokens, clock=clock)
+        admission = Admission(settings, self.router, self.cache, self.writer, self.responses, answerers,
+                              self.litellm, images, attachments, scheduler, requests, agents=self.agent_registry,
+                              clock=clock)
+        completion = CompletionService(settings, self.router, self.cache, self.writer, self.responses,
+                                       self.storage.journal, requests, scheduler, admission, runner, compactor,
+                                       elsewhere, clock=clock)
+        return completion, budget
 
     def _http_front(self) -> HttpFront | NoHttpFront:
         """The HTTP front with every HTTP door's routes, or a do-nothing one when no address is set."""

@@ -71,7 +71,7 @@ async def no_check(_data: CompletionAsync) -> None:
 async def timed_match(daemon: Daemon, items: list[dict[str, Any]]) -> tuple[float, str | None]:
     data = CompletionAsync(prompt="And next?", history=items)
     start = time.perf_counter()
-    resolved = await daemon.completion.client_history.resolve(data, EventContext.root(), no_check)
+    resolved = await daemon.completion.admission.client_history.resolve(data, EventContext.root(), no_check)
     return time.perf_counter() - start, resolved.conversation_id
 
 

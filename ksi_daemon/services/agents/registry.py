@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.services.completion.service import AgentDefaults
+from ksi_daemon.services.completion.admission import AgentDefaults
 from ksi_daemon.storage.models import AgentRecord
 from ksi_daemon.storage.ports import AgentStore
 
