@@ -34,6 +34,7 @@ class AnotherDaemonFirst:
     def __init__(self, store: PostgresConversations) -> None:
         self.store = store
         self.before: Callable[[], Awaitable[None]] | None = None
+        self.passing = 0  # appends of this daemon let through before the other daemon's write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -43,9 +44,12 @@ class AnotherDaemonFirst:
         return self.store.shared
 
     async def append_exchange(self, conversation_id: str, entry: IndexEntry, **kwargs: Any) -> None:
-        before, self.before = self.before, None
-        if before is not None:
-            await before()
+        if self.passing:
+            self.passing -= 1
+        else:
+            before, self.before = self.before, None
+            if before is not None:
+                await before()
         await self.store.append_exchange(conversation_id, entry, **kwargs)
 
 
@@ -66,13 +70,16 @@ async def databases(pg_url: str) -> AsyncIterator[tuple[Database, Database]]:
         await second.close()
 
 
-async def test_an_append_racing_another_daemons_turn_lands_after_it(databases: tuple[Database, Database],
-                                                                     short_tmp: Path) -> None:
+async def append_racing_a_turn(databases: tuple[Database, Database], root: Path, passing: int
+                               ) -> tuple[dict[str, Any], ConversationWriter, ConversationWriter]:
+    """Two exchanges appended by one daemon while the other commits a turn, just before this
+    daemon's append number `passing` reaches the database."""
     here_db, there_db = databases
     racing = AnotherDaemonFirst(PostgresConversations(here_db))
+    racing.passing = passing
     here, there = writer_on(here_db, racing), writer_on(there_db, PostgresConversations(there_db))
     await here.create(here.new_meta("c", system="be brief"))
-    service = ConversationService(Settings(_env_file=None, var_dir=short_tmp), Router(), here.cache, here,
+    service = ConversationService(Settings(_env_file=None, var_dir=root), Router(), here.cache, here,
                                   PostgresBlobs(here_db))
     turn_there = IndexEntry(n=0, response_id="m-turn-there", ts="2026-01-01T00:00:00Z", model="m",
                             tokens_in=5, tokens_out=5)
@@ -93,8 +100,16 @@ async def test_an_append_racing_another_daemons_turn_lands_after_it(databases: t
     reply = await service.handle_append(ConversationAppend.model_validate({
         "conversation_id": "c", "exchanges": [{"inputs": ["one"], "reply": "1"}, {"inputs": ["two"], "reply": "2"}],
     }), EventContext.root())
-
     assert racing.before is None  # the other daemon's turn did land first
+    records = await PostgresResponses(there_db).read_many(reply["response_ids"])
+    assert [r.content if r else None for r in records] == ["1", "2"]
+    return reply, here, there
+
+
+async def test_an_append_racing_another_daemons_turn_lands_after_it(databases: tuple[Database, Database],
+                                                                     short_tmp: Path) -> None:
+    reply, here, there = await append_racing_a_turn(databases, short_tmp, passing=0)
+
     assert reply["exchanges"] == [2, 3]
     stored = await there.reader.entries("c")
     assert [(e.n, e.response_id) for e in stored] == [(1, "m-turn-there"), *zip([2, 3], reply["response_ids"])]
@@ -102,7 +117,20 @@ async def test_an_append_racing_another_daemons_turn_lands_after_it(databases: t
     assert all(e.digest for e in stored) and len({e.digest for e in stored}) == 3
     meta = await there.load_meta("c")
     assert meta is not None and meta.exchanges == 3
-    records = await PostgresResponses(there_db).read_many(reply["response_ids"])
-    assert [r.content if r else None for r in records] == ["1", "2"]
     memory = await here.cache.require("c")
     assert memory.total == 3 and memory.meta.exchanges == 3
+
+
+async def test_an_append_whose_second_exchange_loses_the_race_stores_each_once(
+        databases: tuple[Database, Database], short_tmp: Path) -> None:
+    reply, here, there = await append_racing_a_turn(databases, short_tmp, passing=1)
+
+    # the first was stored before the other daemon's turn; the second goes after it, never twice
+    assert reply["exchanges"] == [1, 3]
+    stored = await there.reader.entries("c")
+    assert [e.response_id for e in stored] == [reply["response_ids"][0], "m-turn-there", reply["response_ids"][1]]
+    assert all(e.digest for e in stored) and len({e.digest for e in stored}) == 3
+    meta = await there.load_meta("c")
+    assert meta is not None and meta.exchanges == 3
+    memory = await here.cache.require("c")
+    assert memory.total == 3 and [e.n for e in memory.entries] == [1, 2, 3]
