@@ -2,9 +2,10 @@
 archive and delete them.
 
 Reading goes through `ksi_common.transcripts` over the conversation store (the same code
-`ksi conversation ...` runs with the daemon stopped); writing goes through the storage ports.
-Metadata changes happen under the conversation's lock, the one the completion service holds
-while it commits an exchange, so neither overwrites the other's change.
+`ksi conversation ...` runs with the daemon stopped); writing goes through the conversation
+writer (`writer.py`), as every service's does. Metadata changes happen under the conversation's
+lock, the one a completion holds while it commits an exchange, so neither overwrites the other's
+change.
 """
 
 from __future__ import annotations
