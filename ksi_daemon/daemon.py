@@ -18,6 +18,7 @@ from ksi_common.liveness import socket_path_state
 from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
+from ksi_daemon.providers.cli_provider import cli_providers
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.agents.registry import AgentRegistry
@@ -111,7 +112,9 @@ class Daemon:
         self.agent_registry = AgentRegistry(settings, self.storage.agents)
         self.completion = CompletionService(
             settings, self.router, self.cache, self.responses, self.storage.journal,
-            provider=self.provider, facts=self.litellm, answerers={"consortium/": self.consortium},
+            provider=self.provider, facts=self.litellm,
+            # by model prefix; every other model is litellm's (the built-in echo among them)
+            answerers={"consortium/": self.consortium, **cli_providers(self.provider)},
             images=Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes),
             clock=clock, agents=self.agent_registry, limits=self.limits, leases=self.storage.leases,
             calibration=Calibration(self.storage.calibration, enabled=settings.calibration),

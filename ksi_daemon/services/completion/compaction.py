@@ -117,12 +117,14 @@ class Compactor:
     """Summaries per conversation: found for a turn, written in the background."""
 
     def __init__(self, settings: Settings, router: Router, cache: ConversationCache, store: SummaryStore,
-                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor) -> None:
+                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor,
+                 answerer_for: Callable[[str], Provider] | None = None) -> None:
         self.settings = settings
         self.router = router
         self.cache = cache
         self.store = store
         self.provider = provider
+        self.answerer_for = answerer_for or (lambda _model: provider)  # what answers a conversation's model
         self.count_tokens = count_tokens
         self.budget_for = budget_for
         self._jobs: dict[str, _Job] = {}
@@ -147,7 +149,8 @@ class Compactor:
     def summariser(self, model: str) -> str | None:
         """The model that writes this model's conversations' summaries; None when none does."""
         chosen = self.settings.model_settings(model).summariser or self.settings.summariser
-        if chosen == "off" or (not chosen and model.startswith(("consortium/", "claude-cli/", "gemini-cli/"))):
+        answerer = self.answerer_for(model)
+        if chosen == "off" or (not chosen and (answerer.keeps_session or not answerer.takes_slot)):
             return None  # answerers with their own memory (or no single model) need an explicit summariser
         return chosen or model
 

@@ -19,9 +19,9 @@ from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
+from ksi_daemon.providers.abilities import refuse_unable
 from ksi_daemon.providers.options import check_options, circuit_key, is_routing_option
 from ksi_daemon.providers.base import (
-    ModelAbilities,
     Provider,
     ProviderCall,
     ProviderFailure,
@@ -83,7 +83,6 @@ log = structlog.get_logger("ksi.completion")
 HANDED_OVER = "handed_over"  # a request another daemon of the pool took over while this one was silent
 INLINE_CONSORTIUM = "consortium/inline"  # the model of a request carrying its own consortium definition
 
-CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
 CALIBRATION_SAVE_INTERVAL = 5.0  # seconds: a crash loses at most this much learning
 BUILTIN_MODEL = "echo/demo"  # the built-in echo provider answers every `echo/...` name
 
@@ -98,14 +97,6 @@ class ModelFacts(Protocol):
     async def context_window(self, model: str) -> int: ...
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int: ...
-
-    async def check_request(self, model: str, options: dict[str, Any]) -> None:
-        """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
-
-    async def abilities(self, model: str) -> ModelAbilities: ...
-
-    async def check_tools(self, model: str) -> None:
-        """Refuse tools for a model known not to call them."""
 
 
 @dataclass(slots=True)
@@ -201,7 +192,7 @@ class CompletionService:
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
                                                   lambda m: settings.model_settings(m).max_concurrency)
-        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider,
+        self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model).takes_slot,
                                    leases=leases)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
@@ -211,7 +202,7 @@ class CompletionService:
         self._history_admission = asyncio.Lock()  # see submit
         self.calibration = calibration or Calibration(NoCalibrationStore(), enabled=False)
         self.compactor = Compactor(settings, router, cache, summaries or NoSummaries(), provider,
-                                   facts.count_tokens, self.history_budget)
+                                   facts.count_tokens, self.history_budget, answerer_for=self._answerer)
         self._calibration_saved = time.monotonic()
         self._background: set[asyncio.Task[None]] = set()  # calibration saves, discards under way
         self.client_history = ClientHistory(cache, responses, router, self.requests.count_live, self._can_continue,
@@ -519,17 +510,10 @@ class CompletionService:
                            retry_after=1.0, queued=self.scheduler.queued)
 
     async def _check_model_options(self, model: str, data: CompletionAsync, images: list[CheckedImage]) -> None:
-        if self._answerer(model) is not self.provider:
-            self.images.check_consortium(model, [image.field for image in images])
-            tool_turns.refuse_tools_to(model, data, "is a consortium: its members answer, and no tool call reaches the client")
-            return
         options = data.provider_options()
-        if options:
-            await self.facts.check_request(model, options)
-        if data.tools:
-            await self.facts.check_tools(model)
-        if images:
-            self.images.check_model(model, await self.facts.abilities(model), [image.field for image in images])
+        if options or data.tools or images:  # abilities are looked up only when something asks for one
+            refuse_unable(model, await self._answerer(model).abilities(model), options, bool(data.tools),
+                          [image.field for image in images])
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)
@@ -721,8 +705,8 @@ class CompletionService:
                                    self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
                                    log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
                                                "model": state.model})
-        if answerer is self.provider and prepared.call.resume_session is None:
-            # a resumed CLI session or a consortium counts a prompt we never built: nothing to learn
+        if answerer.calibrated and prepared.call.resume_session is None:
+            # a resumed session, a CLI or a consortium counts a prompt we never built: nothing to learn
             self.calibration.observe(state.model, prepared.estimate, reply.usage.get("prompt_tokens", 0))
             self._save_calibration_now_and_then()
         return reply
@@ -800,7 +784,7 @@ class CompletionService:
             attached = attached.kept_for(history.exchanges)
         pinned.add_to(history, after)
         if any(image_parts(exchange.input) for exchange in history.exchanges):  # sent again, from storage
-            vision = (await self.facts.abilities(state.model)).vision
+            vision = (await self._answerer(state.model).abilities(state.model)).vision
             history.exchanges = await self.images.replay(history.exchanges, vision)
         inputs = attached.record_in(inputs)
         tool_turns.check_called_in_history(history, new_items, state.model)
@@ -880,12 +864,11 @@ class CompletionService:
         budget = await self.history_budget(model, meta.system, 0, None)
         return max(0, int(budget * self.settings.pins_share))
 
-    @staticmethod
-    def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:
+    def _resumable_session(self, memory: ConversationMemory, model: str, system: str | None) -> str | None:
         """Resume a CLI session only when the previous exchange came from that same session, and
         under the same system prompt: a resumed session would never see a new one."""
         session = memory.meta.cli_session
-        if not model.startswith(CLI_PREFIXES) or session is None:
+        if not self._answerer(model).keeps_session or session is None:
             return None
         if session.model != model or session.n != memory.total or system != memory.meta.system:
             return None
