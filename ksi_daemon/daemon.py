@@ -24,6 +24,7 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.agents.service import AgentService
 from ksi_daemon.services.agents.profiles import ProfileLibrary
+from ksi_daemon.services.completion.models import COMPLETION_CANCELLED, COMPLETION_ERROR, COMPLETION_RESULT
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
 from ksi_daemon.services.conversations.service import ConversationService
@@ -35,7 +36,7 @@ from ksi_daemon.services.pool import PoolService
 from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.services.takeover import TakeoverService
-from ksi_daemon.services.system import SystemService
+from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.images import Images
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("ksi.daemon")
 
 
-RELAYED = frozenset({"completion:result", "completion:error", "completion:cancelled"})
+RELAYED = frozenset({COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED})
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -277,7 +278,7 @@ class Daemon:
             self.storage.relay.publish(name, data, context.to_wire())
 
     async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
-        if self.shutting_down and event != "system:health":
+        if self.shutting_down and event != SYSTEM_HEALTH:
             raise KsiError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         return await self.router.request(event, data, context)
 

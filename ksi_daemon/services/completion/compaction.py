@@ -31,6 +31,7 @@ from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion.models import COMPLETION_RESULT
 from ksi_daemon.services.completion.salience import (
     EXCHANGE_TEXT_LIMIT,
     Items,
@@ -134,7 +135,7 @@ class Compactor:
         self.fallbacks = 0  # fallbacks stored where no candidate passed its checks
 
     def register(self) -> list[Unregister]:
-        return [self.router.listen("completion:result", self._on_result), self.router.emits("conversation:summarised")]
+        return [self.router.listen(COMPLETION_RESULT, self._on_result), self.router.emits("conversation:summarised")]
 
     async def stop(self, timeout: float) -> None:
         for handle in self._retries.values():
