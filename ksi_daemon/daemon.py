@@ -18,6 +18,7 @@ from ksi_common.liveness import socket_path_state
 from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
+from ksi_daemon.providers.cli_provider import cli_providers
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.agents.registry import AgentRegistry
@@ -27,6 +28,7 @@ from ksi_daemon.services.completion.admission import Admission
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.compaction import Compactor
+from ksi_daemon.services.completion.models import COMPLETION_CANCELLED, COMPLETION_ERROR, COMPLETION_RESULT
 from ksi_daemon.services.completion.preparation import HistoryBudget, TurnPreparation
 from ksi_daemon.services.completion.requests import RequestRegistry
 from ksi_daemon.services.completion.running import TurnRunner
@@ -44,7 +46,7 @@ from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.services.resilience import CircuitBreaker
 from ksi_daemon.services.takeover import TakeoverService
-from ksi_daemon.services.system import SystemService
+from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.images import Images
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("ksi.daemon")
 
 
-RELAYED = frozenset({"completion:result", "completion:error", "completion:cancelled"})
+RELAYED = frozenset({COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED})
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -257,27 +259,27 @@ class Daemon:
         """The completion service and its collaborators (admission, the preparation of a turn, its
         run), and the history budget the conversation service bounds pins with."""
         settings = self.settings
-        answerers = Answerers(self.provider, {"consortium/": self.consortium})
+        # by model prefix; every other model is litellm's (the built-in echo among them)
+        answerers = Answerers(self.provider, {"consortium/": self.consortium, **cli_providers(self.provider)})
         requests = RequestRegistry(settings.finished_requests_kept)
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
-        scheduler = Scheduler(self.limits, takes_slot=answerers.by_provider, leases=self.storage.leases)
+        scheduler = Scheduler(self.limits, takes_slot=answerers.takes_slot, leases=self.storage.leases)
         calibration = Calibration(self.storage.calibration, enabled=settings.calibration)
         budget = HistoryBudget(settings, self.litellm, calibration)
         compactor = Compactor(settings, self.router, self.cache, self.writer, self.provider,
-                              self.litellm.count_tokens, budget.history)
+                              self.litellm.count_tokens, budget.history, answerers.for_model)
         attachments = Attachments(settings.allowed_file_roots, self.litellm.count_tokens)
         images = Images(self.storage.blobs, FileRoots(settings.allowed_file_roots), settings.max_image_bytes)
-        preparation = TurnPreparation(settings, self.cache, self.litellm, budget, compactor, attachments, images,
-                                      clock=clock)
+        preparation = TurnPreparation(settings, self.cache, self.litellm, answerers, budget, compactor, attachments,
+                                      images, clock=clock)
         # wait, status and cancel for requests other daemons of the pool accepted
         elsewhere = RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id)
         runner = TurnRunner(settings, preparation, self.writer, self.responses, answerers, requests, elsewhere,
                             CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
                             self.litellm.count_tokens, clock=clock)
         admission = Admission(settings, self.router, self.cache, self.writer, self.responses, answerers,
-                              self.litellm, images, attachments, scheduler, requests, agents=self.agent_registry,
-                              clock=clock)
+                              images, attachments, scheduler, requests, agents=self.agent_registry, clock=clock)
         completion = CompletionService(settings, self.router, self.cache, self.writer, self.responses,
                                        self.storage.journal, requests, scheduler, admission, runner, compactor,
                                        elsewhere, clock=clock)
@@ -307,7 +309,7 @@ class Daemon:
             self.storage.relay.publish(name, data, context.to_wire())
 
     async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
-        if self.shutting_down and event != "system:health":
+        if self.shutting_down and event != SYSTEM_HEALTH:
             raise KsiError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         return await self.router.request(event, data, context)
 

@@ -15,7 +15,9 @@ import pytest
 
 from ksi_common.items import message
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.providers.abilities import refuse_unable
 from ksi_daemon.providers.base import ModelAbilities
+from ksi_daemon.providers.cli_provider import CLISessionProvider
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import ImageFacts, image_facts
@@ -195,16 +197,15 @@ async def test_what_a_model_sees_comes_from_its_settings_then_litellm(short_tmp:
     assert (await provider.abilities("openai/local-llava")).vision is True  # litellm does not know it
     assert (await provider.abilities("openai/gpt-4o")).vision is False  # declared over litellm's list
     assert (await provider.abilities("gpt-4o-mini")).vision is True  # litellm's model list
-    assert (await provider.abilities("claude-cli/sonnet")).vision is False  # a CLI session is sent text alone
     assert (await provider.abilities("echo/demo")).vision is None
 
 
 def test_a_model_known_not_to_see_images_is_refused_naming_the_fields() -> None:
-    Images.check_model("openai/gpt-4o", ModelAbilities(vision=True), ["files.0"])
-    Images.check_model("ollama/new", ModelAbilities(), ["files.0"])  # nobody knows: passed on
-    Images.check_model("openai/gpt-3.5-turbo", ModelAbilities(vision=False), [])  # no image: nothing to refuse
+    refuse_unable("openai/gpt-4o", ModelAbilities(vision=True), {}, False, ["files.0"])
+    refuse_unable("ollama/new", ModelAbilities(), {}, False, ["files.0"])  # nobody knows: passed on
+    refuse_unable("openai/gpt-3.5-turbo", ModelAbilities(vision=False), {}, False, [])  # no image: nothing to refuse
     with pytest.raises(KsiError) as caught:
-        Images.check_model("openai/gpt-3.5-turbo", ModelAbilities(vision=False), ["files.0", "files.2"])
+        refuse_unable("openai/gpt-3.5-turbo", ModelAbilities(vision=False), {}, False, ["files.0", "files.2"])
     assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
     assert sorted(caught.value.details["fields"]) == ["files.0", "files.2"]
 
@@ -303,9 +304,12 @@ async def test_a_directory_swapped_for_a_link_after_the_check_does_not_let_a_fil
         await storage.close()
 
 
-def test_a_consortium_is_refused_images_naming_the_fields() -> None:
+async def test_a_cli_is_refused_images_naming_the_fields(short_tmp: Path) -> None:
+    abilities = await CLISessionProvider("claude", LiteLLMProvider(make_settings(short_tmp))).abilities("claude-cli/sonnet")
+    assert abilities.vision is False  # a CLI session is sent text alone
     with pytest.raises(KsiError) as caught:
-        Images.check_consortium("consortium/panel", ["files.0", "files.2"])
+        refuse_unable("claude-cli/sonnet", abilities, {}, False, ["files.0", "files.2"])
     assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
     assert set(caught.value.details["fields"]) == {"files.0", "files.2"}
-    Images.check_consortium("consortium/panel", [])  # no images: nothing to refuse
+    assert "runs the claude CLI" in caught.value.message  # what it is, not a setting to change
+    refuse_unable("claude-cli/sonnet", abilities, {}, False, [])  # no images: nothing to refuse

@@ -62,12 +62,16 @@ Probe = Callable[[], Awaitable[bool]]
 
 @dataclass(frozen=True, slots=True)
 class ModelAbilities:
-    """What a model is known to do: True or False when the settings or litellm say, None when
-    nobody does (the option is then passed on and the provider's own refusal comes back)."""
+    """What a model is known to do: True or False when its provider, the settings or litellm say,
+    None when nobody does (the option is then passed on and the provider's own refusal comes back)."""
 
     response_schema: bool | None = None
     function_calling: bool | None = None
     vision: bool | None = None
+    options: bool = True  # takes request options at all (a CLI keeps its own sampling)
+    # what the provider is, when that (not the model) is why it cannot ("runs the claude CLI", "is a
+    # consortium"): said in each refusal; None: the model cannot, and the settings may declare it can
+    because: str | None = None
 
 
 class ProviderFailure(KsiError):
@@ -93,13 +97,29 @@ class CommandMissing(Exception):
 
 
 class Provider(Protocol):
-    """A single async method: send the call, return the reply or raise ProviderFailure."""
+    """What answers a model's calls: one async method to call it, and what the daemon must know of
+    it, read from it rather than guessed from a model's name."""
 
-    async def complete(self, call: ProviderCall) -> ProviderReply: ...
+    # it holds the conversation itself (a CLI session): a turn continuing its session is sent to it
+    # with that session to resume (ProviderCall.resume_session), and the reply names the session
+    keeps_session: bool
+    # a call takes a concurrency slot; False for one whose own calls take theirs (a consortium run)
+    takes_slot: bool
+    # its usage counts the prompt the daemon built, so the daemon learns its token ratio from it
+    calibrated: bool
+
+    async def abilities(self, model: str) -> ModelAbilities:
+        """What `model` can take from a request: tools, images, a JSON schema, options."""
+
+    async def complete(self, call: ProviderCall) -> ProviderReply:
+        """Send the call; return the reply or raise ProviderFailure."""
 
 
-# CLI-session providers receive the session to resume through litellm's `metadata`.
+# CLI-session providers receive the session to resume through litellm's `metadata`, and name the
+# session that holds the exchange (and why a fresh one was started) in the reply's hidden params.
 SESSION_METADATA_KEY = "ksi_resume_session"
+SESSION_ID_KEY = "ksi_session_id"
+SESSION_NOTE_KEY = "ksi_session_note"
 
 
 def message_text(message: dict[str, Any]) -> str:

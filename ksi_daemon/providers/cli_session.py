@@ -17,7 +17,7 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import Usage
 
-from ksi_daemon.providers.base import SESSION_METADATA_KEY, CommandMissing
+from ksi_daemon.providers.base import SESSION_ID_KEY, SESSION_METADATA_KEY, SESSION_NOTE_KEY, CommandMissing
 from ksi_daemon.providers.base import message_text as _text
 
 
@@ -124,8 +124,10 @@ class CLISession(CustomLLM):
         )
         hidden = getattr(model_response, "_hidden_params", None)
         if isinstance(hidden, dict):
+            if session_id:
+                hidden[SESSION_ID_KEY] = session_id
             if note:
-                hidden["ksi_session_note"] = note
+                hidden[SESSION_NOTE_KEY] = note
             if cost is not None:
                 hidden["response_cost"] = cost
         return model_response

@@ -7,7 +7,6 @@ import gc
 import math
 import os
 import re
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -19,10 +18,12 @@ from typing import Any, TypeVar
 import httpx
 import structlog
 
-from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
 from ksi_daemon.providers.base import (
+    SESSION_ID_KEY,
     SESSION_METADATA_KEY,
+    SESSION_NOTE_KEY,
     CommandMissing,
     ModelAbilities,
     Probe,
@@ -31,9 +32,10 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
+from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
-from ksi_daemon.providers.options import SAMPLING_OPTIONS, asks_for_schema, check_options, is_routing_option
+from ksi_daemon.providers.options import SAMPLING_OPTIONS, check_options, is_routing_option
 from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
 from ksi_daemon.redaction import Redactor, known_secrets
 
@@ -46,9 +48,8 @@ _OFFLINE_DEFAULTS = {
 }
 
 
-# CLI-session providers by model prefix: the program each runs
-CLI_PROGRAMS = {"claude-cli/": "claude", "gemini-cli/": "gemini"}
-# models answered without litellm's model list (the built-in echo and the CLI sessions)
+# models answered by this daemon's own handlers, without litellm's model list (the built-in echo
+# and the CLI sessions)
 OWN_PREFIXES = ("echo/", *CLI_PROGRAMS)
 BUILTIN_NAMES = ("echo/demo", "claude-cli/sonnet", "gemini-cli/default")
 KNOWN_KEPT = 1024  # model names found valid, remembered (names come from requests: bounded)
@@ -64,6 +65,10 @@ def provider_of(model: str) -> str:
 
 class LiteLLMProvider:
     """Sends calls through litellm; counts tokens and knows context windows."""
+
+    keeps_session = False
+    takes_slot = True
+    calibrated = True
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -159,14 +164,8 @@ class LiteLLMProvider:
     async def check(self, model: str, _inline: dict[str, Any] | None) -> None:
         """Refuse, before a request is queued, a model no provider answers to and a CLI model
         whose program is missing: `model_not_found` or `provider_unavailable`, never retried."""
-        if model.startswith("echo/") or model in self._known:
-            return
-        for prefix, program in CLI_PROGRAMS.items():
-            if model.startswith(prefix):
-                if shutil.which(program) is None:
-                    raise missing_command(program, model)
-                self._remember(model)  # found once: a program removed later fails its call instead
-                return
+        if model.startswith(OWN_PREFIXES) or model in self._known:
+            return  # a CLI's own provider checks for its program
         litellm = self._module
         if litellm is None:
             # the ack must not wait seconds for litellm's import: the call itself answers
@@ -271,10 +270,9 @@ class LiteLLMProvider:
                         info = dict(await asyncio.to_thread(litellm.get_model_info, model))
                 except Exception:  # a model litellm does not list: nothing is known of it
                     info = {}
-            # a CLI session is sent text alone: an image would never reach it
-            vision = False if model.startswith(tuple(CLI_PROGRAMS)) else info.get("supports_vision")
             known = ModelAbilities(response_schema=info.get("supports_response_schema"),
-                                   function_calling=info.get("supports_function_calling"), vision=vision)
+                                   function_calling=info.get("supports_function_calling"),
+                                   vision=info.get("supports_vision"))
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
@@ -284,40 +282,6 @@ class LiteLLMProvider:
             response_schema=_first_known(declared.supports_response_schema, known.response_schema),
             function_calling=_first_known(declared.supports_function_calling, known.function_calling),
             vision=_first_known(declared.supports_vision, known.vision))
-
-    async def check_tools(self, model: str) -> None:
-        """Refuse (unsupported_parameter) tools for a model known not to call them: a CLI session
-        (its program runs its own tools, if any) or one the settings or litellm say cannot."""
-        program = next((name for prefix, name in CLI_PROGRAMS.items() if model.startswith(prefix)), None)
-        if program is not None:
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"tools is not supported: {model} runs the {program} CLI, which takes no tools from a request",
-                           fields={"tools": f"not passed to the {program} CLI"}, model=model)
-        declared = self.settings.model_settings(model).supports_function_calling
-        # a declaration answers without litellm's model list (the ack need not wait for its import)
-        able = declared if declared is not None else (await self.abilities(model)).function_calling
-        if able is False:
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"tools is not supported: {model} cannot call tools (declare supports_function_calling "
-                           "for it in KSI_MODELS if it can)",
-                           fields={"tools": "this model cannot call tools"}, model=model)
-
-    async def check_request(self, model: str, options: dict[str, Any]) -> None:
-        """Refuse (unsupported_parameter) the options `model` is known not to follow; an option whose
-        support nobody knows goes to the provider, whose refusal then comes back as provider_error."""
-        program = next((name for prefix, name in CLI_PROGRAMS.items() if model.startswith(prefix)), None)
-        if program is not None and options:
-            # the CLI keeps its own session and sampling: nothing here would reach it
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{model} runs the {program} CLI, which takes no request options ({', '.join(sorted(options))})",
-                           fields={f"options.{name}": f"not passed to the {program} CLI" for name in options},
-                           model=model)
-        if asks_for_schema(options) and (await self.abilities(model)).response_schema is False:
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{model} cannot follow a JSON schema (response_format json_schema); use json_object, "
-                           "or declare supports_response_schema for it in KSI_MODELS if it can",
-                           fields={"options.response_format": "this model cannot follow a JSON schema"},
-                           model=model)
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int:
         if max_tokens:
@@ -354,7 +318,7 @@ class LiteLLMProvider:
             # A local OpenAI-compatible server often wants no key, but the SDK refuses to call without one
             # (an empty one counts as missing): the daemon sends this placeholder so the user need not.
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
-        if call.model.startswith(("claude-cli/", "gemini-cli/")):
+        if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         return kwargs
 
@@ -497,11 +461,6 @@ class LiteLLMProvider:
             except Exception:  # litellm has no price for it: do not ask again on every reply
                 self._unpriced.add(call.model)
                 cost = None
-        session_id = None
-        session_note = None
-        if call.model.startswith(("claude-cli/", "gemini-cli/")):
-            session_id = getattr(response, "id", None)
-            session_note = hidden.get("ksi_session_note")
         return ProviderReply(
             content=content,
             model=call.model,
@@ -510,8 +469,9 @@ class LiteLLMProvider:
             cost=float(cost) if cost else None,
             provider=provider_of(call.model),
             provider_response_id=getattr(response, "id", None),
-            session_id=session_id,
-            session_note=session_note,
+            # set by a CLI's handler only: the session that now holds this exchange
+            session_id=hidden.get(SESSION_ID_KEY),
+            session_note=hidden.get(SESSION_NOTE_KEY),
             output=output if len(output) > 1 or called else [],
         )
 

@@ -15,14 +15,12 @@ from typing import Any, Protocol
 
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
-from ksi_daemon.providers.base import ProviderCall, ProviderFailure, ProviderReply, message_text
+from ksi_daemon.providers.base import ModelAbilities, Provider, ProviderCall, ProviderFailure, ProviderReply, message_text
 from ksi_daemon.storage.ports import CallRates
 
 
-class CheckedProvider(Protocol):
+class CheckedProvider(Provider, Protocol):
     """A provider that can also refuse a model up front (the litellm provider)."""
-
-    async def complete(self, call: ProviderCall) -> ProviderReply: ...
 
     async def check(self, model: str, inline: dict[str, Any] | None) -> None: ...
 
@@ -36,9 +34,16 @@ class RateLimitedProvider:
         self.rates = rates
         self.settings = settings
         self.count_tokens = count_tokens
+        # what `inner` is, it still is with rates in front of it
+        self.keeps_session = inner.keeps_session
+        self.takes_slot = inner.takes_slot
+        self.calibrated = inner.calibrated
 
     async def check(self, model: str, inline: dict[str, Any] | None) -> None:
         await self.inner.check(model, inline)
+
+    async def abilities(self, model: str) -> ModelAbilities:
+        return await self.inner.abilities(model)
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
         model = self.settings.model_settings(call.model)

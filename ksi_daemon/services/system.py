@@ -16,6 +16,9 @@ from ksi_daemon.events import EventData, NoData, Text
 from ksi_daemon.router import Router, Unregister
 
 
+SYSTEM_HEALTH = "system:health"  # NoData; answered even while the daemon shuts down
+
+
 class DiscoverData(EventData):
     namespace: Text | None = Field(default=None, description="only events of this namespace")
     level: Text | None = Field(default=None, description="accepted from older clients; every level lists the same")
@@ -44,7 +47,7 @@ class SystemService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [
-            r.register("system:health", self.health, NoData, "Daemon status, version, uptime and counts."),
+            r.register(SYSTEM_HEALTH, self.health, NoData, "Daemon status, version, uptime and counts."),
             r.register("system:discover", self.discover, DiscoverData, "Every event with its one-line description."),
             r.register("system:help", self.help, HelpData, "Fields, types and defaults of one event."),
             r.register("system:config", self.config, NoData, "The running daemon's effective settings, secrets masked."),

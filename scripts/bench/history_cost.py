@@ -219,11 +219,12 @@ class Preparer:
         self.reserve = reserve
         self.max_depth = max_depth
         settings = Settings(_env_file=None, var_dir=layout.root, summariser=None if compaction else "off")
-        # only the reading side of the compactor runs here: no provider, no budget callback
+        # only the reading side of the compactor runs here: no provider, no answerers, no budget callback
         writer = ConversationWriter(self.cache, JsonlSummaries(layout, fsync=False), clock=time.time,
                                     default_ttl=None, max_fork_depth=max_depth)
-        self.compactor = Compactor(settings, Router(), self.cache, writer,
-                                   provider=None, count_tokens=estimate_tokens, budget_for=None)  # type: ignore[arg-type]
+        self.compactor = Compactor(settings, Router(), self.cache, writer, provider=None,  # type: ignore[arg-type]
+                                   count_tokens=estimate_tokens, budget_for=None,  # type: ignore[arg-type]
+                                   answerer_for=None)  # type: ignore[arg-type]
 
     async def prepare(self, conversation_id: str, user_messages: list[dict[str, Any]]
                       ) -> tuple[list[dict[str, Any]], dict[str, int]]:

@@ -29,7 +29,7 @@ from ksi_daemon.services.agents.models import (
 from ksi_daemon.services.agents.profiles import Profile, ProfileLibrary
 from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.completion.service import CompletionService
-from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.models import COMPLETION_CANCEL, COMPLETION_RESULT, COMPLETION_WAIT, CompletionAsync
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.completion.requests import RequestState
@@ -83,7 +83,7 @@ class AgentService:
                        "Start the agent on a fresh conversation; the old one is kept under a new id."),
             r.register("agent:terminate", self.handle_terminate, AgentTerminate,
                        "Stop an agent (or all: true): its queued requests are cancelled, its logs kept."),
-            r.listen("completion:result", self._on_result),
+            r.listen(COMPLETION_RESULT, self._on_result),
         ]
 
     async def start(self) -> None:
@@ -159,7 +159,7 @@ class AgentService:
         record.last_activity = utc_now()
         if sender is None and data.wait is not False:  # messages from agents never wait
             timeout = self.settings.request_timeout if data.wait is True else float(data.wait)
-            return await self.router.request("completion:wait", {"request_id": state.request_id, "timeout": timeout},
+            return await self.router.request(COMPLETION_WAIT, {"request_id": state.request_id, "timeout": timeout},
                                              context.child())
         return {**self.completion.describe(state), "agent_id": record.agent_id}
 
@@ -402,7 +402,7 @@ class AgentService:
     async def _cancel(self, states: list[RequestState], context: EventContext) -> list[str]:
         """Cancel through `completion:cancel`, so the cancellations show on the bus like any other."""
         replies = await asyncio.gather(
-            *(self.router.request("completion:cancel", {"request_id": s.request_id}, context.child())
+            *(self.router.request(COMPLETION_CANCEL, {"request_id": s.request_id}, context.child())
               for s in states),
             return_exceptions=True,
         )

@@ -18,7 +18,7 @@ from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
-from ksi_daemon.providers.base import ModelAbilities
+from ksi_daemon.providers.abilities import refuse_unable
 from ksi_daemon.providers.options import check_options, is_routing_option
 from ksi_daemon.router import Router
 from ksi_daemon.services.completion import exchange_records as records
@@ -31,6 +31,7 @@ from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.models import CONVERSATION_FORK
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.storage.ports import ConversationExists, ResponseStore
@@ -38,27 +39,6 @@ from ksi_daemon.storage.ports import ConversationExists, ResponseStore
 log = structlog.get_logger("ksi.completion")
 
 INLINE_CONSORTIUM = "consortium/inline"  # the model of a request carrying its own consortium definition
-
-
-class ModelFacts(Protocol):
-    """What the completion path needs to know about models: to check a request's options, and to
-    budget its tokens."""
-
-    async def ready(self, model: str) -> None: ...
-
-    def count_tokens(self, text: str) -> int: ...
-
-    async def context_window(self, model: str) -> int: ...
-
-    def output_reserve(self, model: str, max_tokens: int | None) -> int: ...
-
-    async def check_request(self, model: str, options: dict[str, Any]) -> None:
-        """Refuse options the model is known not to follow (a JSON schema it cannot keep to)."""
-
-    async def abilities(self, model: str) -> ModelAbilities: ...
-
-    async def check_tools(self, model: str) -> None:
-        """Refuse tools for a model known not to call them."""
 
 
 @dataclass(slots=True)
@@ -123,7 +103,7 @@ class Admission:
     """Admits completion requests one conversation at a time, in arrival order."""
 
     def __init__(self, settings: Settings, router: Router, cache: ConversationCache, writer: ConversationWriter,
-                 responses: ResponseStore, answerers: Answerers, facts: ModelFacts, images: Images,
+                 responses: ResponseStore, answerers: Answerers, images: Images,
                  attachments: Attachments, scheduler: Scheduler, requests: RequestRegistry,
                  agents: AgentDirectory | None = None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -132,7 +112,6 @@ class Admission:
         self.writer = writer
         self.responses = responses
         self.answerers = answerers
-        self.facts = facts
         self.images = images
         self.attachments = attachments
         self.scheduler = scheduler
@@ -199,7 +178,7 @@ class Admission:
             fork_data: dict[str, Any] = {"conversation_id": conversation_id, "at": found.n}
             if data.origin is not None:
                 fork_data["origin"] = data.origin
-            fork = await self.router.request("conversation:fork", fork_data, context.child())
+            fork = await self.router.request(CONVERSATION_FORK, fork_data, context.child())
             conversation_id = fork["conversation_id"]
         return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
@@ -265,17 +244,10 @@ class Admission:
                            retry_after=1.0, queued=self.scheduler.queued)
 
     async def _check_model_options(self, model: str, data: CompletionAsync, images: list[CheckedImage]) -> None:
-        if not self.answerers.by_provider(model):
-            self.images.check_consortium(model, [image.field for image in images])
-            tool_turns.refuse_tools_to(model, data, "is a consortium: its members answer, and no tool call reaches the client")
-            return
         options = data.provider_options()
-        if options:
-            await self.facts.check_request(model, options)
-        if data.tools:
-            await self.facts.check_tools(model)
-        if images:
-            self.images.check_model(model, await self.facts.abilities(model), [image.field for image in images])
+        if options or data.tools or images:  # abilities are looked up only when something asks for one
+            refuse_unable(model, await self.answerers.abilities(model), options, bool(data.tools),
+                          [image.field for image in images])
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)

@@ -33,6 +33,7 @@ from ksi_daemon.router import Router
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
+from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.storage.ports import ResponseStore
 
@@ -294,14 +295,14 @@ class ClientHistory:
         fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n}
         if data.origin is not None:
             fork_data["origin"] = data.origin
-        fork = await self.router.request("conversation:fork", fork_data, context.child())
+        fork = await self.router.request(CONVERSATION_FORK, fork_data, context.child())
         return str(fork["conversation_id"])
 
     async def _append(self, conversation_id: str, exchanges: list[tuple[list[items.Item], list[items.Item]]],
                       context: EventContext) -> None:
         appended = [{"inputs": [str(i["content"]) for i in inputs],
                      "reply": "".join(str(o["content"]) for o in outputs)} for inputs, outputs in exchanges]
-        await self.router.request("conversation:append", {"conversation_id": conversation_id, "exchanges": appended},
+        await self.router.request(CONVERSATION_APPEND, {"conversation_id": conversation_id, "exchanges": appended},
                                   context.child())
 
     async def _import(self, turns: ClientTurns, context: EventContext, data: CompletionAsync, *,
@@ -324,7 +325,7 @@ class ClientHistory:
             request["origin"] = data.origin
         if linked is not None:
             request["continues"] = {"conversation_id": linked.memory.conversation_id, "exchange": linked.n}
-        imported = await self.router.request("conversation:import", request, context.child())
+        imported = await self.router.request(CONVERSATION_IMPORT, request, context.child())
         return str(imported["conversation_id"])
 
 

@@ -31,6 +31,7 @@ from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion.models import COMPLETION_RESULT
 from ksi_daemon.services.completion.salience import (
     EXCHANGE_TEXT_LIMIT,
     Items,
@@ -104,12 +105,14 @@ class Compactor:
     """Summaries per conversation: found for a turn, written in the background."""
 
     def __init__(self, settings: Settings, router: Router, cache: ConversationCache, writer: ConversationWriter,
-                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor) -> None:
+                 provider: Provider, count_tokens: Callable[[str], int], budget_for: BudgetFor,
+                 answerer_for: Callable[[str], Provider]) -> None:
         self.settings = settings
         self.router = router
         self.cache = cache
         self.writer = writer  # summaries and the metadata counting them are written through it
         self.provider = provider
+        self.answerer_for = answerer_for  # what answers a conversation's model
         self.count_tokens = count_tokens
         self.budget_for = budget_for
         self._jobs: dict[str, _Job] = {}
@@ -119,7 +122,7 @@ class Compactor:
         self.fallbacks = 0  # fallbacks stored where no candidate passed its checks
 
     def register(self) -> list[Unregister]:
-        return [self.router.listen("completion:result", self._on_result), self.router.emits("conversation:summarised")]
+        return [self.router.listen(COMPLETION_RESULT, self._on_result), self.router.emits("conversation:summarised")]
 
     async def stop(self, timeout: float) -> None:
         for handle in self._retries.values():
@@ -134,7 +137,8 @@ class Compactor:
     def summariser(self, model: str) -> str | None:
         """The model that writes this model's conversations' summaries; None when none does."""
         chosen = self.settings.model_settings(model).summariser or self.settings.summariser
-        if chosen == "off" or (not chosen and model.startswith(("consortium/", "claude-cli/", "gemini-cli/"))):
+        answerer = self.answerer_for(model)
+        if chosen == "off" or (not chosen and (answerer.keeps_session or not answerer.takes_slot)):
             return None  # answerers with their own memory (or no single model) need an explicit summariser
         return chosen or model
 

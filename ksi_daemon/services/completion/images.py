@@ -27,7 +27,6 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import image_parts, part_text
-from ksi_daemon.providers.base import ModelAbilities
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
 from ksi_daemon.services.completion.image_tokens import image_tokens
@@ -293,24 +292,6 @@ class Images:
         width, height = ref.get("width"), ref.get("height")
         return image_tokens(model, width if isinstance(width, int) else None,
                             height if isinstance(height, int) else None, ref.get("detail"))
-
-    @staticmethod
-    def check_consortium(model: str, fields: Sequence[str]) -> None:
-        """Refuse images to a consortium (`unsupported_parameter`, naming each field): its members'
-        vision is not checked, and its traces, member files and arbiter prompt hold text only."""
-        if fields:
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{model} is a consortium; images go to a single vision model",
-                           fields={name: "a consortium does not take images" for name in fields}, model=model)
-
-    @staticmethod
-    def check_model(model: str, abilities: ModelAbilities, fields: Sequence[str]) -> None:
-        """Refuse images (`unsupported_parameter`, naming each field) to a model known not to see them."""
-        if fields and abilities.vision is False:
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{model} does not take images; use a vision model, or declare supports_vision "
-                           "for it in KSI_MODELS if it can",
-                           fields={name: "this model does not take images" for name in fields}, model=model)
 
 
 class DataUrlCache:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, image_parts
@@ -16,7 +16,8 @@ from ksi_daemon.providers.base import ProviderCall
 from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion import tool_turns
-from ksi_daemon.services.completion.admission import ModelFacts, check_open
+from ksi_daemon.services.completion.admission import check_open
+from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.client_history import own_history
@@ -37,8 +38,19 @@ from ksi_daemon.services.conversations.memory import ConversationCache, Conversa
 from ksi_daemon.services.conversations.pending import with_pending
 from ksi_daemon.storage.models import ConversationMeta
 
-CLI_PREFIXES = ("claude-cli/", "gemini-cli/")
 ChunkSink = Callable[[str | dict[str, Any]], None]  # a text piece, or a tool call's delta
+
+
+class ModelFacts(Protocol):
+    """What the completion path needs to know about models to budget a turn's tokens."""
+
+    async def ready(self, model: str) -> None: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    async def context_window(self, model: str) -> int: ...
+
+    def output_reserve(self, model: str, max_tokens: int | None) -> int: ...
 
 
 class HistoryBudget:
@@ -90,12 +102,13 @@ class Prepared:
 class TurnPreparation:
     """Prepares each turn of a request as it is about to run (and again after a calibration retry)."""
 
-    def __init__(self, settings: Settings, cache: ConversationCache, facts: ModelFacts, budget: HistoryBudget,
-                 compactor: Compactor, attachments: Attachments, images: Images,
+    def __init__(self, settings: Settings, cache: ConversationCache, facts: ModelFacts, answerers: Answerers,
+                 budget: HistoryBudget, compactor: Compactor, attachments: Attachments, images: Images,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.cache = cache
         self.facts = facts
+        self.answerers = answerers  # what a model's answerer can take, and whether it keeps a session
         self.budget = budget
         self.calibration = budget.calibration
         self.compactor = compactor
@@ -155,7 +168,7 @@ class TurnPreparation:
             attached = attached.kept_for(history.exchanges)
         pinned.add_to(history, after)
         if any(image_parts(exchange.input) for exchange in history.exchanges):  # sent again, from storage
-            vision = (await self.facts.abilities(state.model)).vision
+            vision = (await self.answerers.abilities(state.model)).vision
             history.exchanges = await self.images.replay(history.exchanges, vision)
         inputs = attached.record_in(inputs)
         tool_turns.check_called_in_history(history, new_items, state.model)
@@ -216,12 +229,11 @@ class TurnPreparation:
                                            self.settings.max_fork_depth, after)
         return history, pinned
 
-    @staticmethod
-    def _resumable_session(memory: ConversationMemory, model: str, system: str | None) -> str | None:
+    def _resumable_session(self, memory: ConversationMemory, model: str, system: str | None) -> str | None:
         """Resume a CLI session only when the previous exchange came from that same session, and
         under the same system prompt: a resumed session would never see a new one."""
         session = memory.meta.cli_session
-        if not model.startswith(CLI_PREFIXES) or session is None:
+        if not self.answerers.for_model(model).keeps_session or session is None:
             return None
         if session.model != model or session.n != memory.total or system != memory.meta.system:
             return None

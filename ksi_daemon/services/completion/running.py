@@ -119,8 +119,8 @@ class TurnRunner:
                                    self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
                                    log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
                                                "model": state.model})
-        if self.answerers.by_provider(state.model) and prepared.call.resume_session is None:
-            # a resumed CLI session or a consortium counts a prompt we never built: nothing to learn
+        if answerer.calibrated and prepared.call.resume_session is None:
+            # a resumed session, a CLI or a consortium counts a prompt we never built: nothing to learn
             self.calibration.observe(state.model, prepared.estimate, reply.usage.get("prompt_tokens", 0))
             self._save_calibration_now_and_then()
         return reply

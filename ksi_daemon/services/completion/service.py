@@ -23,6 +23,16 @@ from ksi_daemon.services.completion.admission import Admission, Admitted
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.handover import adopted_state, request_record
 from ksi_daemon.services.completion.models import (
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CANCELLED,
+    COMPLETION_CHUNK,
+    COMPLETION_CHUNKS,
+    COMPLETION_ERROR,
+    COMPLETION_MODELS,
+    COMPLETION_RESULT,
+    COMPLETION_STATUS,
+    COMPLETION_WAIT,
     CompletionAsync,
     CompletionCancel,
     CompletionStatus,
@@ -75,18 +85,18 @@ class CompletionService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [*self.compactor.register(),
-            r.emits("completion:result", "completion:error", "completion:cancelled", "completion:chunk"),
-            r.register("completion:async", self.handle_async, CompletionAsync,
+            r.emits(COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED, COMPLETION_CHUNK),
+            r.register(COMPLETION_ASYNC, self.handle_async, CompletionAsync,
                        "Queue a completion in a conversation; the outcome is emitted as completion:result."),
-            r.register("completion:wait", self.handle_wait, CompletionWait,
+            r.register(COMPLETION_WAIT, self.handle_wait, CompletionWait,
                        "Wait for a request's result, up to a timeout."),
-            r.register("completion:status", self.handle_status, CompletionStatus,
+            r.register(COMPLETION_STATUS, self.handle_status, CompletionStatus,
                        "State of a request: queued, running, done, failed or cancelled."),
-            r.register("completion:cancel", self.handle_cancel, CompletionCancel,
+            r.register(COMPLETION_CANCEL, self.handle_cancel, CompletionCancel,
                        "Cancel a queued or running request."),
-            r.register("completion:chunks", self.handle_chunks, CompletionChunks,
+            r.register(COMPLETION_CHUNKS, self.handle_chunks, CompletionChunks,
                        "A background request's chunks after an index, its status and, once ended, its outcome."),
-            r.register("completion:models", self.handle_models, NoData,
+            r.register(COMPLETION_MODELS, self.handle_models, NoData,
                        "Models to offer by name: the default, those configured by exact name, the built-in echo."),
         ]
 
@@ -296,7 +306,7 @@ class CompletionService:
             self.requests.add_interrupted({**line, "status": "done", "recovered": True, "result": result})
             self.journal.record(state.request_id, state.conversation_id, "done", response_id=state.response_id)
             if result is not None:
-                self.router.emit("completion:result", result, state.context.child())
+                self.router.emit(COMPLETION_RESULT, result, state.context.child())
             return
         memory = await self.cache.require(state.conversation_id)
         state.job = Job(key=memory.conversation_id, model=state.model, run=lambda: self._run(state),
@@ -340,9 +350,9 @@ class CompletionService:
             payload = {"text": piece} if isinstance(piece, str) else {"tool_call": piece}
             if isinstance(piece, str):
                 self.streams.add(state.request_id, piece)
-            self.router.emit("completion:chunk", {"request_id": state.request_id,
-                                                  "conversation_id": state.conversation_id,
-                                                  "index": index, **payload}, context)
+            self.router.emit(COMPLETION_CHUNK, {"request_id": state.request_id,
+                                                "conversation_id": state.conversation_id,
+                                                "index": index, **payload}, context)
             index += 1
 
         return emit
@@ -360,7 +370,7 @@ class CompletionService:
         if status == "done" and result is not None:
             self.activity.succeeded(state.model, result["duration_ms"], result["usage"] or {}, result["cost"],
                                     format_ts(self.clock()))
-            self.router.emit("completion:result", result, context)
+            self.router.emit(COMPLETION_RESULT, result, context)
         else:
             assert error is not None
             if status == "cancelled":
@@ -371,4 +381,4 @@ class CompletionService:
             payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}
-            self.router.emit("completion:cancelled" if status == "cancelled" else "completion:error", payload, context)
+            self.router.emit(COMPLETION_CANCELLED if status == "cancelled" else COMPLETION_ERROR, payload, context)

@@ -63,13 +63,6 @@ async def check_new_conversation(cache: ConversationCache, conversation_id: str 
                        fields={"input": f"unknown call id {', '.join(answered)}"}, call_ids=answered)
 
 
-def refuse_tools_to(model: str, data: CompletionAsync, why: str) -> None:
-    """Tools to an answerer that cannot pass them on (a consortium) are refused by name."""
-    if data.tools:
-        raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"tools is not supported: {model} {why}",
-                       fields={"tools": why}, model=model)
-
-
 def check_called_in_history(history: History, new_input: list[Item], model: str) -> None:
     """The exchange whose calls the new input answers must be sent (a call and its output go
     together): when the budget cannot hold it, the turn does not fit."""

@@ -13,7 +13,7 @@ from ksi_common.ids import is_safe_id, new_id
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
-from ksi_daemon.providers.base import Provider, ProviderCall, ProviderReply
+from ksi_daemon.providers.base import ModelAbilities, Provider, ProviderCall, ProviderReply
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.consortium.models import (
     CONSORTIUM_PREFIX,
@@ -35,6 +35,11 @@ log = structlog.get_logger("ksi.consortium")
 
 class ConsortiumService:
     """Answers `consortium/NAME` (and inline) models for the completion service."""
+
+    # as a provider: a run is no single model; its member and arbiter calls take the slots
+    keeps_session = False
+    takes_slot = False
+    calibrated = False
 
     def __init__(
         self,
@@ -155,6 +160,11 @@ class ConsortiumService:
                 raise self._not_found(name, inline_hint=name == INLINE_NAME)
             self.definitions[name] = definition
         return name, definition
+
+    async def abilities(self, model: str) -> ModelAbilities:
+        # no member's tool call reaches the client, and traces, member files and the arbiter's
+        # prompt hold text only; options go to every member as they are
+        return ModelAbilities(function_calling=False, vision=False, because="is a consortium, whose members answer")
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
         """Run the consortium on the conversation's rebuilt messages and return its one answer."""

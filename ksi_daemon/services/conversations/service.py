@@ -28,6 +28,10 @@ from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
+    CONVERSATION_APPEND,
+    CONVERSATION_CHANGED,
+    CONVERSATION_FORK,
+    CONVERSATION_IMPORT,
     AppendedExchange,
     ConversationAppend,
     ConversationArchive,
@@ -127,17 +131,17 @@ class ConversationService:
                        "Keep exchanges verbatim in every turn's history, within their share of the budget."),
             r.register("conversation:unpin", self.handle_unpin, ConversationPin,
                        "Let pinned exchanges be left out (or summarised) like any other again."),
-            r.register("conversation:fork", self.handle_fork, ConversationFork,
+            r.register(CONVERSATION_FORK, self.handle_fork, ConversationFork,
                        "A new conversation sharing the history up to an exchange, without copying it."),
             r.register("conversation:export", self.handle_export, ConversationExport,
                        "A conversation as markdown, json or jsonl."),
-            r.register("conversation:import", self.handle_import, ConversationImport,
+            r.register(CONVERSATION_IMPORT, self.handle_import, ConversationImport,
                        "A new conversation from a json or jsonl export (its exchanges and their items checked "
                        "whole before anything is written), with fresh response ids."),
-            r.emits("conversation:changed"),
+            r.emits(CONVERSATION_CHANGED),
             r.register("conversation:delete", self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
-            r.register("conversation:append", self.handle_append, ConversationAppend,
+            r.register(CONVERSATION_APPEND, self.handle_append, ConversationAppend,
                        "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
             r.register("conversation:pend", self.handle_pend, ConversationPend,
                        "Hold user messages without a reply; the next request in the conversation takes them first."),
@@ -149,7 +153,7 @@ class ConversationService:
 
     def _changed(self, conversation_id: str, change: str, context: EventContext) -> None:
         """Tell listeners (MCP resource subscriptions, monitors) a conversation changed, once it has."""
-        self.router.emit("conversation:changed", {"conversation_id": conversation_id, "change": change},
+        self.router.emit(CONVERSATION_CHANGED, {"conversation_id": conversation_id, "change": change},
                          context.child())
 
     def _summary(self, meta: ConversationMeta) -> dict[str, Any]:
