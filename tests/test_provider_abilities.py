@@ -71,7 +71,7 @@ class Gate:
 async def daemon_with(root: Path, providers: dict[str, Any], **overrides: Any) -> AsyncIterator[Daemon]:
     """A real daemon whose completion path also routes these model prefixes to these providers."""
     daemon = Daemon(make_settings(root, **overrides))
-    daemon.completion.answerers.update(providers)
+    daemon.completion.admission.answerers.by_prefix.update(providers)
     await daemon.start()
     try:
         yield daemon
