@@ -349,3 +349,48 @@ async def test_a_running_summary_written_before_chunks_still_stands_in(short_tmp
         result = await complete(client, model=SMALL, prompt="tiny", conversation_id="legacy")
     assert result["history"]["summary_upto"] >= 9
     assert "[Summary of exchanges 1-9 of this conversation" in turn_calls(stub)[-1]["messages"][0]["content"]
+
+
+def fact_of(turn: int) -> str:
+    """A turn with items of its own (a name, a number, a path), so every exchange of a gap adds some."""
+    return (f"I decided that the crate numbered {7000 + turn} goes to Marta Quill-{turn} by barge; "
+            f"its manifest is at /srv/manifests/crate-{turn}.json. " + FILLER[:200])
+
+
+async def test_a_turn_between_two_summaries_gets_the_same_stand_in_with_items_remembered_as_read_again(
+        short_tmp: Path, stub: Any) -> None:
+    stub.answer = answering(good)
+    gate = stub.model_gate[WRITER_AT_STUB] = asyncio.Event()  # the summariser hangs: every turn has a gap
+    async with running_daemon(short_tmp, **settings(stub)) as daemon:
+        compactor = daemon.completion.compactor
+        async with connected(daemon) as client:
+            turn = 0
+            while not summariser_calls(stub):
+                turn += 1
+                await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap", create=True)
+            for turn in range(turn + 1, turn + 8):
+                result = await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap")
+            assert "recent" in result["history"]["summary_kinds"]
+            memory = daemon.completion.cache.cached("gap")
+            assert memory is not None
+            budget = await compactor.budget_for(SMALL, memory.meta.system, 50, None)
+            remembered = await compactor.for_turn(memory, SMALL, budget)
+            memory.texts.clear()  # read again from storage: every exchange's items found anew
+            fresh = await compactor.for_turn(memory, SMALL, budget)
+            assert remembered is not None and fresh is not None
+            assert [(b.first, b.upto, b.kind, b.text) for b in remembered.blocks] == \
+                [(b.first, b.upto, b.kind, b.text) for b in fresh.blocks]
+            assert remembered.tokens == fresh.tokens
+            assert "Marta Quill-2" in remembered.blocks[-1].text  # the gap's own items are in it
+
+            # deleted, the id starts afresh: nothing remembered of the old exchanges stands in
+            await client.request("conversation:delete", {"conversation_id": "gap"})
+            for turn in range(100, 100 + turn):
+                result = await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap",
+                                        create=True)
+            assert "recent" in result["history"]["summary_kinds"]
+            sent = sent_text(turn_calls(stub)[-1])
+            assert "Marta Quill-100" in sent
+            assert "Marta Quill-2 " not in sent and "crate-2.json" not in sent
+            gate.set()
+            await settled(daemon)
