@@ -19,7 +19,8 @@ import pytest
 
 from ksi_common.summaries import read_summaries
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.completion.compaction import MERGE_REQUEST, SUMMARISER_SYSTEM
+from ksi_daemon.services.completion.compaction import GAP_EXCHANGES, MERGE_REQUEST, SUMMARISER_SYSTEM
+from ksi_daemon.services.conversations.memory import ConversationMemory
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply
 
@@ -394,3 +395,27 @@ async def test_a_turn_between_two_summaries_gets_the_same_stand_in_with_items_re
             assert "Marta Quill-2 " not in sent and "crate-2.json" not in sent
             gate.set()
             await settled(daemon)
+
+
+async def test_a_cold_turn_between_two_summaries_reads_its_gap_not_the_whole_index(short_tmp: Path, stub: Any) -> None:
+    document = {"format": "ksi.conversation", "v": 1, "conversation": {"system": None}, "exchanges": [
+        {"inputs": [{"type": "user", "content": fact_of(n)}], "reply": {"content": f"noted {n}"}}
+        for n in range(1, 301)]}
+    async with running_daemon(short_tmp, **settings(stub)) as daemon, connected(daemon) as client:
+        await client.request("conversation:import", {"data": document, "new_id": "long"})
+    async with running_daemon(short_tmp, **settings(stub)) as daemon:  # restarted: nothing in memory
+        compactor = daemon.completion.compactor
+        memory = await daemon.completion.cache.require("long")
+        budget = await compactor.budget_for(SMALL, None, 50, None)
+        await daemon.completion.cache.widen(memory, budget)  # as a turn's preparation loads it
+        stand_in = await compactor.for_turn(memory, SMALL, budget)
+        assert memory.first_loaded > 100  # a tail of the index, not all of it
+        assert stand_in is not None and stand_in.blocks[-1].kind == "recent"
+        left_out = stand_in.blocks[-1].upto
+        first = left_out - GAP_EXCHANGES + 1  # the oldest exchange of the gap a turn reads: its items lead
+        assert f"Marta Quill-{first} " in stand_in.blocks[-1].text
+        entries = await daemon.completion.cache.store.entries("long")
+        whole_index = ConversationMemory(memory.meta)  # the whole index loaded, as before: the same stand-in
+        whole_index.set_entries(entries, entries[-1].n)
+        whole = await compactor.for_turn(whole_index, SMALL, budget)
+        assert whole is not None and [b.text for b in whole.blocks] == [b.text for b in stand_in.blocks]
