@@ -23,6 +23,7 @@ from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
 from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
     CreateBody,
@@ -103,7 +104,8 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolIt
     a reasoning item, kept by KSI with the response that made it and never matched)."""
     where = f"input.{position}"
     if isinstance(item, InputMessage):
-        return message(item.role if item.role != "developer" else "system", item.text(f"{where}.content"))
+        return as_history(message(item.role if item.role != "developer" else "system",
+                                  item.event_content(f"{where}.content")))
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
     if item.type == "function_call":
@@ -363,8 +365,8 @@ class ResponseItemEvents:
 def new_input(items: list[Item]) -> dict[str, Any]:
     """The new input as completion:async takes it: `messages` when it is only messages (as before
     tools), `input` items when it holds the outputs of calls."""
-    if any(item["type"] == "function_call_output" for item in items):
-        return {"input": items}
+    if any(item["type"] == "function_call_output" or not isinstance(item["content"], str) for item in items):
+        return {"input": items}  # a call's output, or a message holding images, is only taken as items
     return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}
 
 

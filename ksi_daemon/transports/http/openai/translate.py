@@ -14,6 +14,7 @@ from ksi_common.settings import Settings
 from ksi_daemon.providers.options import check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai import tool_shapes
+from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.response_object import ksi_id
 from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, InputMessage, ResponseCreate, parse
 
@@ -85,6 +86,12 @@ def _checked(options: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         raise renamed(error, names) from None
 
 
+def _not_empty(content: str | list[dict[str, Any]], where: str) -> None:
+    """New input says something: text that is not blank, or an image."""
+    if isinstance(content, str) and not content.strip() or isinstance(content, list) and not content:
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is empty", fields={where: "must not be empty"})
+
+
 def _refuse(field_name: str, why: str) -> KsiError:
     return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{field_name} is not supported: {why}",
                     fields={field_name: why})
@@ -131,11 +138,9 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
             if not isinstance(message, InputMessage):
                 messages.append(tool_shapes.response_input_item(position, message))
                 continue
-            text = message.text(f"input.{position}.content")
-            if not text.strip():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
-                               fields={f"input.{position}.content": "must not be empty"})
-            messages.append(message_item("user" if message.role == "user" else "system", text))
+            content = message.event_content(f"input.{position}.content")
+            _not_empty(content, f"input.{position}.content")
+            messages.append(message_item("user" if message.role == "user" else "system", content))
         if history:
             payload["history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
@@ -185,24 +190,24 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             pending.append(calls.answer(message, position))
             continue
         calls.check_answered(position)
-        text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
+            text = message.text(f"messages.{position}.content")
             if not history and system is not None:
                 history.append(message_item("system", system))
             made = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
-            history.extend(pending)
+            history.extend(as_history(item) for item in pending)
             history.extend([message_item("assistant", text)] if text or not made else [])
             history.extend(made)
             calls.called(made)
             pending = []
             continue
         if message.role in ("system", "developer") and not history and not pending:
+            text = message.text(f"messages.{position}.content")
             system = text if system is None else f"{system}\n\n{text}"
             continue
-        if not text.strip():
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"messages.{position}.content is empty",
-                           fields={f"messages.{position}.content": "must not be empty"})
-        pending.append(message_item("user" if message.role == "user" else "system", text))
+        content = message.event_content(f"messages.{position}.content")
+        _not_empty(content, f"messages.{position}.content")
+        pending.append(message_item("user" if message.role == "user" else "system", content))
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR,
                        "the last messages must include a user message or tool results (the new input)",
