@@ -260,12 +260,20 @@ def request_echo(body: CreateBody) -> dict[str, Any]:
     fields = tool_fields(body)
     echo: dict[str, Any] = {}
     if fields.get("tools"):
-        echo["tools"] = fields["tools"]
+        echo["tools"] = [_echoed_tool(tool) for tool in fields["tools"]]
     if "tool_choice" in fields:
         echo["tool_choice"] = fields["tool_choice"]
     if "parallel_tool_calls" in fields:
         echo["parallel_tool_calls"] = bool(fields["parallel_tool_calls"])
     return echo
+
+
+def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as a Response object lists it: flat, every field of the form present (a
+    chat-form tool nests them under `function`)."""
+    spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    return {"type": "function", "name": spec.get("name"), "description": spec.get("description"),
+            "parameters": spec.get("parameters"), "strict": spec.get("strict")}
 
 
 Event = tuple[str, dict[str, Any]]
