@@ -38,6 +38,7 @@ from ksi_daemon.transports.http.openai.translate import (
     HISTORY_HEADER,
     RESPONSE_FIELDS,
     Door,
+    continued_response,
     history_used,
     renamed,
     response_payload,
@@ -71,7 +72,17 @@ class Responses:
 
     async def create(self, request: Request) -> Response:
         body: ResponseCreate = await self.door.body(request, ResponseCreate)
-        payload = response_payload(body)
+        after = continued_response(body)
+        if after is not None:
+            try:
+                return await self._create(body, response_payload(body, after))
+            except KsiError as error:
+                if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
+                    raise
+                # an id of this door's form that names no stored response: the history is matched
+        return await self._create(body, response_payload(body))
+
+    async def _create(self, body: ResponseCreate, payload: dict[str, Any]) -> Response:
         asked = _asked(body, payload)
         created_at = int(time.time())
         try:

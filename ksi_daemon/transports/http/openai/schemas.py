@@ -126,6 +126,7 @@ class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[Part]
+    id: str | None = None  # an output item's id names the response that made it (see translate.py)
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)
@@ -152,6 +153,7 @@ class ToolItem(Body):
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
+    id: str | None = None
 
 
 class ConversationRef(Body):

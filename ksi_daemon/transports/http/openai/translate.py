@@ -16,7 +16,15 @@ from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai import tool_shapes
 from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.response_object import ksi_id
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, InputMessage, ResponseCreate, parse
+from ksi_daemon.transports.http.openai.schemas import (
+    Body,
+    ChatCompletionCreate,
+    FunctionCallOutput,
+    InputMessage,
+    ResponseCreate,
+    parse,
+)
+from ksi_daemon.transports.http.openai.shapes import output_item_response
 
 AGENT_PREFIX = "agent/"
 HISTORY_HEADER = "X-KSI-History"  # client: the client's own history was sent; stored: KSI's rebuild
@@ -117,8 +125,22 @@ def response_options(body: ResponseCreate) -> dict[str, Any]:
     return _checked(options, RESPONSE_FIELDS)
 
 
-def response_payload(body: ResponseCreate) -> dict[str, Any]:
-    """POST /v1/responses as completion:async data."""
+def continued_response(body: ResponseCreate) -> str | None:
+    """The KSI response a client-held history ends with, when its last output item carries the id
+    this door gave it (an SDK that keeps the items it was sent, ids and all, as the agents SDK
+    does across a handoff). Such an item stands for the stored one, as an item id does for OpenAI:
+    the request continues after that response and only what follows it is new."""
+    if isinstance(body.input, str) or body.previous_response_id is not None or body.conversation is not None:
+        return None
+    last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+    if last_reply < 0 or isinstance(body.input[last_reply], FunctionCallOutput):
+        return None
+    return output_item_response(body.input[last_reply].id)  # type: ignore[union-attr]
+
+
+def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str, Any]:
+    """POST /v1/responses as completion:async data; `after`: the response its history ends with
+    (see continued_response), whose conversation stands for the history."""
     payload: dict[str, Any] = {"origin": "http"}
     options = response_options(body)
     if isinstance(body.input, str):
@@ -131,6 +153,8 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
         messages: list[Item] = []
         for position, message in enumerate(body.input):
             if position <= last_reply:
+                if after is not None:
+                    continue  # the stored conversation up to `after` is this history
                 item = tool_shapes.history_item(position, message)
                 if item is not None:
                     history.append(item)
@@ -150,7 +174,7 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
         payload.update(tool_shapes.new_input(messages))
     payload.update(tool_shapes.tool_fields(body))
     _model_fields(payload, body.model)
-    previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else None
+    previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
                        ("max_tokens", body.max_output_tokens), ("metadata", body.metadata),
