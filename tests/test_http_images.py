@@ -117,6 +117,24 @@ async def test_images_to_a_model_without_vision_are_refused_and_nothing_is_writt
     assert stub.requests == [] and blob_files(vision_http.daemon.layout.root) == []
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_refused_image_after_a_history_is_named_where_the_client_put_it(
+        vision_http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI, api: str) -> None:
+    history: list[Any] = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        if api == "responses":
+            await client.responses.create(model="openai/stub-text", input=[*history, {"role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": CAT}]}])
+        else:
+            await client.chat.completions.create(model="openai/stub-text", messages=[*history, {
+                "role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                            {"type": "image_url", "image_url": {"url": CAT}}]}])
+    assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["param"] == ("input" if api == "responses" else "messages") + ".2.content.1"
+    assert stub.requests == []
+
+
 @pytest.mark.parametrize(("part", "status", "code"), [
     ({"type": "input_image", "image_url": "http://example.org/cat.png"}, 400, ErrorCode.VALIDATION_ERROR),
     ({"type": "input_image", "file_id": "file-123"}, 400, ErrorCode.UNSUPPORTED_PARAMETER),

@@ -48,21 +48,35 @@ class Door:
         return parse(model, await read_json(request, self.settings.line_limit))
 
 
-def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
+def renamed(error: KsiError, names: dict[str, str], positions: list[int] | None = None) -> KsiError:
     """`error` with the fields it names given in the client's terms (`prompt` -> `input`,
-    `options.response_format` -> `text.format`)."""
+    `options.response_format` -> `text.format`); `positions`: where each new input item stands in
+    the body (completion:async numbers `input` from the new input, after the client's history)."""
     fields = error.details.get("fields")
     if not isinstance(fields, dict):
         return error
     mapped = {}
+    message = error.message
     for key, value in fields.items():
         key = key.removeprefix("options.")  # the door's options are the body's own fields
         head, dot, rest = key.partition(".")
+        index, _, tail = rest.partition(".")
+        if head in ("input", "messages") and positions and index.isdigit() and int(index) < len(positions):
+            renumbered = f"{positions[int(index)]}" + (f".{tail}" if tail else "")
+            message = message.replace(key, f"{names.get(head, head)}.{renumbered}")
+            rest = renumbered
         mapped[names.get(head, head) + dot + rest] = value
-    message = error.message
     for old, new in names.items():
         message = message.replace(f"{old}:", f"{new}:")
     return KsiError(error.code, message, **{**error.details, "fields": mapped})
+
+
+def new_input_positions(body: ResponseCreate) -> list[int]:
+    """Where each new input item of a Responses body stands in its `input` (after the history)."""
+    if isinstance(body.input, str):
+        return [0]
+    last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+    return list(range(last_reply + 1, len(body.input)))
 
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
@@ -194,12 +208,14 @@ class ChatInput:
     history: list[Item]  # every message up to the last assistant one, its tool calls as items
     new: list[Item]
     options: dict[str, Any]
+    positions: list[int]  # where each of `new` stands in the body's messages
 
 
 def split_chat(body: ChatCompletionCreate) -> ChatInput:
     system = None
     history: list[Item] = []
     pending: list[Item] = []
+    positions: list[int] = []
     calls = tool_shapes.ChatCalls()
     options = _extra_fields(body)  # seed, stop, response_format, n, ...: OpenAI's names are the options'
     if body.top_p is not None:
@@ -212,6 +228,7 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             raise _refuse(f"messages.{position}.{called}", "functions are called through tools and tool_calls")
         if message.role == "tool":
             pending.append(calls.answer(message, position))
+            positions.append(position)
             continue
         calls.check_answered(position)
         if message.role == "assistant":
@@ -223,7 +240,7 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             history.extend([message_item("assistant", text)] if text or not made else [])
             history.extend(made)
             calls.called(made)
-            pending = []
+            pending, positions = [], []
             continue
         if message.role in ("system", "developer") and not history and not pending:
             text = message.text(f"messages.{position}.content")
@@ -232,11 +249,12 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
         content = message.event_content(f"messages.{position}.content")
         _not_empty(content, f"messages.{position}.content")
         pending.append(message_item("user" if message.role == "user" else "system", content))
+        positions.append(position)
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR,
                        "the last messages must include a user message or tool results (the new input)",
                        fields={"messages": "no new user or tool message after the last assistant message"})
-    return ChatInput(system, history, pending, options)
+    return ChatInput(system, history, pending, options, positions)
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
