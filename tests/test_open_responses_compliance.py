@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.image_bytes import png
 from tests.responses_conformance import conforming_event, conforming_response
 from tests.stored import stored_index
 from tests.stub_openai import Reply, StubOpenAI
-from tests.image_bytes import png
 from tests.test_image_files import data_url, vision_models
 
 MODEL = "openai/stub-vision"

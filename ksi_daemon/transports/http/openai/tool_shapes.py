@@ -22,7 +22,6 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
-from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
