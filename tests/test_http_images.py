@@ -151,3 +151,18 @@ async def test_bad_image_parts_are_refused_with_their_codes(
     assert (caught.value.status_code, caught.value.code) == (status, code)
     assert await stored_snapshot(vision_http.daemon.settings) == before
     assert stub.requests == [] and blob_files(vision_http.daemon.layout.root) == []
+
+
+async def test_a_responses_history_resending_an_https_image_finds_its_conversation(
+        vision_http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue("a cat", "grey")
+    asked: list[Any] = [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": CAT}]}]
+    first = await client.responses.create(model="openai/stub-vision", input=asked)
+    # the client keeps the items itself, without the ids KSI gave them, and resends them all
+    asked += [{"role": "assistant", "content": first.output_text}, {"role": "user", "content": "What colour?"}]
+    second = await client.responses.create(model="openai/stub-vision", input=asked)
+    assert second.output_text == "grey"
+    assert first.conversation is not None and second.conversation is not None
+    assert second.conversation.id == first.conversation.id
+    assert len(await stored_index(vision_http.daemon, first.conversation.id)) == 2
