@@ -581,7 +581,12 @@ class CompletionService:
         self._check_capacity()
         model = data.model or (INLINE_CONSORTIUM if data.consortium else None) or self.settings.default_model
         await self._check_answerer(model, data)
-        await self._check_model_options(model, data, [])  # the request's images are checked at its admission
+        images: list[CheckedImage] = []
+        if data.files:  # read again at admission: a refused file or image must not leave a history written
+            files, images = await self.images.split_files(data.files)
+            await self.attachments.check(files)
+        images += [await self.images.check(part, field) for field, part in data.image_parts()]
+        await self._check_model_options(model, data, images)
         self._check_options(model, data)
 
     def _can_continue(self, memory: ConversationMemory) -> bool:
