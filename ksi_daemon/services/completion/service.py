@@ -59,6 +59,7 @@ from ksi_daemon.services.conversations.pending import with_pending, without_cons
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.scope import request_scope, scope_extra
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
@@ -544,7 +545,8 @@ class CompletionService:
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
-        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
+        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else {}
+        extra.update(scope_extra(request_scope(data.agent_id, data.options)))  # whom a resent history matches for
         # the preview is recorded with the creation, so the first exchange's metadata differs from
         # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:

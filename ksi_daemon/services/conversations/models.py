@@ -76,6 +76,9 @@ class ConversationImport(EventData):
     continues: dict[str, Any] | None = Field(
         default=None, description="the conversation (and exchange) this history was found in, recorded in "
                                   "its metadata's extra when that one could not be continued")
+    scope: dict[str, str] | None = Field(
+        default=None, description="whom the history is for (agent_id, user, safety_identifier): only requests "
+                                  "naming the same match it later")
 
 
 class ConversationFork(ConversationRef):

@@ -48,6 +48,7 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
+from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
@@ -303,6 +304,7 @@ class ConversationService:
             models=[model] if model else [],  # so the fork continues with the model it branched from
             origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
             pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
+            extra=inherited_scope(parent.meta),  # its client-held history matches for the parent's users
         )
         try:
             await self.store.create(meta)
@@ -355,6 +357,7 @@ class ConversationService:
         meta.origin = data.origin
         if data.continues is not None:
             meta.extra["continues"] = data.continues
+        meta.extra.update(scope_extra(data.scope or {}))
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
