@@ -46,7 +46,7 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import digest_at, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
+from ksi_daemon.services.conversations.pending import PENDING_KEY, pended, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
@@ -358,6 +358,11 @@ class ConversationService:
         if data.continues is not None:
             meta.extra["continues"] = data.continues
         meta.extra.update(scope_extra(data.scope or {}))
+        if data.metadata:
+            meta.extra["metadata"] = dict(data.metadata)
+        if data.pending:  # items without a reply: one write with the exchanges, all or nothing
+            meta.extra, _added = pended(conversation_id, meta.extra, data.pending, now, "pending")
+            meta.preview = meta.preview or preview_of(data.pending[0])
         try:
             await self.store.import_conversation(meta, exchanges)
         except ConversationExists:
@@ -491,9 +496,12 @@ class ConversationService:
                     entry.digest = digest
             changes: dict[str, Any] = {"exchanges": memory.meta.exchanges + len(appended), "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
-                changes["preview"] = preview_of(exchanges[0].inputs[0])
+                changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
             if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
                 changes["extra"] = {k: v for k, v in memory.meta.extra.items() if k != PENDING_KEY}
+            if data.pending:  # what follows the exchanges waits for a reply: held in the same write
+                changes["extra"], _added = pended(memory.conversation_id, changes.get("extra", memory.meta.extra),
+                                                  data.pending, now, "pending")
             meta = memory.meta.model_copy(update=changes)
 
             # each exchange's response record, then its index line; the metadata with the last one
@@ -520,15 +528,9 @@ class ConversationService:
                            conversation_id=data.conversation_id)
         async with memory.lock:
             pending = pending_of(memory.meta)
-            if len(pending) + len(data.inputs) > MAX_PENDING:
-                raise KsiError(ErrorCode.VALIDATION_ERROR,
-                               f"conversation {data.conversation_id} would hold more than {MAX_PENDING} messages "
-                               "without a reply", fields={"inputs": f"at most {MAX_PENDING} pending messages"},
-                               pending=len(pending))
             now = format_ts(self.clock())
-            added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in data.inputs]
-            changes: dict[str, Any] = {"extra": {**memory.meta.extra, PENDING_KEY: [*pending, *added]},
-                                       "last_activity": now}
+            extra, added = pended(data.conversation_id, memory.meta.extra, data.inputs, now, "inputs")
+            changes: dict[str, Any] = {"extra": extra, "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.inputs[0])
             meta = memory.meta.model_copy(update=changes)
