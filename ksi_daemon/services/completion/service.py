@@ -724,7 +724,11 @@ class CompletionService:
 
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
                     attempts: list[dict[str, Any]]) -> ProviderReply:
-        reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
+        async def attempt() -> ProviderReply:
+            self.streams.attempt(state.request_id)  # a retry's chunks replace the failed attempt's
+            return await self._attempt(answerer, prepared.call)
+
+        reply = await with_retries(attempt,
                                    self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
                                    log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
                                                "model": state.model})
