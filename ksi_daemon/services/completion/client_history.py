@@ -223,7 +223,7 @@ class ClientHistory:
             if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
                 return data.model_copy(update={"conversation_id": newest.memory.conversation_id})
             await before_write(data)
-            fork = await self._fork(newest, context, data)
+            fork = await self._fork(newest, chain[newest.n - 1], context, data)
             return data.model_copy(update={"conversation_id": fork})
         await before_write(data)
         if newest is not None:  # only in a conversation that cannot continue
@@ -233,7 +233,7 @@ class ClientHistory:
         if shared is None or not self.is_open(shared.memory) or not turns.text_only():
             imported = await self._import(turns, context, data, scope, linked=shared)
             return data.model_copy(update={"conversation_id": imported})
-        fork = await self._fork(shared, context, data)
+        fork = await self._fork(shared, chain[shared.n - 1], context, data)
         await self._append(fork, turns.exchanges[shared.n:], context)
         return data.model_copy(update={"conversation_id": fork})
 
@@ -262,14 +262,31 @@ class ClientHistory:
                                            parse_ts(m.memory.meta.last_activity)))
 
     async def _longest_prefix(self, chain: list[str], scope: Scope) -> Match | None:
-        """The longest leading part of the history some conversation holds (a chained digest found
-        at k means every one before it is held too: bisection)."""
-        low, high, best = 1, len(chain) - 1, None
+        """The longest leading part of the history some conversation of `scope` holds. The digest of
+        exchange k stands for the whole prefix 1..k (digests are chained), so the store alone is
+        asked for the longest k held anywhere, and only the conversations holding that k are
+        loaded: 1,000 conversations sharing the first exchange are not read to find the one
+        sharing the first two. A k held only where the request may not go (another scope, a
+        line the JSONL lookup kept of a conversation since changed) lowers the bound."""
+        high = len(chain) - 1
+        while high >= 1:
+            k = await self._longest_held(chain, high)
+            if k is None:
+                return None
+            found = await self._best(await self._matches(chain[k - 1], k, scope))
+            if found is not None:
+                return found
+            high = k - 1
+        return None
+
+    async def _longest_held(self, chain: list[str], high: int) -> int | None:
+        """The largest k <= `high` whose digest some stored exchange k holds (a prefix held means
+        every shorter one is held too: bisection), asking the store only."""
+        low, best = 1, None
         while low <= high:
             middle = (low + high) // 2
-            found = await self._best(await self._matches(chain[middle - 1], middle, scope))
-            if found is not None:
-                best, low = found, middle + 1
+            if any(found.n == middle for found in await self.cache.store.find_digest(chain[middle - 1])):
+                best, low = middle, middle + 1
             else:
                 high = middle - 1
         return best
@@ -294,8 +311,9 @@ class ClientHistory:
                         stored_exchanges=stored, fields={"history": f"differs at exchange {k}"})
 
     # -- writing ------------------------------------------------------------------
-    async def _fork(self, at: Match, context: EventContext, data: CompletionAsync) -> str:
-        fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n}
+    async def _fork(self, at: Match, digest: str, context: EventContext, data: CompletionAsync) -> str:
+        # the digest matched there: the fork records it without reading the parent's index
+        fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n, "digest": digest}
         if data.origin is not None:
             fork_data["origin"] = data.origin
         fork = await self.router.request("conversation:fork", fork_data, context.child())

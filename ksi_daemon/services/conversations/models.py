@@ -90,6 +90,9 @@ class ConversationFork(ConversationRef):
     new_id: SafeId | None = Field(default=None, description="id of the fork (generated when absent)")
     title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
     origin: Door | None = Field(default=None, description="the door the fork was asked through, recorded on it")
+    digest: str | None = Field(default=None, max_length=128,
+                               description="the chained digest of exchange `at` the caller found there (a matched "
+                                           "history's): taken when the store agrees, so the parent is not read")
 
 
 class ConversationArchive(ConversationRef):

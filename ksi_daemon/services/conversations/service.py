@@ -43,7 +43,7 @@ from ksi_daemon.services.conversations.models import (
     ConversationUpdate,
     ResponseRef,
 )
-from ksi_daemon.services.conversations.digests import digest_at, record_chain
+from ksi_daemon.services.conversations.digests import digest_at, fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.pending import PENDING_KEY, pended, pending_of
@@ -296,6 +296,7 @@ class ConversationService:
         await self._check_free(fork_id, "new_id")
         now = format_ts(self.clock())
         model = await self._model_at(chain, at)
+        fork_point = await fork_point_digest(self.cache, parent, at, self.settings.max_fork_depth, data.digest)
         meta = ConversationMeta(
             conversation_id=fork_id, created=now, last_activity=now, parent_id=parent.conversation_id,
             fork_at=at, title=data.title if data.title is not None else parent.meta.title,
@@ -304,7 +305,7 @@ class ConversationService:
             models=[model] if model else [],  # so the fork continues with the model it branched from
             origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
             pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
-            extra=inherited_scope(parent.meta),  # its client-held history matches for the parent's users
+            extra={**inherited_scope(parent.meta), **fork_point},  # matched for the parent's users
         )
         try:
             await self.store.create(meta)
@@ -320,7 +321,8 @@ class ConversationService:
         for member, _upto in chain:
             if "imported_at" in member.meta.extra:
                 return None  # a model an import named is history, not a route
-            await self.cache.load_all(member)
+            if member.entry(at) is None:  # a fork at a loaded exchange reads no index
+                await self.cache.load_all(member)
             for entry in member.entries:
                 if entry.n == at:
                     return entry.model
