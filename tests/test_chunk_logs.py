@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,8 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
+from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stub_openai import Reply
 
 
 class Clock:
@@ -137,3 +141,15 @@ async def test_an_ended_log_keeps_its_chunks_and_outcome_not_the_request_state()
                                                                              None)
     assert (view["request_id"], view["conversation_id"], view["request"]["metadata"]) == ("req-1", "conv-1",
                                                                                           {"k": "v"})
+
+
+async def test_a_background_response_retried_after_a_cut_stream_shows_only_the_retry(short_tmp: Path,
+                                                                                     stub: Any) -> None:
+    async with running_daemon(short_tmp, **stub_settings(stub, retry_attempts=2)) as daemon, \
+            connected(daemon) as client:
+        stub.enqueue(Reply(text="the wrong half", cut=True), "the whole answer")  # the first attempt fails
+        result = await complete(client, prompt="hi", background=True)
+        assert result["content"] == "the whole answer"
+        view = await client.request("completion:chunks", {"response_id": result["response_id"]})
+        assert "".join(view["chunks"]) == "the whole answer"  # a stream resumed from its start
+        assert (view["first"], view["total_chunks"]) == (3, 6)  # numbered after the 3 chunks dropped
