@@ -10,12 +10,13 @@ unfound: a history ending there is taken for one ending an exchange earlier and 
 fork made there, never in a wrong conversation.
 
 What the table holds is bounded per exchange: the first 16 bytes of its digest (a lookup's answer
-is checked against the conversation it names) and the exchange's number with the conversations
-holding it, each conversation one shared object (a move renames it, a delete empties it) rather
-than its id repeated per exchange, and no map back from conversations to digests. The first read
-compacts the log (moves applied, deleted conversations and repeated lines left out) when that
-makes it smaller. Appends never wait for a read or a rebuild: the whole file is written aside and
-only the lines appended meanwhile are added under the lock, before it takes the log's place.
+is checked against the conversation it names) and the exchange's number with the conversation (or
+the set of conversations) holding it, each conversation one shared object (a move renames it, a
+delete empties it) rather than its id repeated per exchange, and no map back from conversations
+to digests. The first read compacts the log (moves applied, deleted conversations and repeated
+lines left out) when a quarter or more of its lines say nothing now. Appends never wait for a
+read or a rebuild: the whole file is written aside and only the lines appended meanwhile are
+added under the lock, before it takes the log's place.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ log = structlog.get_logger("ksi.storage.digests")
 HEADER = {"v": 1, "kind": "ksi.digests"}
 KEY_HEX = 32  # hex digits of a digest the table keys on (16 bytes: collisions are not a concern)
 WRITE_BATCH = 10_000  # lines of a rewritten log serialised at once
+GARBAGE_SHARE = 4  # the first read compacts a log when a quarter of its lines or more say nothing now
 
 
 class _Holder:
@@ -50,8 +52,24 @@ class _Holder:
         self.conversation_id = conversation_id
 
 
-# digest key -> (n, holder, holder, ...): a chained digest fixes its exchange's number
-Table = dict[bytes, tuple[Any, ...]]
+class _Shared:
+    """The exchange of a digest several conversations hold (the same history imported twice, the
+    first turn of many): a set, so the thousandth is added as cheaply as the second."""
+
+    __slots__ = ("holders", "n")
+
+    def __init__(self, n: int, holders: set[_Holder]) -> None:
+        self.n = n
+        self.holders = holders
+
+
+# digest key -> (n, holder), or its exchange's number and holders when several hold it (a chained
+# digest fixes its exchange's number)
+Table = dict[bytes, "tuple[int, _Holder] | _Shared"]
+
+
+def _held(value: tuple[int, _Holder] | _Shared) -> tuple[int, Collection[_Holder]]:
+    return (value.n, value.holders) if isinstance(value, _Shared) else (value[0], (value[1],))
 
 
 def _key(digest: str) -> bytes:
@@ -84,8 +102,10 @@ class _Replay:
             held = self.table.get(key)
             if held is None:
                 self.table[key] = (n, holder)
-            elif holder not in held[1:]:
-                self.table[key] = (*held, holder)
+            elif isinstance(held, _Shared):
+                held.holders.add(holder)
+            elif held[1] is not holder:
+                self.table[key] = _Shared(held[0], {held[1], holder})
         elif "move" in line:
             self.changes += 1
             holder = self.holders.pop(str(line.get("move")), None)
@@ -101,11 +121,13 @@ class _Replay:
 
     def live(self) -> int:
         """The (exchange, conversation) pairs of live conversations the table holds."""
-        return sum(1 for held in self.table.values() for holder in held[1:] if holder.conversation_id is not None)
+        return sum(1 for value in self.table.values() for holder in _held(value)[1]
+                   if holder.conversation_id is not None)
 
     def compacted(self) -> Iterator[dict[str, Any]]:
         """The lines of a log holding exactly this table's live pairs."""
-        for key, (n, *holders) in self.table.items():
+        for key, value in self.table.items():
+            n, holders = _held(value)
             for holder in holders:
                 if holder.conversation_id is not None:
                     yield {"d": key.hex(), "c": holder.conversation_id, "n": n}
@@ -147,16 +169,16 @@ class DigestIndex:
             assert self._replay is not None
             table = self._replay.table
             key = _key(digest)
-            held = table.get(key)
-            if held is None:
+            value = table.get(key)
+            if value is None:
                 return []
-            n, holders = held[0], held[1:]
-            live = tuple(h for h in holders if h.conversation_id is not None)
+            n, holders = _held(value)
+            live = [h for h in holders if h.conversation_id is not None]
             if len(live) != len(holders):  # deleted since: their entries go now
-                if live:
-                    table[key] = (n, *live)
-                else:
+                if not live:
                     del table[key]
+                else:
+                    table[key] = (n, live[0]) if len(live) == 1 else _Shared(n, set(live))
             return sorted((str(h.conversation_id), n) for h in live)
 
     def prepare(self) -> None:
@@ -239,7 +261,9 @@ class DigestIndex:
                     if isinstance(line, dict):
                         replay.apply(line)
             live = replay.live()
-            rewrite = rebuilt or replay.changes > 0 or live < replay.lines
+            # lines that say nothing now: repeated ones, those of deleted conversations, moves
+            garbage = replay.lines - live + replay.changes
+            rewrite = rebuilt or garbage * GARBAGE_SHARE > live
             if rewrite:  # written aside, appends going on meanwhile
                 self._write_aside(itertools.chain([HEADER], replay.compacted()))
             with self._lock:
