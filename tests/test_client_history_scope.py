@@ -31,7 +31,8 @@ async def test_two_users_of_one_app_with_the_same_opening_keep_their_own_convers
         alice = await complete(client, prompt="I am Alice", history=history, options={"user": "alice"})
         assert (alice["conversation_id"], alice["exchange"]) == (first["conversation_id"], 2)
         # bob's next turn continues bob's conversation, not alice's, though both start alike
-        bob_history = [*history, {"role": "user", "content": "I am Bob"}, {"role": "assistant", "content": bob["content"]}]
+        bob_history = [*history, {"role": "user", "content": "I am Bob"},
+                       {"role": "assistant", "content": bob["content"]}]
         again = await complete(client, prompt="who am I?", history=bob_history, options={"user": "bob"})
         assert (again["conversation_id"], again["exchange"]) == (bob["conversation_id"], 3)
         # a request naming nobody matches neither (both are stored for someone)
@@ -39,7 +40,8 @@ async def test_two_users_of_one_app_with_the_same_opening_keep_their_own_convers
         assert nobody["conversation_id"] not in (first["conversation_id"], bob["conversation_id"])
         assert "scope" not in (((await stored_meta(stub_daemon, nobody["conversation_id"])) or {})["extra"])
         # and one naming nobody is matched by nobody's next turn, not by a named user
-        nobody_history = [*history, {"role": "user", "content": "and me?"}, {"role": "assistant", "content": nobody["content"]}]
+        nobody_history = [*history, {"role": "user", "content": "and me?"},
+                          {"role": "assistant", "content": nobody["content"]}]
         named = await complete(client, prompt="next", history=nobody_history, options={"safety_identifier": "carol"})
         assert named["conversation_id"] != nobody["conversation_id"]
         unnamed = await complete(client, prompt="next", history=nobody_history)
