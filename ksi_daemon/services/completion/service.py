@@ -70,6 +70,7 @@ from ksi_daemon.services.conversations.pending import with_pending, without_cons
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.scope import request_scope, scope_extra
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
@@ -539,7 +540,8 @@ class CompletionService:
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
-        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
+        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else {}
+        extra.update(scope_extra(request_scope(data.agent_id, data.options)))  # whom a resent history matches for
         # the preview is recorded with the creation, so the first exchange's metadata differs from
         # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:
@@ -576,7 +578,12 @@ class CompletionService:
         self._check_capacity()
         model = data.model or (INLINE_CONSORTIUM if data.consortium else None) or self.settings.default_model
         await self._check_answerer(model, data)
-        await self._check_model_options(model, data, [])  # the request's images are checked at its admission
+        images: list[CheckedImage] = []
+        if data.files:  # read again at admission: a refused file or image must not leave a history written
+            files, images = await self.images.split_files(data.files)
+            await self.attachments.check(files)
+        images += [await self.images.check(part, field) for field, part in data.image_parts()]
+        await self._check_model_options(model, data, images)
         self._check_options(model, data)
 
     def _can_continue(self, memory: ConversationMemory) -> bool:
@@ -712,7 +719,11 @@ class CompletionService:
 
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
                     attempts: list[dict[str, Any]]) -> ProviderReply:
-        reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
+        async def attempt() -> ProviderReply:
+            self.streams.attempt(state.request_id)  # a retry's chunks replace the failed attempt's
+            return await self._attempt(answerer, prepared.call)
+
+        reply = await with_retries(attempt,
                                    self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
                                    log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
                                                "model": state.model})
