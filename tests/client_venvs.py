@@ -8,6 +8,7 @@ taken for a finished one. A client script runs there as a subprocess against a d
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +36,15 @@ def client_python(requirements: tuple[str, ...]) -> Path:
     if (home / "ready").exists():
         return python
     home.parent.mkdir(parents=True, exist_ok=True)
+    # test workers in parallel each want it: one builds, the others wait and take it
+    with open(home.parent / f"{key}.lock", "wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / "ready").exists():
+            _build(home, key, requirements)
+    return python
+
+
+def _build(home: Path, key: str, requirements: tuple[str, ...]) -> None:
     building = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=home.parent))
     try:
         subprocess.run([sys.executable, "-m", "venv", str(building)], check=True)
@@ -46,7 +56,6 @@ def client_python(requirements: tuple[str, ...]) -> Path:
         building.rename(home)
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    return python
 
 
 async def run_client(python: Path, script: str, env: dict[str, str], timeout: float = 120.0) -> Any:

@@ -4,6 +4,10 @@ and bounded (an ended log goes some minutes later, or earlier when too many or t
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +16,8 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
+from tests.conftest import complete, connected, running_daemon, stub_settings
+from tests.stub_openai import Reply
 
 
 class Clock:
@@ -99,3 +105,51 @@ async def test_a_reader_is_shown_the_sampling_options_but_no_others() -> None:
     logs.open(state)
     shown = (await read(logs, state))["request"]
     assert shown["temperature"] == 0.3 and shown["options"] == {"top_p": 0.5}
+
+
+async def test_a_retry_drops_the_failed_attempts_chunks_and_numbers_its_own_after_them() -> None:
+    logs = ChunkLogs()
+    state = request(1)
+    logs.open(state)
+    logs.attempt(state.request_id)  # the first attempt: nothing to drop
+    for text in ("wro", "ng"):  # the first attempt streams, then fails
+        logs.add(state.request_id, text)
+    assert (await read(logs, state, after=0))["chunks"] == ["ng"]  # a client read "wro" meanwhile
+    logs.attempt(state.request_id)  # the retry begins
+    logs.add(state.request_id, "right")
+    fresh = await read(logs, state)  # a resumed stream from the start shows the retry only
+    assert (fresh["chunks"], fresh["first"], fresh["total_chunks"]) == (["right"], 2, 3)
+    resumed = await read(logs, state, after=0)  # the client that read "wro" goes on from number 2
+    assert (resumed["chunks"], resumed["first"]) == (["right"], 2)
+    ended(logs, state)
+    done = await read(logs, state, after=2)
+    assert (done["chunks"], done["total_chunks"], done["status"]) == ([], 3, "done")
+
+
+async def test_an_ended_log_keeps_its_chunks_and_outcome_not_the_request_state() -> None:
+    logs = ChunkLogs()
+    state = request(1)
+    state.request = CompletionAsync(prompt="go", background=True, metadata={"k": "v"})
+    logs.open(state)
+    ended(logs, state, "a", "b")
+    kept = weakref.ref(state)
+    del state
+    gc.collect()
+    assert kept() is None  # nothing holds the request's state (its request, context, images)
+    view = await logs.read(CompletionChunks(response_id=f"echo-demo-{1:012x}"))
+    assert (view["chunks"], view["status"], view["result"], view["error"]) == (["a", "b"], "done", {"content": "ab"},
+                                                                             None)
+    assert (view["request_id"], view["conversation_id"], view["request"]["metadata"]) == ("req-1", "conv-1",
+                                                                                          {"k": "v"})
+
+
+async def test_a_background_response_retried_after_a_cut_stream_shows_only_the_retry(short_tmp: Path,
+                                                                                     stub: Any) -> None:
+    async with running_daemon(short_tmp, **stub_settings(stub, retry_attempts=2)) as daemon, \
+            connected(daemon) as client:
+        stub.enqueue(Reply(text="the wrong half", cut=True), "the whole answer")  # the first attempt fails
+        result = await complete(client, prompt="hi", background=True)
+        assert result["content"] == "the whole answer"
+        view = await client.request("completion:chunks", {"response_id": result["response_id"]})
+        assert "".join(view["chunks"]) == "the whole answer"  # a stream resumed from its start
+        assert (view["first"], view["total_chunks"]) == (3, 6)  # numbered after the 3 chunks dropped

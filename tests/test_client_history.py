@@ -169,6 +169,25 @@ async def test_a_thousand_conversations_sharing_the_first_turn(stub_daemon: Daem
         result = await complete(client, prompt="who am I?",
                                 history=turns(("hello", "hi"), ("I am number 737", "noted 737")))
         assert result["conversation_id"] == "c737" and result["exchange"] == 3
+        # one diverging after their second exchange forks number 738 there, loading only it (the
+        # digest of exchange 2 names it) and the fork, not the 1,000 sharing the first exchange
+        store = stub_daemon.cache.store
+        loaded: list[str] = []
+
+        class CountingLoads(type(store)):  # type: ignore[misc]
+            async def load_meta(self, conversation_id: str) -> Any:
+                loaded.append(conversation_id)
+                return await super().load_meta(conversation_id)
+
+        store.__class__ = CountingLoads
+        try:
+            forked = await complete(client, prompt="and now?", history=turns(
+                ("hello", "hi"), ("I am number 738", "noted 738"), ("a turn 738 never had", "its reply")))
+        finally:
+            store.__class__ = CountingLoads.__bases__[0]
+        meta = await stored_meta(stub_daemon, forked["conversation_id"]) or {}
+        assert (meta["parent_id"], meta["fork_at"], forked["exchange"]) == ("c738", 2, 4)
+        assert len(set(loaded)) <= 3, loaded  # c738 and the fork (the others are never read)
         # the same whole history in several conversations: the one where it is the newest exchange,
         # then the most recently active
         twin = {"format": "ksi.conversation", "v": 1, "conversation": {"system": None}, "exchanges": [

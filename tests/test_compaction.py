@@ -19,7 +19,8 @@ import pytest
 
 from ksi_common.summaries import read_summaries
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.completion.compaction import MERGE_REQUEST, SUMMARISER_SYSTEM
+from ksi_daemon.services.completion.compaction import GAP_EXCHANGES, MERGE_REQUEST, SUMMARISER_SYSTEM
+from ksi_daemon.services.conversations.memory import ConversationMemory
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply
 
@@ -349,3 +350,72 @@ async def test_a_running_summary_written_before_chunks_still_stands_in(short_tmp
         result = await complete(client, model=SMALL, prompt="tiny", conversation_id="legacy")
     assert result["history"]["summary_upto"] >= 9
     assert "[Summary of exchanges 1-9 of this conversation" in turn_calls(stub)[-1]["messages"][0]["content"]
+
+
+def fact_of(turn: int) -> str:
+    """A turn with items of its own (a name, a number, a path), so every exchange of a gap adds some."""
+    return (f"I decided that the crate numbered {7000 + turn} goes to Marta Quill-{turn} by barge; "
+            f"its manifest is at /srv/manifests/crate-{turn}.json. " + FILLER[:200])
+
+
+async def test_a_turn_between_two_summaries_gets_the_same_stand_in_with_items_remembered_as_read_again(
+        short_tmp: Path, stub: Any) -> None:
+    stub.answer = answering(good)
+    gate = stub.model_gate[WRITER_AT_STUB] = asyncio.Event()  # the summariser hangs: every turn has a gap
+    async with running_daemon(short_tmp, **settings(stub)) as daemon:
+        compactor = daemon.completion.compactor
+        async with connected(daemon) as client:
+            turn = 0
+            while not summariser_calls(stub):
+                turn += 1
+                await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap", create=True)
+            for turn in range(turn + 1, turn + 8):
+                result = await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap")
+            assert "recent" in result["history"]["summary_kinds"]
+            memory = daemon.completion.cache.cached("gap")
+            assert memory is not None
+            budget = await compactor.budget_for(SMALL, memory.meta.system, 50, None)
+            remembered = await compactor.for_turn(memory, SMALL, budget)
+            memory.texts.clear()  # read again from storage: every exchange's items found anew
+            fresh = await compactor.for_turn(memory, SMALL, budget)
+            assert remembered is not None and fresh is not None
+            assert [(b.first, b.upto, b.kind, b.text) for b in remembered.blocks] == \
+                [(b.first, b.upto, b.kind, b.text) for b in fresh.blocks]
+            assert remembered.tokens == fresh.tokens
+            assert "Marta Quill-2" in remembered.blocks[-1].text  # the gap's own items are in it
+
+            # deleted, the id starts afresh: nothing remembered of the old exchanges stands in
+            await client.request("conversation:delete", {"conversation_id": "gap"})
+            for turn in range(100, 100 + turn):
+                result = await complete(client, model=SMALL, prompt=fact_of(turn), conversation_id="gap",
+                                        create=True)
+            assert "recent" in result["history"]["summary_kinds"]
+            sent = sent_text(turn_calls(stub)[-1])
+            assert "Marta Quill-100" in sent
+            assert "Marta Quill-2 " not in sent and "crate-2.json" not in sent
+            gate.set()
+            await settled(daemon)
+
+
+async def test_a_cold_turn_between_two_summaries_reads_its_gap_not_the_whole_index(short_tmp: Path, stub: Any) -> None:
+    document = {"format": "ksi.conversation", "v": 1, "conversation": {"system": None}, "exchanges": [
+        {"inputs": [{"type": "user", "content": fact_of(n)}], "reply": {"content": f"noted {n}"}}
+        for n in range(1, 301)]}
+    async with running_daemon(short_tmp, **settings(stub)) as daemon, connected(daemon) as client:
+        await client.request("conversation:import", {"data": document, "new_id": "long"})
+    async with running_daemon(short_tmp, **settings(stub)) as daemon:  # restarted: nothing in memory
+        compactor = daemon.completion.compactor
+        memory = await daemon.completion.cache.require("long")
+        budget = await compactor.budget_for(SMALL, None, 50, None)
+        await daemon.completion.cache.widen(memory, budget)  # as a turn's preparation loads it
+        stand_in = await compactor.for_turn(memory, SMALL, budget)
+        assert memory.first_loaded > 100  # a tail of the index, not all of it
+        assert stand_in is not None and stand_in.blocks[-1].kind == "recent"
+        left_out = stand_in.blocks[-1].upto
+        first = left_out - GAP_EXCHANGES + 1  # the oldest exchange of the gap a turn reads: its items lead
+        assert f"Marta Quill-{first} " in stand_in.blocks[-1].text
+        entries = await daemon.completion.cache.store.entries("long")
+        whole_index = ConversationMemory(memory.meta)  # the whole index loaded, as before: the same stand-in
+        whole_index.set_entries(entries, entries[-1].n)
+        whole = await compactor.for_turn(whole_index, SMALL, budget)
+        assert whole is not None and [b.text for b in whole.blocks] == [b.text for b in stand_in.blocks]

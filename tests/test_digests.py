@@ -4,6 +4,7 @@ rebuilt from the indexes when it is missing or damaged."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,70 @@ def test_a_lookup_line_that_cannot_be_written_never_fails_the_exchange(tmp_path:
     assert not log_file.exists() and not log_file.is_symlink()  # dropped: rebuilt from the indexes
     assert index.find("ab" * 32) == [("c1", 1)]
     assert log_file.read_bytes().count(b"\n") == 2
+
+
+def indexed(conversations: Path, conversation_id: str, digests: list[str]) -> list[IndexEntry]:
+    entries = [IndexEntry(n=n, response_id=f"{conversation_id}-r{n}", digest=d) for n, d in enumerate(digests, 1)]
+    (conversations / f"{conversation_id}.jsonl").write_bytes(b"".join(orjson.dumps(e.to_record()) + b"\n"
+                                                                      for e in entries))
+    return entries
+
+
+def test_the_first_lookup_compacts_the_log_moves_applied_and_deletes_left_out(tmp_path: Path) -> None:
+    conversations = tmp_path / "conversations"
+    conversations.mkdir()
+    log_file = tmp_path / "digests.jsonl"
+    index = DigestIndex(log_file, conversations)
+    index.prepare()
+    index.record("kept", indexed(conversations, "kept", ["aa" * 32, "ab" * 32]))
+    index.record("moved", indexed(conversations, "moved", ["aa" * 32, "ac" * 32]))
+    index.record("gone", indexed(conversations, "gone", ["aa" * 32, "ad" * 32]))
+    index.record("kept", indexed(conversations, "kept", ["aa" * 32, "ab" * 32]))  # noted twice (a replay)
+    index.moved("moved", "moved-to")
+    index.dropped("gone")
+    index.record("gone", indexed(conversations, "gone", ["ae" * 32]))  # the id made anew after its delete
+    index.close()
+    assert log_file.read_bytes().count(b"\n") == 1 + 8 + 2 + 1
+    again = DigestIndex(log_file, conversations)
+    assert again.find("aa" * 32) == [("kept", 1), ("moved-to", 1)]
+    assert again.find("ac" * 32) == [("moved-to", 2)] and again.find("ad" * 32) == []
+    assert again.find("ae" * 32) == [("gone", 1)]
+    again.close()
+    assert log_file.read_bytes().count(b"\n") == 1 + 5  # its header and one line per live exchange
+    third = DigestIndex(log_file, conversations)  # the compacted log reads the same
+    assert [third.find(d * 32) for d in ("aa", "ab", "ac", "ad", "ae")] == [
+        [("kept", 1), ("moved-to", 1)], [("kept", 2)], [("moved-to", 2)], [], [("gone", 1)]]
+    third.close()
+
+
+def test_appends_go_on_while_the_whole_log_is_rewritten(tmp_path: Path) -> None:
+    conversations = tmp_path / "conversations"
+    conversations.mkdir()
+    indexed(conversations, "old", ["aa" * 32])
+    log_file = tmp_path / "digests.jsonl"  # none yet: the first lookup rebuilds it from the indexes
+    late = IndexEntry(n=1, response_id="late-r1", digest="bb" * 32)
+    appended: list[threading.Thread] = []
+
+    class Rewriting(DigestIndex):
+        """An exchange is indexed by another thread while the whole log is being written."""
+
+        def _write(self) -> None:
+            thread = threading.Thread(target=self.record, args=("late", [late]))
+            thread.start()
+            thread.join(timeout=60)  # a safety net: an append that waited for the rewrite never ends
+            appended.append(thread)
+
+        def _write_aside(self, *args: Any) -> None:
+            self._write()
+            super()._write_aside(*args)  # type: ignore[misc]
+
+        def _write_whole(self, *args: Any) -> None:  # the same moment, as the log was once rewritten
+            self._write()
+            super()._write_whole(*args)  # type: ignore[misc]
+
+    index = Rewriting(log_file, conversations)
+    assert index.find("aa" * 32) == [("old", 1)]
+    assert len(appended) == 1 and not appended[0].is_alive()  # the append did not wait for the rewrite
+    assert index.find("bb" * 32) == [("late", 1)]  # and it is in the table ...
+    index.close()
+    assert DigestIndex(log_file, conversations).find("bb" * 32) == [("late", 1)]  # ... and in the new log

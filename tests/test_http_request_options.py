@@ -86,12 +86,12 @@ async def test_chat_history_with_legacy_function_calls_is_refused_before_it_is_i
     assert stored(http_daemon.daemon) == [] and stub.requests == []
 
 
-async def test_chat_completion_refuses_an_image_part_with_the_sdk(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
+async def test_chat_completion_refuses_an_audio_part_with_the_sdk(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     async with sdk(http_daemon) as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(model="openai/stub-model", messages=[{"role": "user", "content": [
                 {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}])
     assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "messages.0.content.1.type"
     assert stored(http_daemon.daemon) == [] and stub.requests == []
@@ -132,8 +132,8 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
     ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
-                                             {"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]},
-     "input.0.content.1.type"),
+                                             {"type": "input_image", "file_id": "file-1"}]}]},
+     "input.0.content.1.file_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
      "input.0.content.0.type"),
     ({"input": [{"role": "user", "content": "go"},

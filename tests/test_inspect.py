@@ -25,7 +25,9 @@ TIMEOUT = 30.0
 
 
 def ksi(*args: str, cwd: Path, tty: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KSI_", "OPENAI_"))}, **(env or {})}
+    # a width inherited from the runner (a parallel test worker sets one) must not decide the layout
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("KSI_", "OPENAI_")) and k != "COLUMNS"}
+    env = {**inherited, **(env or {})}
     if not tty:
         return subprocess.run([sys.executable, "-m", "ksi_cli", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)

@@ -184,6 +184,9 @@ ABLATIONS = {
     "no_index_append": "the exchange's index line is not appended",
     "no_journal": "the request journal's record does nothing (2 appends per request)",
     "inline_to_thread": "asyncio.to_thread runs the function inline on the event loop",
+    "no_create_file": "a new conversation's metadata is not written aside and linked at its creation (its first "
+                      "exchange's metadata write creates the file)",
+    "no_result_hook": "compaction does not look at the conversation after each result",
 }
 
 
@@ -273,6 +276,18 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
         JsonlConversations._append = _append  # type: ignore[method-assign]
     if "no_journal" in ablate:
         JsonlJournal.record = lambda self, *a, **k: None  # type: ignore[method-assign]
+    if "no_create_file" in ablate:
+        def _create(self: Any, meta: Any, sync: bool) -> dict[str, Any]:
+            self._heads[meta.conversation_id] = 0
+            with self._meta_lock:
+                self._remember(meta)
+            return meta.model_dump(mode="json")
+
+        JsonlConversations._create = _create  # type: ignore[method-assign]
+    if "no_result_hook" in ablate:
+        from ksi_daemon.services.completion.compaction import Compactor
+
+        Compactor._on_result = lambda self, *a: None  # type: ignore[method-assign]
 
     def start(*_: Any) -> None:
         state["loop"] = cProfile.Profile(time.thread_time)
@@ -293,7 +308,8 @@ def run_hooked_daemon(daemon_args: list[str]) -> int:
     return daemon_main(daemon_args)
 
 
-PARTS = ("no_meta_save", "no_response_file", "no_index_append", "no_journal", "inline_to_thread")
+PARTS = ("no_meta_save", "no_response_file", "no_index_append", "no_journal", "inline_to_thread", "no_create_file",
+         "no_result_hook")
 
 
 # -- the daemon under test --------------------------------------------------------------------
@@ -689,7 +705,7 @@ def print_profile(report: dict[str, Any]) -> None:
             ("alone, fsync always", "alone", "the daemon alone with fsync always (saving < 0 = fsync's cost)"),
             ("alone, waiting provider", "alone", ABLATIONS["waiting_provider"] + " (the same work, run cold)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
-    rows.append(("alone, all parts", "alone", "all five parts above left out"))
+    rows.append(("alone, all parts", "alone", "all the parts above left out"))
     for name, base, what in rows:
         cells = []
         for shape in ("new", "continue"):

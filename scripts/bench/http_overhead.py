@@ -1,7 +1,7 @@
 """What the HTTP front costs over calling litellm directly, side by side with litellm's own proxy.
 
     .venv/bin/python scripts/bench/http_overhead.py [-n 200] [--repeats 3] [--clients 20]
-                                                    [--proxy-python PATH] [--quick]
+                                                    [--proxy-python PATH] [--quick] [--shapes a,b]
 
 Separate processes, so each CPU figure belongs to one process only:
   stub       tests/stub_openai.py, a local OpenAI-compatible server answering at once (its CPU
@@ -20,6 +20,11 @@ Shapes (one request in flight, the same messages reach the stub in every column)
   new        a new conversation per request (one user message);
   continue   10 conversations in turn: KSI continues each by previous_response_id and rebuilds the
              history itself; direct, proxy and forwarder are sent the whole history by the client;
+  client     the client holds the history: 10 conversations in turn, each opened (untimed) with 10
+             turns the client already held, then every request resends all of it; KSI is sent a
+             Responses `input` list, finds the stored conversation and appends the new turn;
+             direct, proxy and forwarder get the same messages;
+  client-chat  the same, sent to KSI as a chat completions `messages` list;
   ttft       streaming, time to the first text: KSI's first `response.output_text.delta` event,
              the first content chunk elsewhere;
   throughput `--clients` concurrent HTTP clients, new conversations, requests per second.
@@ -60,6 +65,19 @@ from harness import (
 
 TOKEN = "sk-bench-token-0123456789"  # litellm's proxy wants its master key to start with sk-
 CONVERSATIONS = 10
+HISTORY_TURNS = 10  # turns a client-held conversation starts with
+SHAPES = ("new", "continue", "client", "client-chat", "ttft")
+CLIENT_SHAPES = ("client", "client-chat")
+
+
+def held_history(slot: int, offset: int) -> list[dict[str, str]]:
+    """The turns a client already holds when it opens conversation `slot` (the same for every path,
+    a different conversation for every batch)."""
+    chat: list[dict[str, str]] = []
+    for turn in range(HISTORY_TURNS):
+        chat += [{"role": "user", "content": prompt(offset + 1000 * slot + turn)},
+                 {"role": "assistant", "content": f"answer {turn} of conversation {offset}-{slot}"}]
+    return chat
 
 
 # -- role: direct litellm ------------------------------------------------------------------------
@@ -83,7 +101,8 @@ def serve_direct(api_base: str) -> None:
         return (first or 0.0) * 1000
 
     async def batch(shape: str, count: int, offset: int) -> dict[str, Any]:
-        chats: list[list[dict[str, str]]] = [[] for _ in range(CONVERSATIONS)]
+        chats: list[list[dict[str, str]]] = [
+            held_history(slot, offset) if shape in CLIENT_SHAPES else [] for slot in range(CONVERSATIONS)]
         walls: list[float] = []
         cpu0 = time.process_time()
         for i in range(count):
@@ -91,7 +110,7 @@ def serve_direct(api_base: str) -> None:
             start = time.perf_counter()
             if shape == "new":
                 await call([{"role": "user", "content": text}])
-            elif shape == "continue":
+            elif shape == "continue" or shape in CLIENT_SHAPES:
                 chat = chats[i % CONVERSATIONS]
                 chat.append({"role": "user", "content": text})
                 chat.append({"role": "assistant", "content": await call(list(chat))})
@@ -180,14 +199,20 @@ class Server:
 
 async def one_request(server: Server, client: Any, shape: str, text: str, state: Any) -> Any:
     """One request of `shape`; returns what continuing needs (a response id or the history)."""
-    if server.kind == "ksi":
+    if server.kind == "ksi" and shape == "client":
+        items = [*state, {"role": "user", "content": text}]
+        reply = await client.post(f"{server.url}/v1/responses", json={"model": STUB_MODEL, "input": items})
+        reply.raise_for_status()
+        answer = reply.json()["output"][0]["content"][0]["text"]
+        return [*items, {"role": "assistant", "content": answer}]
+    if server.kind == "ksi" and shape != "client-chat":
         body: dict[str, Any] = {"model": STUB_MODEL, "input": text}
         if shape == "continue" and state:
             body["previous_response_id"] = state
         reply = await client.post(f"{server.url}/v1/responses", json=body)
         reply.raise_for_status()
         return reply.json()["id"]
-    messages = [*(state or []), {"role": "user", "content": text}] if shape == "continue" else \
+    messages = [*(state or []), {"role": "user", "content": text}] if shape != "new" else \
         [{"role": "user", "content": text}]
     reply = await client.post(f"{server.url}/v1/chat/completions", json={"model": STUB_MODEL, "messages": messages})
     reply.raise_for_status()
@@ -218,6 +243,10 @@ async def first_text_ms(server: Server, client: Any, text: str) -> float:
 
 async def batch(server: Server, client: Any, shape: str, count: int, offset: int) -> dict[str, Any]:
     states: list[Any] = [None] * CONVERSATIONS
+    if shape in CLIENT_SHAPES:  # each conversation opened with the turns its client holds, untimed
+        for slot in range(CONVERSATIONS):
+            held = held_history(slot, offset)
+            states[slot] = await one_request(server, client, shape, held[-2]["content"], held[:-2])
     walls: list[float] = []
     cpu0 = server.cpu_seconds()
     for i in range(count):
@@ -293,14 +322,14 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> dict[s
         async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
             for server in servers:
                 await server.wait_ready(client)
-            for shape in ("new", "continue", "ttft"):  # warm-up: first calls, imports, connections
+            for shape in args.shapes:  # warm-up: first calls, imports, connections
                 direct.batch(shape, 10, 10_000)
                 for server in servers:
                     await batch(server, client, shape, 10, 10_000)
             names = ["direct", *(s.name for s in servers)]
             for round_no in range(args.repeats):
                 row: dict[str, Any] = {}
-                for shape in ("new", "continue", "ttft"):
+                for shape in args.shapes:
                     for name in rotated(names, round_no):
                         offset = 100_000 * (round_no + 1)
                         if name == "direct":
@@ -329,7 +358,7 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> dict[s
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     rounds = results["rounds"]
     table: dict[str, Any] = {}
-    for shape in ("new", "continue", "ttft"):
+    for shape in (shape for shape in SHAPES if f"{shape}/direct" in rounds[0]):
         for name in ["direct", *results["servers"]]:
             key = f"{shape}/{name}"
             entry = {"median_ms": statistics.median(r[key]["median_ms"] for r in rounds),
@@ -343,12 +372,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_tables(table: dict[str, Any], results: dict[str, Any]) -> None:
-    print(f"\n{'shape':<9} {'path':<20} {'median ms':>10} {'added ms':>9} {'CPU ms/req':>11} {'added CPU':>10}")
+    print(f"\n{'shape':<11} {'path':<20} {'median ms':>10} {'added ms':>9} {'CPU ms/req':>11} {'added CPU':>10}")
     for key, entry in table.items():
         shape, name = key.split("/", 1)
         added = f"{entry['added_ms']:+.2f}" if "added_ms" in entry else ""
         added_cpu = f"{entry['added_cpu_ms']:+.2f}" if "added_cpu_ms" in entry else ""
-        print(f"{shape:<9} {name:<20} {entry['median_ms']:>10.2f} {added:>9} {entry['cpu_ms']:>11.2f} {added_cpu:>10}")
+        print(f"{shape:<11} {name:<20} {entry['median_ms']:>10.2f} {added:>9} {entry['cpu_ms']:>11.2f} {added_cpu:>10}")
     print(f"\n{'throughput':<20} {'req/s':>8} {'CPU ms/req':>11}")
     for name, entry in results["throughput"].items():
         print(f"{name:<20} {entry['requests_per_s']:>8.0f} {entry['cpu_ms']:>11.2f}")
@@ -368,7 +397,9 @@ def main() -> None:
     parser.add_argument("--proxy-python", default=str(Path(tempfile.gettempdir()) / "litellm-proxy-venv" / "bin"
                                                       / "python"), help="python of the litellm[proxy] virtualenv")
     parser.add_argument("--quick", action="store_true", help="-n 30 --repeats 1 --total 200")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"some of {','.join(SHAPES)}")
     args = parser.parse_args()
+    args.shapes = [shape for shape in SHAPES if shape in args.shapes.split(",")]
     if args.role == "stub":
         return serve_stub()
     if args.role == "direct":
@@ -388,7 +419,8 @@ def main() -> None:
     print_tables(table, results)
     write_results("http_overhead", {
         "machine": machine(),
-        "settings": {"n": args.n, "repeats": args.repeats, "clients": args.clients, "total": args.total},
+        "settings": {"n": args.n, "repeats": args.repeats, "clients": args.clients, "total": args.total,
+                     "shapes": args.shapes},
         "table": table, "throughput": results["throughput"], "proxy_note": results.get("proxy_note"),
         "rounds": results["rounds"],
     })

@@ -33,6 +33,7 @@ from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_FORK
 from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.scope import request_scope, scope_extra
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.storage.ports import ConversationExists, ResponseStore
 
@@ -262,7 +263,8 @@ class Admission:
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
-        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else None
+        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else {}
+        extra.update(scope_extra(request_scope(data.agent_id, data.options)))  # whom a resent history matches for
         # the preview is recorded with the creation, so the first exchange's metadata differs from
         # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:
@@ -294,7 +296,12 @@ class Admission:
         self._check_capacity()
         model = data.model or (INLINE_CONSORTIUM if data.consortium else None) or self.settings.default_model
         await self.answerers.check_up_front(model, data.consortium)
-        await self._check_model_options(model, data, [])  # the request's images are checked at its admission
+        images: list[CheckedImage] = []
+        if data.files:  # read again at admission: a refused file or image must not leave a history written
+            files, images = await self.images.split_files(data.files)
+            await self.attachments.check(files)
+        images += [await self.images.check(part, field) for field, part in data.image_parts()]
+        await self._check_model_options(model, data, images)
         self._check_options(model, data)
 
     def can_continue(self, memory: ConversationMemory) -> bool:

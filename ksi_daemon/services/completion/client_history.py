@@ -15,7 +15,8 @@ admitted:
 
 Several conversations holding the digest hold the same whole history (the chain covers every
 exchange before): open ones first, then the one where it is the newest exchange, then the most
-recently active.
+recently active. Only conversations stored for whom the request names are matched (see
+conversations.scope); those it makes keep that scope.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
 from ksi_daemon.services.conversations.responses import locate
+from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
 
 INPUT_KINDS = frozenset({"function_call_output"})
@@ -200,6 +202,7 @@ class ClientHistory:
         if not turns.exchanges:
             return data
         chain = turns.chain()
+        scope = request_scope(data.agent_id, data.options)
         if data.previous_response_id is not None:
             found = await locate(self.cache, self.responses, data.previous_response_id,
                                  ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
@@ -214,37 +217,38 @@ class ClientHistory:
             if not data.create:
                 return data  # conversation_not_found, as without a history
             await before_write(data)
-            await self._import(turns, context, data, new_id=data.conversation_id)
+            await self._import(turns, context, data, scope, new_id=data.conversation_id)
             return data
-        newest = await self._best(await self._matches(chain[-1], len(chain)))
+        newest = await self._best(await self._matches(chain[-1], len(chain), scope))
         if newest is not None and self.is_open(newest.memory):
             if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
                 return data.model_copy(update={"conversation_id": newest.memory.conversation_id})
             await before_write(data)
-            fork = await self._fork(newest, context, data)
+            fork = await self._fork(newest, chain[newest.n - 1], context, data)
             return data.model_copy(update={"conversation_id": fork})
         await before_write(data)
         if newest is not None:  # only in a conversation that cannot continue
-            imported = await self._import(turns, context, data, linked=newest)
+            imported = await self._import(turns, context, data, scope, linked=newest)
             return data.model_copy(update={"conversation_id": imported})
-        shared = await self._longest_prefix(chain)
+        shared = await self._longest_prefix(chain, scope)
         if shared is None or not self.is_open(shared.memory) or not turns.text_only():
-            imported = await self._import(turns, context, data, linked=shared)
+            imported = await self._import(turns, context, data, scope, linked=shared)
             return data.model_copy(update={"conversation_id": imported})
-        fork = await self._fork(shared, context, data)
+        fork = await self._fork(shared, chain[shared.n - 1], context, data)
         await self._append(fork, turns.exchanges[shared.n:], context)
         return data.model_copy(update={"conversation_id": fork})
 
     # -- matching ------------------------------------------------------------------
-    async def _matches(self, digest: str, n: int) -> list[Match]:
-        """The stored exchanges numbered `n` holding `digest`, checked against the conversation as
-        loaded (the JSONL lookup is derived data) without reading more of it."""
+    async def _matches(self, digest: str, n: int, scope: Scope) -> list[Match]:
+        """The stored exchanges numbered `n` holding `digest` in conversations stored for `scope`,
+        checked against the conversation as loaded (the JSONL lookup is derived data) without
+        reading more of it."""
         found = []
         for candidate in await self.cache.find_digest(digest):
             if candidate.n != n:
                 continue
             memory = await self.cache.get(candidate.conversation_id)
-            if memory is None or memory.retired or candidate.n > memory.total:
+            if memory is None or memory.retired or candidate.n > memory.total or stored_scope(memory.meta) != scope:
                 continue
             entry = memory.entry(candidate.n)
             if entry is not None and entry.digest != digest:
@@ -258,15 +262,32 @@ class ClientHistory:
         return max(matches, key=lambda m: (self.is_open(m.memory), m.n == m.memory.total,
                                            parse_ts(m.memory.meta.last_activity)))
 
-    async def _longest_prefix(self, chain: list[str]) -> Match | None:
-        """The longest leading part of the history some conversation holds (a chained digest found
-        at k means every one before it is held too: bisection)."""
-        low, high, best = 1, len(chain) - 1, None
+    async def _longest_prefix(self, chain: list[str], scope: Scope) -> Match | None:
+        """The longest leading part of the history some conversation of `scope` holds. The digest of
+        exchange k stands for the whole prefix 1..k (digests are chained), so the store alone is
+        asked for the longest k held anywhere, and only the conversations holding that k are
+        loaded: 1,000 conversations sharing the first exchange are not read to find the one
+        sharing the first two. A k held only where the request may not go (another scope, a
+        line the JSONL lookup kept of a conversation since changed) lowers the bound."""
+        high = len(chain) - 1
+        while high >= 1:
+            k = await self._longest_held(chain, high)
+            if k is None:
+                return None
+            found = await self._best(await self._matches(chain[k - 1], k, scope))
+            if found is not None:
+                return found
+            high = k - 1
+        return None
+
+    async def _longest_held(self, chain: list[str], high: int) -> int | None:
+        """The largest k <= `high` whose digest some stored exchange k holds (a prefix held means
+        every shorter one is held too: bisection), asking the store only."""
+        low, best = 1, None
         while low <= high:
             middle = (low + high) // 2
-            found = await self._best(await self._matches(chain[middle - 1], middle))
-            if found is not None:
-                best, low = found, middle + 1
+            if any(found.n == middle for found in await self.cache.find_digest(chain[middle - 1])):
+                best, low = middle, middle + 1
             else:
                 high = middle - 1
         return best
@@ -291,8 +312,9 @@ class ClientHistory:
                         stored_exchanges=stored, fields={"history": f"differs at exchange {k}"})
 
     # -- writing ------------------------------------------------------------------
-    async def _fork(self, at: Match, context: EventContext, data: CompletionAsync) -> str:
-        fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n}
+    async def _fork(self, at: Match, digest: str, context: EventContext, data: CompletionAsync) -> str:
+        # the digest matched there: the fork records it without reading the parent's index
+        fork_data: dict[str, Any] = {"conversation_id": at.memory.conversation_id, "at": at.n, "digest": digest}
         if data.origin is not None:
             fork_data["origin"] = data.origin
         fork = await self.router.request(CONVERSATION_FORK, fork_data, context.child())
@@ -305,7 +327,7 @@ class ClientHistory:
         await self.router.request(CONVERSATION_APPEND, {"conversation_id": conversation_id, "exchanges": appended},
                                   context.child())
 
-    async def _import(self, turns: ClientTurns, context: EventContext, data: CompletionAsync, *,
+    async def _import(self, turns: ClientTurns, context: EventContext, data: CompletionAsync, scope: Scope, *,
                       new_id: str | None = None, linked: Match | None = None) -> str:
         if turns.has_images():
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
@@ -323,6 +345,8 @@ class ClientHistory:
             request["new_id"] = new_id
         if data.origin is not None:
             request["origin"] = data.origin
+        if scope:
+            request["scope"] = scope
         if linked is not None:
             request["continues"] = {"conversation_id": linked.memory.conversation_id, "exchange": linked.n}
         imported = await self.router.request(CONVERSATION_IMPORT, request, context.child())

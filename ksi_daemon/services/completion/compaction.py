@@ -43,7 +43,12 @@ from ksi_daemon.services.completion.salience import (
 )
 from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.memory import (
+    NEWEST_TAIL_BUDGET,
+    ConversationCache,
+    ConversationMemory,
+    Exchange,
+)
 from ksi_daemon.services.conversations.writer import ConversationWriter
 
 log = structlog.get_logger("ksi.compaction")
@@ -61,6 +66,7 @@ SUMMARISER_SYSTEM = (
 MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation into one, section by section."
 MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
 GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
+LOAD_ROUNDS = 6  # index tails read, each four times wider, before the whole index is read instead
 # a stand-in block's header line ("[Summary of exchanges 1-40 of this conversation, ...]"), at most:
 # counted as this instead of counting each rendering again
 BLOCK_HEADER_TOKENS = 28
@@ -225,8 +231,7 @@ class Compactor:
         texts of those taken are read."""
         found: list[tuple[ConversationMemory, IndexEntry]] = []
         for member, limit in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
-            if not member.complete:
-                await self.cache.load_all(member)
+            await self._load_after(member, after)
             last = upto if limit is None else min(upto, limit)
             found.extend((member, entry) for entry in member.eligible_between(after, last))
         if budget is not None:
@@ -248,6 +253,18 @@ class Compactor:
             texts = await self.cache.texts(member, entries)
             picked.extend((entry.n, text) for entry, text in zip(entries, texts, strict=True))
         return picked
+
+    async def _load_after(self, memory: ConversationMemory, after: int) -> None:
+        """The index entries numbered after `after` loaded: the index's tail read wider each round,
+        so a cold conversation's turn reads its gap's entries, not its whole index."""
+        budget = max(memory.tail_budget, NEWEST_TAIL_BUDGET)
+        for _round in range(LOAD_ROUNDS):
+            if memory.complete or not memory.unloaded_after(after):
+                return
+            budget *= 4
+            await self.cache.widen(memory, budget)
+        if not memory.complete and memory.unloaded_after(after):
+            await self.cache.load_all(memory)
 
     # -- writing ------------------------------------------------------------
     def _on_result(self, _name: str, data: dict[str, Any], _context: EventContext) -> None:

@@ -70,9 +70,9 @@ class TurnRunner:
         self._background: set[asyncio.Task[Any]] = set()  # calibration saves under way
 
     async def run(self, state: RequestState, chunk_sink: Callable[[], ChunkSink | None],
-                  held: Callable[[], ConversationMemory | None]) -> Ended:
+                  held: Callable[[], ConversationMemory | None], attempt_started: Callable[[], None]) -> Ended:
         """Prepare, call and commit the request's turn (each preparation streams to a new
-        `chunk_sink()`); a failure is logged under its response id and a conversation made for it
+        `chunk_sink()`; `attempt_started()` before each provider attempt); a failure is logged under its response id and a conversation made for it
         alone (`held()`: the one it keeps in memory) is discarded. Never raises: the end says how."""
         state.status = "running"
         state.started_at = time.perf_counter()
@@ -83,7 +83,7 @@ class TurnRunner:
             inputs = prepared.inputs
             answerer = self.answerers.for_model(state.model)
             try:
-                reply = await self._call(state, answerer, prepared, attempts)
+                reply = await self._call(state, answerer, prepared, attempts, attempt_started)
             except KsiError as error:
                 if error.code != ErrorCode.CONTEXT_WINDOW_EXCEEDED or not self.calibration.enabled:
                     raise
@@ -91,7 +91,7 @@ class TurnRunner:
                 self.calibration.tighten(state.model)
                 prepared = await self.preparation.prepare(state, chunk_sink())
                 inputs = prepared.inputs
-                reply = await self._call(state, answerer, prepared, attempts)
+                reply = await self._call(state, answerer, prepared, attempts, attempt_started)
             async with prepared.memory.lock:  # conversation:update/delete change metadata under it too
                 result = await self._commit(state, prepared, reply, attempts)
         except asyncio.CancelledError:
@@ -114,8 +114,12 @@ class TurnRunner:
         return Ended("done", result=result)
 
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
-                    attempts: list[dict[str, Any]]) -> ProviderReply:
-        reply = await with_retries(lambda: self._attempt(answerer, prepared.call),
+                    attempts: list[dict[str, Any]], attempt_started: Callable[[], None]) -> ProviderReply:
+        async def attempt() -> ProviderReply:
+            attempt_started()
+            return await self._attempt(answerer, prepared.call)
+
+        reply = await with_retries(attempt,
                                    self.retry, self.breaker, self._circuit_key(state.model, prepared.call.options), attempts,
                                    log_fields={"request_id": state.request_id, "conversation_id": state.conversation_id,
                                                "model": state.model})

@@ -132,22 +132,36 @@ class Items:
         return list(dict.fromkeys([*self.user, *self.facts]))
 
 
-def exchange_items(exchanges: list[Exchange]) -> Items:
+def exchange_salience(exchange: Exchange) -> Items:
+    """One exchange's items, found once and kept with it (an exchange never changes once stored;
+    a reset, delete or move drops the conversation's exchanges from memory, and these with them)."""
+    if exchange.salient is not None:
+        return exchange.salient
     items = Items()
-    for exchange in exchanges:  # clipped as the summariser is shown them: it cannot keep what it never saw
-        for item in exchange.input:
-            text = item_text(item)[:EXCHANGE_TEXT_LIMIT]
-            if item.get("type") == "message":
-                items.user.extend(self_statements(text))
-            items.facts.extend(salient_items(text))
-        for item in exchange.output:
-            if item.get("type") == "function_call":  # a summary says which tools were called
-                items.facts.append(_clip(item_text(item)))
-            elif item.get("type") != "reasoning":
-                items.facts.extend(salient_items(item_text(item)[:EXCHANGE_TEXT_LIMIT]))
-    items.user = list(dict.fromkeys(items.user))
-    items.facts = list(dict.fromkeys(items.facts))
+    # clipped as the summariser is shown them: it cannot keep what it never saw
+    for item in exchange.input:
+        text = item_text(item)[:EXCHANGE_TEXT_LIMIT]
+        if item.get("type") == "message":
+            items.user.extend(self_statements(text))
+        items.facts.extend(salient_items(text))
+    for item in exchange.output:
+        if item.get("type") == "function_call":  # a summary says which tools were called
+            items.facts.append(_clip(item_text(item)))
+        elif item.get("type") != "reasoning":
+            items.facts.extend(salient_items(item_text(item)[:EXCHANGE_TEXT_LIMIT]))
+    exchange.salient = items
     return items
+
+
+def exchange_items(exchanges: list[Exchange]) -> Items:
+    """The items of a range of exchanges, in order, each once."""
+    user: list[str] = []
+    facts: list[str] = []
+    for exchange in exchanges:
+        found = exchange_salience(exchange)
+        user.extend(found.user)
+        facts.extend(found.facts)
+    return Items(user=list(dict.fromkeys(user)), facts=list(dict.fromkeys(facts)))
 
 
 def text_items(text: str) -> Items:

@@ -334,7 +334,9 @@ class CompletionService:
     async def _run(self, state: RequestState) -> None:
         streamed = state.request.stream or state.request.background
         ended = await self.runner.run(state, lambda: self._chunk_sink(state) if streamed else None,
-                                      lambda: self._held.get(state.request_id))
+                                      lambda: self._held.get(state.request_id),
+                                      # a retry's chunks replace the failed attempt's in a resumable stream
+                                      lambda: self.streams.attempt(state.request_id))
         if ended.status == HANDED_OVER:
             self._handed_over(state)
         else:

@@ -2,7 +2,12 @@
 any position (again after its client lost the connection) while it runs and for some minutes
 after it ended, whoever was listening when they were produced. Bounded: an ended log goes after
 `KEPT_AFTER_END` seconds, or earlier, oldest first, when the ended logs hold too much text or
-too many are kept."""
+too many are kept.
+
+A retried attempt starts the log again: the chunks of the attempt that failed are dropped (a
+reader never sees them after the retry began), and the retry's chunks are numbered after them, so
+a client that read some keeps seeing increasing numbers. An ended log keeps what a resumed stream
+shows (its chunks, the request as it is shown, its outcome), not the request's state."""
 
 from __future__ import annotations
 
@@ -38,15 +43,25 @@ class CompletionChunks(EventData):
 
 @dataclass(eq=False)
 class ChunkLog:
-    """One background request: its state (for status and outcome) and its non-empty chunks in order."""
+    """One background request: what a reader is shown of it, its state while it runs (for its
+    status), its outcome once ended, and its current attempt's non-empty chunks in order."""
 
-    state: RequestState
+    shown: dict[str, Any]  # the request's ids and the request as a reader sees it
+    state: RequestState | None  # None once ended: only the outcome below is kept
     created: float  # wall clock, seconds: what a door shows as the creation time
     chunks: list[str] = field(default_factory=list)
+    first: int = 0  # the number of chunks[0]: the chunks of attempts that failed come before it
     chars: int = 0
+    status: str = "queued"
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
     ended_at: float | None = None  # monotonic
     ended_wall: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def total(self) -> int:
+        return self.first + len(self.chunks)
 
     def touch(self) -> None:
         """Wake the readers waiting for more; later readers wait on a fresh event."""
@@ -76,7 +91,7 @@ class ChunkLogs:
         """Start keeping the chunks of `state` (a request that has its response id)."""
         assert state.response_id is not None
         self._prune()
-        log = ChunkLog(state, created=self.clock())
+        log = ChunkLog(_shown(state), state, created=self.clock())
         self._logs[state.response_id] = log
         self._by_request[state.request_id] = log
 
@@ -88,10 +103,21 @@ class ChunkLogs:
         log.chars += len(text)
         log.touch()
 
+    def attempt(self, request_id: str) -> None:
+        """A new attempt of the request begins: the chunks of the one before it (which failed) go."""
+        log = self._by_request.get(request_id)
+        if log is None or not log.chunks:
+            return
+        log.first, log.chunks, log.chars = log.total, [], 0
+        log.touch()
+
     def ended(self, state: RequestState) -> None:
         log = self._by_request.pop(state.request_id, None)
         if log is None:
             return
+        log.status, log.result = state.status, state.result
+        log.error = state.error.to_wire() if state.error is not None else None
+        log.state = None  # the request's state (its request, context, images) goes with the request
         log.ended_at = self.monotonic()
         log.ended_wall = self.clock()
         self._ended_chars += log.chars
@@ -118,7 +144,7 @@ class ChunkLogs:
             raise KsiError(ErrorCode.RESPONSE_NOT_FOUND,
                            f"no background response {data.response_id} is running or recently ended",
                            response_id=data.response_id)
-        if data.wait > 0 and len(log.chunks) <= data.after + 1 and log.ended_at is None:
+        if data.wait > 0 and log.total <= data.after + 1 and log.ended_at is None:
             changed = log.changed
             try:
                 async with asyncio.timeout(data.wait):
@@ -129,19 +155,28 @@ class ChunkLogs:
 
     @staticmethod
     def _view(log: ChunkLog, after: int) -> dict[str, Any]:
+        first = max(after + 1, log.first)
         state = log.state
-        request = state.request
+        status = state.status if state is not None else log.status
         view: dict[str, Any] = {
-            "request_id": state.request_id, "response_id": state.response_id,
-            "conversation_id": state.conversation_id, "model": state.model, "agent_id": state.agent_id,
-            "status": state.status, "created": log.created, "ended": log.ended_wall,
-            "request": {"temperature": request.temperature, "max_tokens": request.max_tokens,
-                        "instructions": request.instructions, "metadata": request.metadata,
-                        "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}},
-            "first": after + 1, "chunks": log.chunks[after + 1:], "total_chunks": len(log.chunks),
+            **log.shown, "status": status, "created": log.created, "ended": log.ended_wall,
+            "first": first, "chunks": log.chunks[first - log.first:], "total_chunks": log.total,
             "result": None, "error": None,
         }
-        if state.status in FINISHED:
-            view["result"] = state.result
-            view["error"] = state.error.to_wire() if state.error is not None else None
+        if status in FINISHED:
+            view["result"] = state.result if state is not None else log.result
+            error = state.error.to_wire() if state is not None and state.error is not None else None
+            view["error"] = error if state is not None else log.error
         return view
+
+
+def _shown(state: RequestState) -> dict[str, Any]:
+    """What a reader is shown of a request besides its status: fixed from its admission on."""
+    request = state.request
+    return {
+        "request_id": state.request_id, "response_id": state.response_id,
+        "conversation_id": state.conversation_id, "model": state.model, "agent_id": state.agent_id,
+        "request": {"temperature": request.temperature, "max_tokens": request.max_tokens,
+                    "instructions": request.instructions, "metadata": dict(request.metadata),
+                    "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}},
+    }

@@ -1,6 +1,7 @@
 """The chained digests of a conversation's stored exchanges: read along its fork chain, and the
 next one computed when an exchange is written (a fork continues its parent's chain at its fork
-point, since it shares those exchanges)."""
+point, since it shares those exchanges). A fork records the digest of its fork point when it is made,
+so its first commit continues the chain without reading its parent's index."""
 
 from __future__ import annotations
 
@@ -11,15 +12,37 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 
 
+FORK_DIGEST_KEY = "fork_digest"  # in a fork's metadata extras: the digest of exchange fork_at
+
+
 async def digest_at(cache: ConversationCache, memory: ConversationMemory, n: int, max_depth: int) -> str | None:
     """The digest of exchange `n` as this conversation sees it (its own, or an ancestor's it
     shares); None when that exchange has none (stored before digests) or does not exist."""
     if n > memory.base:
         return await _entry_digest(cache, memory, n)
+    recorded = memory.meta.extra.get(FORK_DIGEST_KEY)
+    if n == memory.base and isinstance(recorded, str):
+        return recorded
     for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:
         if n > member.base and (upto is None or n <= upto):
             return await _entry_digest(cache, member, n)
     return None
+
+
+async def fork_point_digest(cache: ConversationCache, parent: ConversationMemory, at: int, max_depth: int,
+                            known: str | None = None) -> dict[str, str]:
+    """What a fork of `parent` made at exchange `at` records of its fork point: its digest. `known`
+    (the digest a caller matched there) is taken when the store names exchange `at` of `parent`
+    for it, which reads no index; else it is read as `digest_at` reads it."""
+    if at == 0:
+        return {}
+    digest = None
+    if known is not None and at > parent.base:
+        held = await cache.find_digest(known)
+        digest = known if any(m.conversation_id == parent.conversation_id and m.n == at for m in held) else None
+    if digest is None:
+        digest = await digest_at(cache, parent, at, max_depth)
+    return {FORK_DIGEST_KEY: digest} if digest is not None else {}
 
 
 async def _entry_digest(cache: ConversationCache, memory: ConversationMemory, n: int) -> str | None:

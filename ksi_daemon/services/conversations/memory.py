@@ -11,7 +11,7 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, call_ids_answered, input_items, item_text, output_items, output_text
@@ -20,6 +20,9 @@ from ksi_common.summaries import Summary
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
+
+if TYPE_CHECKING:
+    from ksi_daemon.services.completion.salience import Items
 
 
 @dataclass(slots=True)
@@ -32,6 +35,9 @@ class Exchange:
     files: list[dict[str, Any]] = field(default_factory=list)
     # its chat messages, made once: a conversation in memory is sent again every turn
     _chat: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # what a summary of it must keep (salience.exchange_salience), found once: a turn between two
+    # summaries represents every exchange of the gap again; a re-read exchange is a new object
+    salient: Items | None = field(default=None, repr=False, compare=False)
 
     @property
     def reply(self) -> str:

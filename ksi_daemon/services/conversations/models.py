@@ -83,6 +83,13 @@ class ConversationImport(EventData):
     continues: dict[str, Any] | None = Field(
         default=None, description="the conversation (and exchange) this history was found in, recorded in "
                                   "its metadata's extra when that one could not be continued")
+    scope: dict[str, str] | None = Field(
+        default=None, description="whom the history is for (agent_id, user, safety_identifier): only requests "
+                                  "naming the same match it later")
+    pending: list[NonBlank] = Field(default_factory=list, max_length=1000,
+                                    description="user messages after the exchanges, without a reply yet: held as "
+                                                "the new conversation's pending input, in the same write")
+    metadata: dict[str, Any] | None = Field(default=None, description="the client's metadata, kept in its extras")
 
 
 class ConversationFork(ConversationRef):
@@ -90,6 +97,9 @@ class ConversationFork(ConversationRef):
     new_id: SafeId | None = Field(default=None, description="id of the fork (generated when absent)")
     title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
     origin: Door | None = Field(default=None, description="the door the fork was asked through, recorded on it")
+    digest: str | None = Field(default=None, max_length=128,
+                               description="the chained digest of exchange `at` the caller found there (a matched "
+                                           "history's): taken when the store agrees, so the parent is not read")
 
 
 class ConversationArchive(ConversationRef):
@@ -124,11 +134,14 @@ class ConversationAppend(ConversationRef):
     reply_to_pending: Text | None = Field(
         default=None, description="the reply to the conversation's pending input: they become one exchange, "
                                   "added before `exchanges`")
+    pending: list[NonBlank] = Field(default_factory=list, max_length=1000,
+                                    description="user messages after the exchanges, without a reply yet: held as "
+                                                "pending input in the same write (all of it, or nothing)")
 
     @model_validator(mode="after")
     def _something(self) -> ConversationAppend:
-        if not self.exchanges and self.reply_to_pending is None:
-            raise ValueError("give exchanges, reply_to_pending or both")
+        if not self.exchanges and self.reply_to_pending is None and not self.pending:
+            raise ValueError("give exchanges, reply_to_pending, pending or several")
         return self
 
 

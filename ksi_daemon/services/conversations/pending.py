@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
 from ksi_daemon.services.conversations.response_lines import message_line
 from ksi_daemon.storage.models import ConversationMeta
 
@@ -17,6 +19,20 @@ MAX_PENDING = 1000  # messages one conversation may hold without a reply
 
 def pending_of(meta: ConversationMeta) -> list[dict[str, Any]]:
     return list(meta.extra.get(PENDING_KEY) or [])
+
+
+def pended(conversation_id: str, extra: dict[str, Any], texts: list[str], now: str, field: str
+           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`extra` (a conversation's metadata extras) with `texts` added to its pending input, and the
+    messages added; refused, naming `field`, when it would hold more than `MAX_PENDING`. Checked
+    before anything is written, so the event adding them writes all it was given or nothing."""
+    pending = list(extra.get(PENDING_KEY) or [])
+    if len(pending) + len(texts) > MAX_PENDING:
+        raise KsiError(ErrorCode.VALIDATION_ERROR,
+                       f"conversation {conversation_id} would hold more than {MAX_PENDING} messages without a reply",
+                       fields={field: f"at most {MAX_PENDING} pending messages"}, pending=len(pending))
+    added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in texts]
+    return {**extra, PENDING_KEY: [*pending, *added]}, added
 
 
 def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -48,12 +48,13 @@ from ksi_daemon.services.conversations.models import (
     ConversationUpdate,
     ResponseRef,
 )
-from ksi_daemon.services.conversations.digests import record_chain
+from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.pending import MAX_PENDING, PENDING_KEY, pending_of
+from ksi_daemon.services.conversations.pending import PENDING_KEY, pended, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, message_line
+from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
@@ -300,6 +301,7 @@ class ConversationService:
         await self._check_free(fork_id, "new_id")
         now = format_ts(self.clock())
         model = await self._model_at(chain, at)
+        fork_point = await fork_point_digest(self.cache, parent, at, self.settings.max_fork_depth, data.digest)
         meta = ConversationMeta(
             conversation_id=fork_id, created=now, last_activity=now, parent_id=parent.conversation_id,
             fork_at=at, title=data.title if data.title is not None else parent.meta.title,
@@ -308,6 +310,7 @@ class ConversationService:
             models=[model] if model else [],  # so the fork continues with the model it branched from
             origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
             pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
+            extra={**inherited_scope(parent.meta), **fork_point},  # matched for the parent's users
         )
         try:
             await self.writer.create(meta)
@@ -322,7 +325,8 @@ class ConversationService:
         for member, _upto in chain:
             if "imported_at" in member.meta.extra:
                 return None  # a model an import named is history, not a route
-            await self.cache.load_all(member)
+            if member.entry(at) is None:  # a fork at a loaded exchange reads no index
+                await self.cache.load_all(member)
             for entry in member.entries:
                 if entry.n == at:
                     return entry.model
@@ -359,6 +363,12 @@ class ConversationService:
         meta.origin = data.origin
         if data.continues is not None:
             meta.extra["continues"] = data.continues
+        meta.extra.update(scope_extra(data.scope or {}))
+        if data.metadata:
+            meta.extra["metadata"] = dict(data.metadata)
+        if data.pending:  # items without a reply: one write with the exchanges, all or nothing
+            meta.extra, _added = pended(conversation_id, meta.extra, data.pending, now, "pending")
+            meta.preview = meta.preview or preview_of(data.pending[0])
         try:
             await self.writer.import_conversation(meta, exchanges)
         except ConversationExists:
@@ -483,13 +493,18 @@ class ConversationService:
                 appended.append(NewExchange(entry, lines, Exchange(input=[message("user", t) for t in exchange.inputs],
                                                                    output=[message("assistant", exchange.reply)])))
             first = memory.total == 0
+            if data.pending:  # checked whole before anything is written
+                pended(memory.conversation_id, memory.meta.extra, data.pending, now, "pending")
 
             def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
-                    changes["preview"] = preview_of(exchanges[0].inputs[0])
+                    changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
                 if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
                     changes["extra"] = {k: v for k, v in meta.extra.items() if k != PENDING_KEY}
+                if data.pending:  # what follows the exchanges waits for a reply: held in the same write
+                    changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
+                                                      data.pending, now, "pending")
                 return meta.model_copy(update=changes)
 
             if appended:
@@ -510,15 +525,9 @@ class ConversationService:
                            conversation_id=data.conversation_id)
         async with memory.lock:
             pending = pending_of(memory.meta)
-            if len(pending) + len(data.inputs) > MAX_PENDING:
-                raise KsiError(ErrorCode.VALIDATION_ERROR,
-                               f"conversation {data.conversation_id} would hold more than {MAX_PENDING} messages "
-                               "without a reply", fields={"inputs": f"at most {MAX_PENDING} pending messages"},
-                               pending=len(pending))
             now = format_ts(self.clock())
-            added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in data.inputs]
-            changes: dict[str, Any] = {"extra": {**memory.meta.extra, PENDING_KEY: [*pending, *added]},
-                                       "last_activity": now}
+            extra, added = pended(data.conversation_id, memory.meta.extra, data.inputs, now, "inputs")
+            changes: dict[str, Any] = {"extra": extra, "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.inputs[0])
             meta = memory.meta.model_copy(update=changes)

@@ -1,5 +1,5 @@
 """Exchanges by chained digest for the JSONL store: `state/digests.jsonl`, an append-only log
-read into a dict on the first lookup, so a lookup never depends on how many conversations exist.
+read into a table on the first lookup, so a lookup never depends on how many conversations exist.
 
 It is derived data: every line repeats what an index line already holds. One line is appended,
 unsynced, after each indexed exchange (a `{"d", "c", "n"}` line per digest); a move and a delete
@@ -8,12 +8,23 @@ log is rebuilt from every index when it is missing or its first line is not its 
 file to rebuild it); a torn line is skipped. A line a crash kept from the disk leaves that exchange
 unfound: a history ending there is taken for one ending an exchange earlier and continues in a
 fork made there, never in a wrong conversation.
+
+What the table holds is bounded per exchange: the first 16 bytes of its digest (a lookup's answer
+is checked against the conversation it names) and the exchange's number with the conversation (or
+the set of conversations) holding it, each conversation one shared object (a move renames it, a
+delete empties it) rather than its id repeated per exchange, and no map back from conversations
+to digests. The first read compacts the log (moves applied, deleted conversations and repeated
+lines left out) when a quarter or more of its lines say nothing now. Appends never wait for a
+read or a rebuild: the whole file is written aside and only the lines appended meanwhile are
+added under the lock, before it takes the log's place.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +38,111 @@ from ksi_daemon.storage.jsonl.files import jsonl, replace_file
 log = structlog.get_logger("ksi.storage.digests")
 
 HEADER = {"v": 1, "kind": "ksi.digests"}
+KEY_HEX = 32  # hex digits of a digest the table keys on (16 bytes: collisions are not a concern)
+WRITE_BATCH = 10_000  # lines of a rewritten log serialised at once
+GARBAGE_SHARE = 4  # the first read compacts a log when a quarter of its lines or more say nothing now
 
 
-Table = dict[str, set[tuple[str, int]]]  # digest -> (conversation, n)
+class _Holder:
+    """One conversation as the table names it: renamed by a move, emptied by a delete."""
+
+    __slots__ = ("conversation_id",)
+
+    def __init__(self, conversation_id: str | None) -> None:
+        self.conversation_id = conversation_id
+
+
+class _Shared:
+    """The exchange of a digest several conversations hold (the same history imported twice, the
+    first turn of many): a set, so the thousandth is added as cheaply as the second."""
+
+    __slots__ = ("holders", "n")
+
+    def __init__(self, n: int, holders: set[_Holder]) -> None:
+        self.n = n
+        self.holders = holders
+
+
+# digest key -> (n, holder), or its exchange's number and holders when several hold it (a chained
+# digest fixes its exchange's number)
+Table = dict[bytes, "tuple[int, _Holder] | _Shared"]
+
+
+def _held(value: tuple[int, _Holder] | _Shared) -> tuple[int, Collection[_Holder]]:
+    return (value.n, value.holders) if isinstance(value, _Shared) else (value[0], (value[1],))
+
+
+def _key(digest: str) -> bytes:
+    try:
+        return bytes.fromhex(digest[:KEY_HEX])
+    except ValueError:  # not hex (a damaged line): still a key of its own
+        return digest[:KEY_HEX].encode()
+
+
+class _Replay:
+    """The table being built from lines, with the holder of every live conversation."""
+
+    def __init__(self) -> None:
+        self.table: Table = {}
+        self.holders: dict[str, _Holder] = {}
+        self.lines = 0  # digest lines applied, repeated ones included
+        self.changes = 0  # moves and deletes applied
+
+    def apply(self, line: dict[str, Any]) -> None:
+        """One log line: an exchange's digest, a conversation moved to another id, or one deleted."""
+        if "d" in line:
+            digest, conversation_id, n = line.get("d"), line.get("c"), line.get("n")
+            if not (isinstance(digest, str) and isinstance(conversation_id, str) and isinstance(n, int)):
+                return
+            self.lines += 1
+            holder = self.holders.get(conversation_id)
+            if holder is None:
+                holder = self.holders[conversation_id] = _Holder(conversation_id)
+            key = _key(digest)
+            held = self.table.get(key)
+            if held is None:
+                self.table[key] = (n, holder)
+            elif isinstance(held, _Shared):
+                held.holders.add(holder)
+            elif held[1] is not holder:
+                self.table[key] = _Shared(held[0], {held[1], holder})
+        elif "move" in line:
+            self.changes += 1
+            holder = self.holders.pop(str(line.get("move")), None)
+            if holder is not None:
+                new_id = str(line.get("to"))
+                holder.conversation_id = new_id
+                self.holders[new_id] = holder
+        elif "drop" in line:
+            self.changes += 1
+            holder = self.holders.pop(str(line.get("drop")), None)
+            if holder is not None:
+                holder.conversation_id = None
+
+    def live(self) -> int:
+        """The (exchange, conversation) pairs of live conversations the table holds."""
+        return sum(1 for value in self.table.values() for holder in _held(value)[1]
+                   if holder.conversation_id is not None)
+
+    def compacted(self) -> Iterator[dict[str, Any]]:
+        """The lines of a log holding exactly this table's live pairs."""
+        for key, value in self.table.items():
+            n, holders = _held(value)
+            for holder in holders:
+                if holder.conversation_id is not None:
+                    yield {"d": key.hex(), "c": holder.conversation_id, "n": n}
 
 
 class DigestIndex:
     def __init__(self, path: Path, conversations_dir: Path) -> None:
         self.path = path
         self.conversations_dir = conversations_dir
-        # appends come from several writer threads (or the loop); held only for a write, never
-        # for the first read of the log, which waits on `_loading` instead
+        # appends come from several writer threads (or the loop); held only for a write or a
+        # table update, never for reading or rewriting the whole log (`_loading` serialises those)
         self._lock = threading.Lock()
         self._loading = threading.Lock()
-        self._table: Table | None = None
-        self._of: dict[str, set[str]] = {}  # conversation -> its digests (for moves and deletes)
-        self._meanwhile: list[dict[str, Any]] | None = None  # appended while the log is read
+        self._replay: _Replay | None = None
+        self._meanwhile: list[dict[str, Any]] | None = None  # appended while the log is read or rewritten
         self._fd: int | None = None
 
     def record(self, conversation_id: str, entries: list[IndexEntry]) -> None:
@@ -59,22 +159,34 @@ class DigestIndex:
 
     @property
     def loaded(self) -> bool:
-        return self._table is not None
+        return self._replay is not None
 
     def find(self, digest: str) -> list[tuple[str, int]]:
         """Blocking on the first call (the log is read, or rebuilt); a dict lookup after it."""
-        if self._table is None:
+        if self._replay is None:
             self._load()
         with self._lock:
-            assert self._table is not None
-            return sorted(self._table.get(digest, ()))
+            assert self._replay is not None
+            table = self._replay.table
+            key = _key(digest)
+            value = table.get(key)
+            if value is None:
+                return []
+            n, holders = _held(value)
+            live = [h for h in holders if h.conversation_id is not None]
+            if len(live) != len(holders):  # deleted since: their entries go now
+                if not live:
+                    del table[key]
+                else:
+                    table[key] = (n, live[0]) if len(live) == 1 else _Shared(n, set(live))
+            return sorted((str(h.conversation_id), n) for h in live)
 
     def prepare(self) -> None:
         """At open: a var dir with no index yet starts its log now; one with indexes and no log
         rebuilds it on the first lookup (not on the way to serving)."""
         has_index = self.conversations_dir.is_dir() and next(self.conversations_dir.glob("*.jsonl"), None)
         if not self.path.exists() and not has_index:
-            self._write_whole([HEADER])
+            self._replace_whole([HEADER])
 
     def close(self) -> None:
         with self._lock:
@@ -85,11 +197,11 @@ class DigestIndex:
     # -- the log ------------------------------------------------------------------
     def _append(self, lines: list[dict[str, Any]]) -> None:
         with self._lock:
-            if self._table is not None:
-                for line in lines:
-                    _apply(self._table, self._of, line)
-            elif self._meanwhile is not None:
+            if self._meanwhile is not None:
                 self._meanwhile.extend(lines)
+            if self._replay is not None and self._meanwhile is None:
+                for line in lines:
+                    self._replay.apply(line)
             try:
                 if self._fd is None:
                     if not self.path.exists():
@@ -121,9 +233,9 @@ class DigestIndex:
 
     def _load(self) -> None:
         """Read the log (or rebuild it from the indexes) while appends go on: what they add
-        meanwhile is kept aside and applied after."""
+        meanwhile is kept aside, applied after, and added to a rewritten log before it is swapped in."""
         with self._loading:
-            if self._table is not None:
+            if self._replay is not None:
                 return  # another caller loaded it meanwhile
             with self._lock:
                 self._meanwhile = []
@@ -131,76 +243,88 @@ class DigestIndex:
                     raw = self.path.read_bytes()
                 except FileNotFoundError:
                     raw = b""
-            table: Table = {}
-            of: dict[str, set[str]] = {}
+            replay = _Replay()
             lines = raw.split(b"\n")
             try:
                 header = orjson.loads(lines[0]) if lines[0] else None
             except orjson.JSONDecodeError:
                 header = None
-            rebuilt = None if header == HEADER else self._from_indexes(table, of)
-            if rebuilt is None:
+            rebuilt = header != HEADER
+            if rebuilt:
+                self._from_indexes(replay)
+            else:
                 for text in lines[1:]:
                     try:
                         line = orjson.loads(text) if text else None
                     except orjson.JSONDecodeError:
                         continue  # torn by a crash
                     if isinstance(line, dict):
-                        _apply(table, of, line)
+                        replay.apply(line)
+            live = replay.live()
+            # lines that say nothing now: repeated ones, those of deleted conversations, moves
+            garbage = replay.lines - live + replay.changes
+            rewrite = rebuilt or garbage * GARBAGE_SHARE > live
+            if rewrite:  # written aside, appends going on meanwhile
+                self._write_aside(itertools.chain([HEADER], replay.compacted()))
             with self._lock:
                 meanwhile, self._meanwhile = self._meanwhile or [], None
                 for line in meanwhile:
-                    _apply(table, of, line)
-                if rebuilt is not None:
-                    if self._fd is not None:  # appends went to the file being replaced
-                        os.close(self._fd)
-                        self._fd = None
-                    self._write_whole([HEADER, *rebuilt, *meanwhile])
-                    log.info("digest_index_rebuilt", exchanges=len(rebuilt))
-                self._table, self._of = table, of
+                    replay.apply(line)
+                if rewrite:
+                    self._swap_in(meanwhile)
+                    log.info("digest_index_rebuilt" if rebuilt else "digest_index_compacted", exchanges=live)
+                self._replay = replay
 
-    def _from_indexes(self, table: Table, of: dict[str, set[str]]) -> list[dict[str, Any]]:
-        """Every index's digests, applied to `table`: the lines of a fresh log."""
-        out: list[dict[str, Any]] = []
+    def _from_indexes(self, replay: _Replay) -> None:
+        """Every index's digests, applied to `replay`."""
         for index in sorted(self.conversations_dir.glob("*.jsonl")) if self.conversations_dir.is_dir() else []:
             conversation_id = index.stem
             for entry in read_index(index):
                 if entry.digest:
-                    line = {"d": entry.digest, "c": conversation_id, "n": entry.n}
-                    _apply(table, of, line)
-                    out.append(line)
-        return out
+                    replay.apply({"d": entry.digest, "c": conversation_id, "n": entry.n})
 
-    def _write_whole(self, lines: list[dict[str, Any]]) -> None:
-        """A fresh log; when it cannot be written (a full disk), the lookups this run makes are
-        answered from memory and the next run rebuilds it."""
+    @property
+    def _aside(self) -> Path:
+        return self.path.with_name(self.path.name + ".new")
+
+    def _write_aside(self, lines: Iterable[dict[str, Any]]) -> None:
+        """The whole log beside it, written a batch at a time (never all of it in memory at once)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                iterator = iter(lines)
+                while batch := list(itertools.islice(iterator, WRITE_BATCH)):
+                    os.write(fd, jsonl(batch))
+            finally:
+                os.close(fd)
+        except OSError as error:
+            log.warning("digest_log_write_failed", reason=str(error)[:200])
+            self._aside.unlink(missing_ok=True)
+
+    def _swap_in(self, meanwhile: list[dict[str, Any]]) -> None:
+        """Under the lock: the log written aside, with the lines appended since, takes the log's
+        place. When it cannot, the lookups this run makes are answered from memory and the next
+        run rebuilds the log (the old one is removed: it may lack lines or hold moved ones)."""
+        try:
+            if meanwhile:
+                fd = os.open(self._aside, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+                try:
+                    os.write(fd, jsonl(meanwhile))
+                finally:
+                    os.close(fd)
+            if self._fd is not None:  # appends went to the file being replaced
+                os.close(self._fd)
+                self._fd = None
+            os.replace(self._aside, self.path)
+        except OSError as error:
+            log.warning("digest_log_write_failed", reason=str(error)[:200])
+            self._drop_file()
+
+    def _replace_whole(self, lines: list[dict[str, Any]]) -> None:
+        """A fresh log; when it cannot be written (a full disk), the next run rebuilds it."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             replace_file(self.path, jsonl(lines))
         except (KsiError, OSError) as error:
             log.warning("digest_log_write_failed", reason=str(error)[:200])
-
-
-def _apply(table: Table, of: dict[str, set[str]], line: dict[str, Any]) -> None:
-    """One log line: an exchange's digest, a conversation moved to another id, or one deleted."""
-    if "d" in line:
-        digest, conversation_id, n = line.get("d"), line.get("c"), line.get("n")
-        if isinstance(digest, str) and isinstance(conversation_id, str) and isinstance(n, int):
-            table.setdefault(digest, set()).add((conversation_id, n))
-            of.setdefault(conversation_id, set()).add(digest)
-    elif "move" in line:
-        old, new = str(line.get("move")), str(line.get("to"))
-        for digest in of.pop(old, set()):
-            held = table.get(digest, set())
-            for match in [m for m in held if m[0] == old]:
-                held.discard(match)
-                held.add((new, match[1]))
-            of.setdefault(new, set()).add(digest)
-    elif "drop" in line:
-        gone = str(line.get("drop"))
-        for digest in of.pop(gone, set()):
-            held = table.get(digest, set())
-            for match in [m for m in held if m[0] == gone]:
-                held.discard(match)
-            if not held:
-                table.pop(digest, None)

@@ -49,7 +49,7 @@ class ChatCompletions:
                                          headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"]})
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
-            raise renamed(error, CHAT_FIELDS) from None
+            raise renamed(error, CHAT_FIELDS, chat.positions) from None
         shaped = tool_shapes.with_tool_calls(shapes.chat_completion(result, created), result)
         headers = {CONVERSATION_HEADER: result["conversation_id"]}
         used = history_used(result)

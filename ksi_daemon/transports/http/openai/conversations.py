@@ -77,21 +77,11 @@ class Conversations:
     async def create(self, request: Request) -> Response:
         body: ConversationCreate = await self.door.body(request, ConversationCreate)
         made = items_document(body.items or [])
-        document, pending = made.document, made.pending
+        # one event: its exchanges, the items waiting for a reply and the metadata in one write
         imported = await call(self.door.handle_request, "conversation:import",
-                              {"data": document, "format": "json", "origin": "http"})
-        conversation_id = imported["conversation_id"]
-        try:
-            if pending:
-                await call(self.door.handle_request, "conversation:pend",
-                           {"conversation_id": conversation_id, "inputs": pending})
-            if body.metadata:
-                await call(self.door.handle_request, "conversation:update",
-                           {"conversation_id": conversation_id, "metadata": body.metadata})
-        except KsiError:  # the conversation is made whole or not at all
-            await call(self.door.handle_request, "conversation:delete", {"conversation_id": conversation_id})
-            raise
-        return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
+                              {"data": made.document, "format": "json", "origin": "http", "pending": made.pending,
+                               "metadata": body.metadata or None})
+        return JSONResponse(shapes.conversation_object(await self._summary(imported["conversation_id"])))
 
     async def retrieve(self, request: Request) -> Response:
         return JSONResponse(shapes.conversation_object(await self._summary(request.path_params["id"])))
@@ -130,18 +120,13 @@ class Conversations:
         conversation_id = request.path_params["id"]
         exchanges = [{"inputs": [line["content"] for line in exchange["inputs"]],
                       "reply": exchange["reply"]["content"]} for exchange in document["exchanges"]]
-        numbers: list[int] = []
-        if exchanges or made.reply_to_held is not None:
-            try:
-                appended = await call(self.door.handle_request, "conversation:append",
-                                      {"conversation_id": conversation_id, "exchanges": exchanges,
-                                       "reply_to_pending": made.reply_to_held})
-            except KsiError as error:
-                raise renamed(error, {"reply_to_pending": "items.0"}) from None
-            numbers = appended["exchanges"]
-        if pending:
-            await call(self.door.handle_request, "conversation:pend",
-                       {"conversation_id": conversation_id, "inputs": pending})
+        try:  # one event: the exchanges and the items waiting for a reply are added whole, or not at all
+            appended = await call(self.door.handle_request, "conversation:append",
+                                  {"conversation_id": conversation_id, "exchanges": exchanges,
+                                   "reply_to_pending": made.reply_to_held, "pending": pending})
+        except KsiError as error:
+            raise renamed(error, {"reply_to_pending": "items.0", "pending": "items"}) from None
+        numbers: list[int] = appended["exchanges"]
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
         added = [e for e in shown["exchanges"] if e.get("n") in numbers]
         items = shapes.conversation_items(conversation_id, added)

@@ -80,7 +80,7 @@ class Asked:
             return {"format": {"type": "json_object"}}
         spec = dict(fmt.get("json_schema") or {})
         return {"format": {"type": "json_schema", "name": spec.get("name"), "schema": spec.get("schema") or {},
-                           "description": spec.get("description"), "strict": spec.get("strict")}}
+                           "description": spec.get("description"), "strict": bool(spec.get("strict"))}}
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -38,7 +38,9 @@ from ksi_daemon.transports.http.openai.translate import (
     HISTORY_HEADER,
     RESPONSE_FIELDS,
     Door,
+    continued_response,
     history_used,
+    new_input_positions,
     renamed,
     response_payload,
 )
@@ -71,7 +73,17 @@ class Responses:
 
     async def create(self, request: Request) -> Response:
         body: ResponseCreate = await self.door.body(request, ResponseCreate)
-        payload = response_payload(body)
+        after = continued_response(body)
+        if after is not None:
+            try:
+                return await self._create(body, response_payload(body, after))
+            except KsiError as error:
+                if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
+                    raise
+                # an id of this door's form that names no stored response: the history is matched
+        return await self._create(body, response_payload(body))
+
+    async def _create(self, body: ResponseCreate, payload: dict[str, Any]) -> Response:
         asked = _asked(body, payload)
         created_at = int(time.time())
         try:
@@ -88,7 +100,7 @@ class Responses:
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
-            raise renamed(error, RESPONSE_FIELDS) from None
+            raise renamed(error, RESPONSE_FIELDS, new_input_positions(body)) from None
         shaped = response_object(
             result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],

@@ -3,7 +3,7 @@ and the source of the request schemas in /openapi.json. Nothing a client asks is
 is mapped onto completion:async (the sampling/format ones onto its `options`, see
 ksi_daemon/providers/options.py), or shapes only KSI's own answer and is honoured here (each says
 why it is not passed on), or is refused with `unsupported_parameter` naming it (hosted tools,
-n > 1, logprobs, image input, ...). A field this door does not declare goes to the provider by name, as
+n > 1, logprobs, file and audio parts, ...). A field this door does not declare goes to the provider by name, as
 the socket's `options` do; values an SDK sends by default (`tools: []`, `n: 1`) ask for nothing and
 pass."""
 
@@ -28,37 +28,111 @@ class InputText(Body):
     text: str
 
 
+class InputImagePart(Body):
+    """A Responses `input_image` part: an https URL or a data URL, given to completion:async as its
+    image part (`file_id`, a provider's file store, is refused there by name)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    def event_part(self) -> dict[str, Any]:
+        part: dict[str, Any] = {"type": "input_image"}
+        for key, value in (("image_url", self.image_url), ("file_id", self.file_id), ("detail", self.detail)):
+            if value is not None:
+                part[key] = value
+        return part
+
+
+class ImageUrl(Body):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ChatImagePart(Body):
+    """A Chat Completions `image_url` part, the same image in that API's nesting."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl | str
+
+    def event_part(self) -> dict[str, Any]:
+        image = self.image_url if isinstance(self.image_url, ImageUrl) else ImageUrl(url=self.image_url)
+        part: dict[str, Any] = {"type": "input_image", "image_url": image.url}
+        if image.detail is not None:
+            part["detail"] = image.detail
+        return part
+
+
+ImagePart = InputImagePart | ChatImagePart
+
+
 class MediaPart(Body):
-    """A content part KSI cannot store or send (an exchange holds text): refused by name, not as malformed."""
+    """A content part KSI does not send (a file or a sound): refused by name, not as malformed."""
 
-    type: Literal["input_image", "input_file", "input_audio", "image_url", "file", "image", "audio"]
-
-
-Part = InputText | MediaPart  # not discriminated: a text part may leave out its type
+    type: Literal["input_file", "input_audio", "file", "image", "audio"]
 
 
-def part_texts(content: str | list[InputText | MediaPart] | None, where: str) -> str:
-    """The text of a message's content; an image or file part is refused (unsupported_parameter)."""
+Part = InputText | InputImagePart | ChatImagePart | MediaPart  # not discriminated: a text part may leave out its type
+
+
+def _refused_part(part: ImagePart | MediaPart, where: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{where} is a {part.type} part: {why}",
+                    fields={f"{where}.type": why})
+
+
+def part_texts(content: str | list[Part] | None, where: str) -> str:
+    """The text of content that can only be text (a tool's output, a conversation item): an image,
+    file or sound part there is refused (unsupported_parameter)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     for position, part in enumerate(content):
-        if isinstance(part, MediaPart):
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"{where}.{position} is a {part.type} part: this version of KSI stores and sends "
-                           "text only",
-                           fields={f"{where}.{position}.type": "only text parts are supported"})
+        if not isinstance(part, InputText):
+            raise _refused_part(part, f"{where}.{position}", "only text parts are taken here")
     return "".join(part.text for part in content if isinstance(part, InputText))
+
+
+def message_content(content: str | list[Part] | None, where: str) -> str | list[dict[str, Any]]:
+    """A message's content as completion:async takes it: its text, or, when it holds images, its
+    parts in order (text parts as `input_text`, images as `input_image` with their URL); file and
+    sound parts are refused by name."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if all(isinstance(part, InputText) for part in content):
+        return "".join(part.text for part in content if isinstance(part, InputText))
+    parts: list[dict[str, Any]] = []
+    for position, part in enumerate(content):
+        if isinstance(part, InputText):
+            parts.append({"type": "input_text", "text": part.text})
+        elif isinstance(part, MediaPart):
+            raise _refused_part(part, f"{where}.{position}", "KSI sends text and image parts only")
+        else:
+            parts.append(part.event_part())
+    return parts
+
+
+def content_text(content: str | list[dict[str, Any]]) -> str:
+    """The text of content as message_content gives it (its text parts joined)."""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text") or "") for part in content if part.get("type") == "input_text")
 
 
 class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[Part]
+    id: str | None = None  # an output item's id names the response that made it (see translate.py)
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)
+
+    def event_content(self, where: str) -> str | list[dict[str, Any]]:
+        return message_content(self.content, where)
 
 
 class FunctionCallOutput(Body):
@@ -79,6 +153,7 @@ class ToolItem(Body):
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
+    id: str | None = None
 
 
 class ConversationRef(Body):
@@ -186,6 +261,9 @@ class ChatMessage(Body):
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)
+
+    def event_content(self, where: str) -> str | list[dict[str, Any]]:
+        return message_content(self.content, where)
 
 
 class StreamOptions(Body):

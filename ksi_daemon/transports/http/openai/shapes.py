@@ -3,6 +3,7 @@ conversation items (the Response object is response_object.py's). Pure functions
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -20,6 +21,17 @@ def _epoch(ts: Any, default: float | None = None) -> int:
         except ValueError:
             pass
     return int(default if default is not None else time.time())
+
+
+# an output item's id as this door gives it: msg_R (msg_R_N for a later message), fc_R_N, rs_R or
+# rs_R_N, where R is a KSI response id (a model slug, a dash and 12 hex digits: see ksi_common.ids)
+_OUTPUT_ITEM_ID = re.compile(r"(?:msg|fc|rs)_([A-Za-z0-9][A-Za-z0-9_-]*?-[0-9a-f]{12})(?:_[0-9]+)?")
+
+
+def output_item_response(item_id: str | None) -> str | None:
+    """The KSI response an output item's id names, when this door gave the id (else None)."""
+    match = _OUTPUT_ITEM_ID.fullmatch(item_id) if item_id else None
+    return match.group(1) if match else None
 
 
 def message_item(response_id: str, text: str, status: str = "completed") -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
-from ksi_daemon.transports.http.openai import shapes
+from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
     CreateBody,
@@ -103,7 +103,8 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolIt
     a reasoning item, kept by KSI with the response that made it and never matched)."""
     where = f"input.{position}"
     if isinstance(item, InputMessage):
-        return message(item.role if item.role != "developer" else "system", item.text(f"{where}.content"))
+        return as_history(message(item.role if item.role != "developer" else "system",
+                                  item.event_content(f"{where}.content")))
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
     if item.type == "function_call":
@@ -258,12 +259,20 @@ def request_echo(body: CreateBody) -> dict[str, Any]:
     fields = tool_fields(body)
     echo: dict[str, Any] = {}
     if fields.get("tools"):
-        echo["tools"] = fields["tools"]
+        echo["tools"] = [_echoed_tool(tool) for tool in fields["tools"]]
     if "tool_choice" in fields:
         echo["tool_choice"] = fields["tool_choice"]
     if "parallel_tool_calls" in fields:
         echo["parallel_tool_calls"] = bool(fields["parallel_tool_calls"])
     return echo
+
+
+def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as a Response object lists it: flat, every field of the form present (a
+    chat-form tool nests them under `function`)."""
+    spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    return {"type": "function", "name": spec.get("name"), "description": spec.get("description"),
+            "parameters": spec.get("parameters"), "strict": spec.get("strict")}
 
 
 Event = tuple[str, dict[str, Any]]
@@ -363,8 +372,8 @@ class ResponseItemEvents:
 def new_input(items: list[Item]) -> dict[str, Any]:
     """The new input as completion:async takes it: `messages` when it is only messages (as before
     tools), `input` items when it holds the outputs of calls."""
-    if any(item["type"] == "function_call_output" for item in items):
-        return {"input": items}
+    if any(item["type"] == "function_call_output" or not isinstance(item["content"], str) for item in items):
+        return {"input": items}  # a call's output, or a message holding images, is only taken as items
     return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}
 
 

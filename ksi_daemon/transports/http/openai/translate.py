@@ -14,8 +14,17 @@ from ksi_common.settings import Settings
 from ksi_daemon.providers.options import check_request_options
 from ksi_daemon.transports.http.door import RequestHandler, read_json
 from ksi_daemon.transports.http.openai import tool_shapes
+from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.response_object import ksi_id
-from ksi_daemon.transports.http.openai.schemas import Body, ChatCompletionCreate, InputMessage, ResponseCreate, parse
+from ksi_daemon.transports.http.openai.schemas import (
+    Body,
+    ChatCompletionCreate,
+    FunctionCallOutput,
+    InputMessage,
+    ResponseCreate,
+    parse,
+)
+from ksi_daemon.transports.http.openai.shapes import output_item_response
 
 AGENT_PREFIX = "agent/"
 HISTORY_HEADER = "X-KSI-History"  # client: the client's own history was sent; stored: KSI's rebuild
@@ -39,21 +48,35 @@ class Door:
         return parse(model, await read_json(request, self.settings.line_limit))
 
 
-def renamed(error: KsiError, names: dict[str, str]) -> KsiError:
+def renamed(error: KsiError, names: dict[str, str], positions: list[int] | None = None) -> KsiError:
     """`error` with the fields it names given in the client's terms (`prompt` -> `input`,
-    `options.response_format` -> `text.format`)."""
+    `options.response_format` -> `text.format`); `positions`: where each new input item stands in
+    the body (completion:async numbers `input` from the new input, after the client's history)."""
     fields = error.details.get("fields")
     if not isinstance(fields, dict):
         return error
     mapped = {}
+    message = error.message
     for key, value in fields.items():
         key = key.removeprefix("options.")  # the door's options are the body's own fields
         head, dot, rest = key.partition(".")
+        index, _, tail = rest.partition(".")
+        if head in ("input", "messages") and positions and index.isdigit() and int(index) < len(positions):
+            renumbered = f"{positions[int(index)]}" + (f".{tail}" if tail else "")
+            message = message.replace(key, f"{names.get(head, head)}.{renumbered}")
+            rest = renumbered
         mapped[names.get(head, head) + dot + rest] = value
-    message = error.message
     for old, new in names.items():
         message = message.replace(f"{old}:", f"{new}:")
     return KsiError(error.code, message, **{**error.details, "fields": mapped})
+
+
+def new_input_positions(body: ResponseCreate) -> list[int]:
+    """Where each new input item of a Responses body stands in its `input` (after the history)."""
+    if isinstance(body.input, str):
+        return [0]
+    last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+    return list(range(last_reply + 1, len(body.input)))
 
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
@@ -85,6 +108,12 @@ def _checked(options: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         raise renamed(error, names) from None
 
 
+def _not_empty(content: str | list[dict[str, Any]], where: str) -> None:
+    """New input says something: text that is not blank, or an image."""
+    if isinstance(content, str) and not content.strip() or isinstance(content, list) and not content:
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is empty", fields={where: "must not be empty"})
+
+
 def _refuse(field_name: str, why: str) -> KsiError:
     return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{field_name} is not supported: {why}",
                     fields={field_name: why})
@@ -110,8 +139,22 @@ def response_options(body: ResponseCreate) -> dict[str, Any]:
     return _checked(options, RESPONSE_FIELDS)
 
 
-def response_payload(body: ResponseCreate) -> dict[str, Any]:
-    """POST /v1/responses as completion:async data."""
+def continued_response(body: ResponseCreate) -> str | None:
+    """The KSI response a client-held history ends with, when its last output item carries the id
+    this door gave it (an SDK that keeps the items it was sent, ids and all, as the agents SDK
+    does across a handoff). Such an item stands for the stored one, as an item id does for OpenAI:
+    the request continues after that response and only what follows it is new."""
+    if isinstance(body.input, str) or body.previous_response_id is not None or body.conversation is not None:
+        return None
+    last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+    if last_reply < 0 or isinstance(body.input[last_reply], FunctionCallOutput):
+        return None
+    return output_item_response(body.input[last_reply].id)  # type: ignore[union-attr]
+
+
+def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str, Any]:
+    """POST /v1/responses as completion:async data; `after`: the response its history ends with
+    (see continued_response), whose conversation stands for the history."""
     payload: dict[str, Any] = {"origin": "http"}
     options = response_options(body)
     if isinstance(body.input, str):
@@ -124,6 +167,8 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
         messages: list[Item] = []
         for position, message in enumerate(body.input):
             if position <= last_reply:
+                if after is not None:
+                    continue  # the stored conversation up to `after` is this history
                 item = tool_shapes.history_item(position, message)
                 if item is not None:
                     history.append(item)
@@ -131,11 +176,9 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
             if not isinstance(message, InputMessage):
                 messages.append(tool_shapes.response_input_item(position, message))
                 continue
-            text = message.text(f"input.{position}.content")
-            if not text.strip():
-                raise KsiError(ErrorCode.VALIDATION_ERROR, f"input.{position}.content is empty",
-                               fields={f"input.{position}.content": "must not be empty"})
-            messages.append(message_item("user" if message.role == "user" else "system", text))
+            content = message.event_content(f"input.{position}.content")
+            _not_empty(content, f"input.{position}.content")
+            messages.append(message_item("user" if message.role == "user" else "system", content))
         if history:
             payload["history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
@@ -145,7 +188,7 @@ def response_payload(body: ResponseCreate) -> dict[str, Any]:
         payload.update(tool_shapes.new_input(messages))
     payload.update(tool_shapes.tool_fields(body))
     _model_fields(payload, body.model)
-    previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else None
+    previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
                        ("max_tokens", body.max_output_tokens), ("metadata", body.metadata),
@@ -165,12 +208,14 @@ class ChatInput:
     history: list[Item]  # every message up to the last assistant one, its tool calls as items
     new: list[Item]
     options: dict[str, Any]
+    positions: list[int]  # where each of `new` stands in the body's messages
 
 
 def split_chat(body: ChatCompletionCreate) -> ChatInput:
     system = None
     history: list[Item] = []
     pending: list[Item] = []
+    positions: list[int] = []
     calls = tool_shapes.ChatCalls()
     options = _extra_fields(body)  # seed, stop, response_format, n, ...: OpenAI's names are the options'
     if body.top_p is not None:
@@ -183,31 +228,33 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             raise _refuse(f"messages.{position}.{called}", "functions are called through tools and tool_calls")
         if message.role == "tool":
             pending.append(calls.answer(message, position))
+            positions.append(position)
             continue
         calls.check_answered(position)
-        text = message.text(f"messages.{position}.content")
         if message.role == "assistant":
+            text = message.text(f"messages.{position}.content")
             if not history and system is not None:
                 history.append(message_item("system", system))
             made = tool_shapes.chat_calls_as_items(message.tool_calls or [], f"messages.{position}.tool_calls")
-            history.extend(pending)
+            history.extend(as_history(item) for item in pending)
             history.extend([message_item("assistant", text)] if text or not made else [])
             history.extend(made)
             calls.called(made)
-            pending = []
+            pending, positions = [], []
             continue
         if message.role in ("system", "developer") and not history and not pending:
+            text = message.text(f"messages.{position}.content")
             system = text if system is None else f"{system}\n\n{text}"
             continue
-        if not text.strip():
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"messages.{position}.content is empty",
-                           fields={f"messages.{position}.content": "must not be empty"})
-        pending.append(message_item("user" if message.role == "user" else "system", text))
+        content = message.event_content(f"messages.{position}.content")
+        _not_empty(content, f"messages.{position}.content")
+        pending.append(message_item("user" if message.role == "user" else "system", content))
+        positions.append(position)
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR,
                        "the last messages must include a user message or tool results (the new input)",
                        fields={"messages": "no new user or tool message after the last assistant message"})
-    return ChatInput(system, history, pending, options)
+    return ChatInput(system, history, pending, options, positions)
 
 
 def chat_payload(body: ChatCompletionCreate, chat: ChatInput, conversation_id: str | None) -> dict[str, Any]:
