@@ -51,7 +51,10 @@ async def test_a_model_limit_and_the_pool_limit_hold_over_three_daemons(short_tm
         pooled = await turns_on(daemons, "openai/stub-model", 12, "any")
         assert all(isinstance(r, dict) for r in pooled), pooled
         assert stub.max_in_flight == 3  # the pool's limit, though each daemon may make 8 calls at once
-    assert len(stub.requests) == 9 + 12
+    # every turn reached the model (a daemon stalled past its heartbeat timeout on a loaded machine
+    # may see its turn taken over and run again: that is takeover's business, not the limits')
+    sent = {r["messages"][-1]["content"] for r in stub.requests}
+    assert sent == {f"two {i}" for i in range(9)} | {f"any {i}" for i in range(12)}
 
 
 async def test_a_model_rate_per_minute_holds_over_three_daemons(short_tmp: Path, pg_url: str, stub: Any) -> None:
