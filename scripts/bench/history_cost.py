@@ -246,6 +246,21 @@ class Preparer:
         return build_messages(system, history, user_messages, block), stats
 
 
+async def timed_blocks(preparer: Preparer, conversation_id: str, turn_input: list[dict[str, Any]],
+                       runs: int) -> list[list[float]]:
+    """Microseconds of `runs` preparations of the next turn, in 10 blocks (the lowest block median is
+    robust against bursts of other work on the machine)."""
+    blocks = []
+    for _ in range(10):
+        times = []
+        for _ in range(max(1, runs // 10)):
+            started = time.perf_counter_ns()
+            await preparer.prepare(conversation_id, turn_input)
+            times.append((time.perf_counter_ns() - started) / 1000)
+        blocks.append(times)
+    return blocks
+
+
 def naive_prepare(layout: VarLayout, conversation_id: str, new_input: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The seed notes' loader: the whole index, then every response file it lists, every turn."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
@@ -304,15 +319,8 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
     preparer = Preparer(layout, args.window, args.reserve)
     await preparer.prepare(conversation_id, turn_input)
     gc.collect()
-    blocks: list[list[float]] = []
     with ReadCounter() as counter:
-        for _ in range(10):
-            times = []
-            for _ in range(max(1, args.warm_runs // 10)):
-                started = time.perf_counter_ns()
-                await preparer.prepare(conversation_id, turn_input)
-                times.append((time.perf_counter_ns() - started) / 1000)
-            blocks.append(times)
+        blocks = await timed_blocks(preparer, conversation_id, turn_input, args.warm_runs)
     every = sorted(t for block in blocks for t in block)
     result["warm"] = {"us": min(statistics.median(block) for block in blocks),
                       "median_us": statistics.median(every), "p90_us": every[int(0.9 * (len(every) - 1))],
@@ -335,14 +343,7 @@ async def measure(layout: VarLayout, conversation_id: str, args: argparse.Namesp
         if attempt:
             compacted_cold.append({"ms": elapsed * 1000, "bytes": counter.bytes})
     await preparer.prepare(conversation_id, turn_input)
-    compacted_blocks: list[list[float]] = []  # in blocks, as warm above
-    for _ in range(10):
-        times = []
-        for _ in range(max(1, args.warm_runs // 10)):
-            started = time.perf_counter_ns()
-            await preparer.prepare(conversation_id, turn_input)
-            times.append((time.perf_counter_ns() - started) / 1000)
-        compacted_blocks.append(times)
+    compacted_blocks = await timed_blocks(preparer, conversation_id, turn_input, args.warm_runs)
     result["compacted"] = {"warm_us": min(statistics.median(block) for block in compacted_blocks),
                            "cold_ms": statistics.median(c["ms"] for c in compacted_cold),
                            "cold_bytes": compacted_cold[-1]["bytes"], "sent": compacted_stats}
