@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ksi_common.items import message
 from ksi_daemon.services.completion.salience import (
-    Items,
     check_candidate,
     exchange_items,
     fallback_text,
     salient_items,
     self_statements,
 )
+from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.memory import Exchange
 
 

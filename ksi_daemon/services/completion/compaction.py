@@ -34,13 +34,13 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.models import COMPLETION_RESULT
 from ksi_daemon.services.completion.salience import (
     EXCHANGE_TEXT_LIMIT,
-    Items,
     Verdict,
     check_candidate,
     exchange_items,
     fallback_text,
     text_items,
 )
+from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ksi_common.items import item_text
 from ksi_daemon.services.conversations.memory import Exchange
+from ksi_daemon.services.conversations.salient import Items
 
 EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange's texts a summariser is shown (and searched for items)
 ITEM_CHARS = 160  # one item is cut to this many characters
@@ -119,17 +120,6 @@ def self_statements(text: str) -> list[str]:
 def content_words(text: str) -> list[str]:
     words = [w.strip(".,;:!?\"'()").lower() for w in _WORD_RE.findall(text)]
     return [w for w in words if w and w not in _STOP and (len(w) > 2 or any(c.isdigit() for c in w))]
-
-
-@dataclass(slots=True)
-class Items:
-    """What a range of exchanges says that a summary of it must keep."""
-
-    user: list[str] = field(default_factory=list)  # the user's sentences about themselves
-    facts: list[str] = field(default_factory=list)  # names, numbers, ... of both sides
-
-    def all(self) -> list[str]:
-        return list(dict.fromkeys([*self.user, *self.facts]))
 
 
 def exchange_salience(exchange: Exchange) -> Items:

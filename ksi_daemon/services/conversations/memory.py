@@ -11,7 +11,7 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, call_ids_answered, input_items, item_text, output_items, output_text
@@ -20,9 +20,8 @@ from ksi_common.summaries import Summary
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
+from ksi_daemon.services.conversations.salient import Items
 
-if TYPE_CHECKING:
-    from ksi_daemon.services.completion.salience import Items
 
 
 @dataclass(slots=True)
