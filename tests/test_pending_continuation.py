@@ -7,6 +7,7 @@ On the socket, on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,33 @@ async def test_a_history_resent_after_a_restart_takes_the_pending_input_it_ends_
         assert await listed(client) == [session]
         assert await stored_inputs(daemon, session) == [[Q1], [Q2]]
     assert [m["content"] for m in stub.messages()].count(Q2) == 1
+
+
+async def test_input_added_after_a_restart_to_a_conversation_made_before_is_found_with_no_history(
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    settings = {**stub_settings(stub), **backend}
+    stub.enqueue(A1)
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        session = await waiting_conversation(client)
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        await client.request("conversation:pend", {"conversation_id": session, "inputs": [Q1]})
+        result = await complete(client, input=[user(Q1)], instructions=INSTRUCTIONS)
+        assert result["conversation_id"] == session
+        assert await listed(client) == [session]
+        assert await stored_inputs(daemon, session) == [[Q1]]
+
+
+async def test_two_requests_sent_at_once_with_the_waiting_input_continue_it_once(
+        stub_daemon: Daemon, stub: StubOpenAI) -> None:
+    stub.enqueue(A1, A1)
+    async with connected(stub_daemon) as client:
+        waiting = await waiting_conversation(client, Q1)
+        acks = await asyncio.gather(*(client.request("completion:async", {"input": [user(Q1)]}) for _ in range(2)))
+        results = [await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+                   for ack in acks]
+        assert sorted(r["conversation_id"] == waiting for r in results) == [False, True]
+        assert await stored_inputs(stub_daemon, waiting) == [[Q1]]
+        assert len(await listed(client)) == 2
 
 
 async def test_of_several_conversations_waiting_with_that_input_the_most_recently_active_is_continued(
