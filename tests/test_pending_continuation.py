@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
+from ksi_daemon.services.completion.handover import adopted_state, request_record
+from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.requests import RequestState
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index, stored_response
 from tests.stub_openai import StubOpenAI
@@ -196,3 +200,12 @@ async def test_a_reply_added_with_nothing_waiting_that_is_not_the_newest_reply_i
             assert refused.value.details["fields"] == {"reply_to_pending": "no pending input to reply to"}
             assert await client.request("conversation:show", {"conversation_id": conversation_id}) == before
             assert await stored_index(stub_daemon, conversation_id) == index_before
+
+
+def test_a_request_taking_pending_input_is_run_so_by_the_daemon_that_takes_it_over() -> None:
+    """The pool's record of a request carries that its input is its conversation's pending input."""
+    request = CompletionAsync.model_validate({"input": [user(Q1)]})
+    for takes in (True, False):
+        state = RequestState(request_id="req-1", conversation_id="conv-1", model="openai/stub-model",
+                             request=request, context=EventContext.root(), takes_pending=takes)
+        assert adopted_state(request_record(state)).takes_pending is takes

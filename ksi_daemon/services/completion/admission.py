@@ -137,7 +137,8 @@ class Admission:
         if data.history or self.client_history.may_take_pending(data):
             # one client-held history (or input some conversation holds pending) at a time, from
             # matching it to admitting its request: two identical ones sent at once must not both
-            # continue the same conversation in place (the second sees the first admitted there)
+            # continue the same conversation in place (the second sees the first admitted there:
+            # a history forks, input another conversation held pending starts a conversation of its own)
             async with self._history_admission:
                 # an agent's profile supplies the system prompt its client never sees, so never resends
                 agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
