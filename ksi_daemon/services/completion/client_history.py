@@ -206,7 +206,8 @@ class ClientHistory:
     def may_take_pending(self, data: CompletionAsync) -> bool:
         """Whether a request with no history, no conversation and no agent (which has a conversation
         of its own) names a conversation's pending input (one dict lookup)."""
-        if data.history or data.conversation_id or data.previous_response_id or data.agent_id:
+        if (data.history or data.conversation_id or data.previous_response_id or data.agent_id
+                or not len(self.cache.waiting)):  # no conversation waits: not even the key is computed
             return False
         return bool(self.cache.waiting.holding(waiting_key(None, data.input_items())))
 
