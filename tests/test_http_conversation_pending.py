@@ -159,6 +159,19 @@ async def test_an_assistant_item_answers_the_waiting_user_items_as_one_exchange(
         assert after["conversation"]["pending_input"] == []
         assert [([line["content"] for line in e["inputs"]], e["reply"]["content"]) for e in after["exchanges"]] == [
             (["My name is Ada"], "Hello Ada")]
+        # with nothing waiting, the newest exchange's reply added again is the one held: nothing written
+        raw = await api.conversations.items.with_raw_response.create(conversation.id, items=[
+            {"type": "message", "role": "assistant", "content": "Hello Ada"}])
+        again = conforming_conversation_items(raw.http_response.json())
+        assert [(item.id, item.role) for item in again.data] == [  # type: ignore[union-attr]
+            (item.id, "assistant") for item in added.data]  # type: ignore[union-attr]
+        assert await shown(http, conversation.id) == after
+        with pytest.raises(openai.BadRequestError) as another:
+            await api.conversations.items.create(conversation.id, items=[
+                {"type": "message", "role": "assistant", "content": "Hello Bob"}])
+        assert another.value.code == ErrorCode.VALIDATION_ERROR
+        assert isinstance(another.value.body, dict) and another.value.body["param"] == "items.0"
+        assert await shown(http, conversation.id) == after
         await api.responses.create(input="Who am I?", conversation=conversation.id)
         assert stub.messages() == [{"role": "user", "content": "My name is Ada"},
                                    {"role": "assistant", "content": "Hello Ada"},

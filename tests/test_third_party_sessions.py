@@ -113,12 +113,19 @@ async def test_an_sqlite_session_over_three_runs_is_one_conversation(
     await holds_every_turn(http_daemon, conversation["conversation_id"])
 
 
-async def test_an_openai_conversations_session_over_three_runs_keeps_every_turn_in_its_conversation(
+async def test_an_openai_conversations_session_over_three_runs_is_one_conversation(
         clients_python: Path, http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
     out = await run_sessions(clients_python, http_daemon, stub, "conversations")
     # the SDK adds each user item to its conversation, asks /v1/responses with the whole history
-    # and no conversation, then adds the answer: the session's conversation holds every turn
+    # and no conversation, then adds the answer: the response continues the conversation whose
+    # exchanges and pending input that history and input are, and the answer added is the one it
+    # stored, so the session's conversation is the only one, holding every turn once, in order
+    [conversation] = await conversations(http_daemon)
+    assert conversation["conversation_id"] == out["conversation"]
     await holds_every_turn(http_daemon, out["conversation"])
+    shown = await http_daemon.daemon.router.request("conversation:show", {"conversation_id": out["conversation"]},
+                                                    EventContext.root())
+    assert shown["conversation"]["pending_input"] == []
 
 
 async def test_a_handoff_is_one_conversation_holding_the_handoff_call_and_its_output(

@@ -81,6 +81,7 @@ class Admitted:
     model: str
     made_conversation: bool  # made for this request (discarded when it fails before storing anything)
     images: list[dict[str, Any]]  # the new input's images, stored, as parts
+    takes_pending: bool = False  # matched by its conversation's pending input: that is its new input
 
 
 # the completion service's bookkeeping of an admitted request: queued before the next is admitted
@@ -133,31 +134,32 @@ class Admission:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
-        if data.history:
-            # one client-held history at a time, from matching it to admitting its request: two
-            # identical ones sent at once must not both continue the same conversation in place
-            # (the second sees the first admitted there, and forks)
+        if data.history or self.client_history.may_take_pending(data):
+            # one client-held history (or input some conversation holds pending) at a time, from
+            # matching it to admitting its request: two identical ones sent at once must not both
+            # continue the same conversation in place (the second sees the first admitted there:
+            # a history forks, input another conversation held pending starts a conversation of its own)
             async with self._history_admission:
                 # an agent's profile supplies the system prompt its client never sees, so never resends
                 agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
-                data = await self.client_history.resolve(data, context, self.check_before_write, agent_system)
-                return await self._submit(data, context, from_agent, enqueue)
+                resolved = await self.client_history.resolve(data, context, self.check_before_write, agent_system)
+                return await self._submit(resolved.data, context, from_agent, enqueue, resolved.takes_pending)
         return await self._submit(data, context, from_agent, enqueue)
 
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
-                      enqueue: Enqueue) -> RequestState:
+                      enqueue: Enqueue, takes_pending: bool = False) -> RequestState:
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
         if key is None:
-            return await self._admit(data, context, from_agent, enqueue)
+            return await self._admit(data, context, from_agent, enqueue, takes_pending)
         admission = self._admitting.get(key)
         if admission is None:
             admission = self._admitting[key] = _Turn()
         admission.users += 1
         try:
             async with admission.lock:
-                return await self._admit(data, context, from_agent, enqueue)
+                return await self._admit(data, context, from_agent, enqueue, takes_pending)
         finally:
             admission.users -= 1
             if not admission.users:
@@ -184,7 +186,7 @@ class Admission:
         return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
-                     enqueue: Enqueue) -> RequestState:
+                     enqueue: Enqueue, takes_pending: bool = False) -> RequestState:
         self._check_capacity()  # refuse before any work is done or any conversation is written
         images: list[CheckedImage] = []
         if data.files:  # refused files fail the ack before any conversation is written
@@ -225,7 +227,8 @@ class Admission:
             # `enqueue` has registered the request (its first wait is for the pool's line)
         else:
             stored_images = []
-        admitted = Admitted(data, memory, model, made_conversation=conversation_id is None, images=stored_images)
+        admitted = Admitted(data, memory, model, made_conversation=conversation_id is None, images=stored_images,
+                            takes_pending=takes_pending)
         return await enqueue(admitted, context, from_agent)
 
     def _check_admissible(self, memory: ConversationMemory) -> None:

@@ -17,6 +17,12 @@ Several conversations holding the digest hold the same whole history (the chain 
 exchange before): open ones first, then the one where it is the newest exchange, then the most
 recently active. Only conversations stored for whom the request names are matched (see
 conversations.scope); those it makes keep that scope.
+
+A request without a conversation whose history and new input are a conversation's exchanges and
+its pending input (a client that added its user item to a conversation, then asked with the whole
+history and none named) continues that conversation, taking the pending messages as its new input;
+with no history, a conversation with no exchanges whose pending input is the request's input.
+Such conversations are found by `WaitingInputs` (see conversations.pending), not by reading others.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
+from ksi_daemon.services.conversations.pending import is_pending_input, waiting_key
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
@@ -174,6 +181,15 @@ class Match:
     n: int
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A request naming the conversation it runs in; `takes_pending`: matched by that conversation's
+    pending input, which is the request's new input (and is not added before it again)."""
+
+    data: CompletionAsync
+    takes_pending: bool = False
+
+
 class ClientHistory:
     """Resolves a request's client-held history to the conversation it continues."""
 
@@ -187,56 +203,70 @@ class ClientHistory:
         self.is_open = is_open  # active, not expired, not full
         self.max_depth = max_depth
 
+    def may_take_pending(self, data: CompletionAsync) -> bool:
+        """Whether a request with no history, no conversation and no agent (which has a conversation
+        of its own) names a conversation's pending input (one dict lookup)."""
+        if (data.history or data.conversation_id or data.previous_response_id or data.agent_id
+                or not len(self.cache.waiting)):  # no conversation waits: not even the key is computed
+            return False
+        return bool(self.cache.waiting.holding(waiting_key(None, data.input_items())))
+
     async def resolve(self, data: CompletionAsync, context: EventContext,
                       before_write: Callable[[CompletionAsync], Awaitable[None]],
-                      default_system: str | None = None) -> CompletionAsync:
+                      default_system: str | None = None) -> Resolved:
         """`data` naming the conversation its history belongs to (made when needed); its history
         stays, for the provider to be sent when it fits. `before_write` refuses the request before
         a conversation is written for it; `default_system` is the system prompt of a history that
         names none (an agent's profile's)."""
-        assert data.history is not None
-        turns = split_history(data.history, data.instructions)
+        turns = split_history(data.history or [], data.instructions)
         if turns.system is None and data.system is None and default_system is not None:
             turns.system = default_system
             turns.systems = [default_system if system is None else system for system in turns.systems]
-        if not turns.exchanges:
-            return data
         chain = turns.chain()
         scope = request_scope(data.agent_id, data.options)
+        if data.conversation_id is None and data.previous_response_id is None:
+            waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope)
+            if waiting is not None:
+                return Resolved(data.model_copy(update={"conversation_id": waiting.conversation_id}), True)
+        if not turns.exchanges:
+            return Resolved(data)
         if data.previous_response_id is not None:
             found = await locate(self.cache, self.responses, data.previous_response_id,
                                  ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
             if found.memory is not None and found.n is not None:
                 await self._check_same(found.memory, found.n, chain)
-            return data  # continued after that response, as without a history
+            return Resolved(data)  # continued after that response, as without a history
         if data.conversation_id is not None:
             memory = await self.cache.get(data.conversation_id)
             if memory is not None:
                 await self._check_same(memory, memory.total, chain)
-                return data
+                return Resolved(data)
             if not data.create:
-                return data  # conversation_not_found, as without a history
+                return Resolved(data)  # conversation_not_found, as without a history
             await before_write(data)
             await self._import(turns, context, data, scope, new_id=data.conversation_id)
-            return data
+            return Resolved(data)
         newest = await self._best(await self._matches(chain[-1], len(chain), scope))
         if newest is not None and self.is_open(newest.memory):
             if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
-                return data.model_copy(update={"conversation_id": newest.memory.conversation_id})
+                # its pending input may be this input (added before the daemon started, so not in
+                # `waiting`): taken, not added again
+                takes = is_pending_input(newest.memory.meta, data.input_items())
+                return Resolved(data.model_copy(update={"conversation_id": newest.memory.conversation_id}), takes)
             await before_write(data)
             fork = await self._fork(newest, chain[newest.n - 1], context, data)
-            return data.model_copy(update={"conversation_id": fork})
+            return Resolved(data.model_copy(update={"conversation_id": fork}))
         await before_write(data)
         if newest is not None:  # only in a conversation that cannot continue
             imported = await self._import(turns, context, data, scope, linked=newest)
-            return data.model_copy(update={"conversation_id": imported})
+            return Resolved(data.model_copy(update={"conversation_id": imported}))
         shared = await self._longest_prefix(chain, scope)
         if shared is None or not self.is_open(shared.memory) or not turns.text_only():
             imported = await self._import(turns, context, data, scope, linked=shared)
-            return data.model_copy(update={"conversation_id": imported})
+            return Resolved(data.model_copy(update={"conversation_id": imported}))
         fork = await self._fork(shared, chain[shared.n - 1], context, data)
         await self._append(fork, turns.exchanges[shared.n:], context)
-        return data.model_copy(update={"conversation_id": fork})
+        return Resolved(data.model_copy(update={"conversation_id": fork}))
 
     # -- matching ------------------------------------------------------------------
     async def _matches(self, digest: str, n: int, scope: Scope) -> list[Match]:
@@ -255,6 +285,22 @@ class ClientHistory:
                 continue
             found.append(Match(memory, candidate.n))
         return found
+
+    async def _waiting(self, after: str | None, n: int, data: CompletionAsync, scope: Scope
+                       ) -> ConversationMemory | None:
+        """The conversation of `scope` whose `n` exchanges end in digest `after` and whose pending
+        input is the request's new input, free to continue in place; the most recently active of
+        several. Each candidate is checked as loaded (the map is derived from what was written)."""
+        inputs = data.input_items()
+        found = []
+        for conversation_id in self.cache.waiting.holding(waiting_key(after, inputs)):
+            memory = await self.cache.get(conversation_id)
+            if (memory is None or memory.retired or memory.total != n or memory.newest_digest != after
+                    or stored_scope(memory.meta) != scope or not self.is_open(memory)
+                    or self.count_live(conversation_id) or not is_pending_input(memory.meta, inputs)):
+                continue
+            found.append(memory)
+        return max(found, key=lambda m: parse_ts(m.meta.last_activity), default=None)
 
     async def _best(self, matches: list[Match]) -> Match | None:
         if not matches:

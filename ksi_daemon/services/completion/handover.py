@@ -19,6 +19,8 @@ def request_record(state: RequestState) -> dict[str, Any]:
         "agent_id": state.agent_id, "from_agent": state.from_agent, "response_id": state.response_id,
         "created": state.created, "request": state.request.model_dump(mode="json", exclude_defaults=True),
         "context": {**state.context.to_wire(), "depth": state.context.depth, "chain_id": state.context.chain_id},
+        # its input is its conversation's pending input: another daemon must not add that before it again
+        **({"takes_pending": True} if state.takes_pending else {}),
     }
 
 
@@ -32,5 +34,5 @@ def adopted_state(record: dict[str, Any]) -> RequestState:
         request_id=record["request_id"], conversation_id=record["conversation_id"], model=record["model"],
         request=CompletionAsync.model_validate(record["request"]), context=context, agent_id=record.get("agent_id"),
         from_agent=record.get("from_agent"), created=record.get("created") or utc_now(),
-        response_id=record.get("response_id"),
+        response_id=record.get("response_id"), takes_pending=bool(record.get("takes_pending")),
     )

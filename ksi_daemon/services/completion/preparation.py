@@ -123,7 +123,8 @@ class TurnPreparation:
         await self.facts.ready(state.model)
         memory = await self.cache.require(state.conversation_id)
         check_open(memory, self.clock())
-        inputs = with_pending(memory.meta, records.input_lines(state))  # messages added without a reply
+        # messages added without a reply (or taken as the input, when they are what it sends)
+        inputs = with_pending(memory.meta, records.input_lines(state), state.takes_pending)
         new_system = next((line["content"] for line in inputs if line["type"] == "system"), None)
         system = new_system if new_system is not None else memory.meta.system
         # instructions are this request's own system prompt; the conversation keeps its own

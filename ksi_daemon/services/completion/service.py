@@ -249,7 +249,7 @@ class CompletionService:
             request=data, context=context, agent_id=data.agent_id or context.agent_id, from_agent=from_agent,
             # known from the ack on, so a client can name the response before it exists (a stream's first event)
             response_id=new_response_id(model), made_conversation=admitted.made_conversation,
-            images=admitted.images,
+            images=admitted.images, takes_pending=admitted.takes_pending,
         )
         state.job = Job(key=memory.conversation_id, model=model, run=lambda: self._run(state),
                         on_cancel_queued=lambda: self._cancelled_in_queue(state), ticket=state.request_id,

@@ -18,6 +18,7 @@ from ksi_common.items import Item, call_ids_answered, input_items, item_text, ou
 from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
 from ksi_daemon.providers.tool_calls import input_messages, output_message
+from ksi_daemon.services.conversations.pending import WaitingInputs
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
 from ksi_daemon.services.conversations.salient import Items
@@ -145,6 +146,12 @@ class ConversationMemory:
         return self.first_loaded <= self.base + 1
 
     @property
+    def newest_digest(self) -> str | None:
+        """The chained digest of the newest exchange when its entry is loaded (None: none known)."""
+        entry = self.entry(self.total) if self.total else None
+        return entry.digest if entry is not None else None
+
+    @property
     def unloaded(self) -> int:
         return max(0, self.first_loaded - 1 - self.base)
 
@@ -227,6 +234,8 @@ class ConversationCache:
         self.capacity = capacity
         self.count_tokens = count_tokens
         self._items: OrderedDict[str, ConversationMemory] = OrderedDict()
+        # conversations with pending input, by what a request taking it would send (see pending.py)
+        self.waiting = WaitingInputs()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -259,6 +268,7 @@ class ConversationCache:
                 entries, total = await self._read_tail(conversation_id, budget)
                 memory.set_entries(entries, total)
                 memory.tail_budget = budget
+                self.noted(memory)
         else:
             self._items.move_to_end(conversation_id)
             if self.store.shared:
@@ -278,7 +288,7 @@ class ConversationCache:
         memory = ConversationMemory(stored.meta)
         memory.set_entries(await self._counted(stored.entries), stored.head)
         memory.tail_budget = budget
-        return memory
+        return self.noted(memory)
 
     async def widen(self, memory: ConversationMemory, budget: int) -> ConversationMemory:
         """`memory` with at least `budget` tokens of history loaded when it has them, without asking
@@ -308,7 +318,7 @@ class ConversationCache:
         entries, total = await self._read_tail(memory.conversation_id, max(budget, memory.tail_budget))
         memory.set_entries(entries, total)
         memory.tail_budget = max(budget, memory.tail_budget)
-        return self._keep(memory)
+        return self._keep(self.noted(memory))
 
     async def require(self, conversation_id: str, budget: int = 0) -> ConversationMemory:
         memory = await self.get(conversation_id, budget)
@@ -388,7 +398,13 @@ class ConversationCache:
         memory = ConversationMemory(meta)
         memory.set_entries([], 0)
         memory.summaries = []  # a new conversation has none (a reset or delete took the old id's along)
-        return self._keep(memory)
+        return self._keep(self.noted(memory))
+
+    def noted(self, memory: ConversationMemory) -> ConversationMemory:
+        """`memory` as `waiting` should know it (its pending input, after its newest exchange)."""
+        self.waiting.note(memory.conversation_id, memory.newest_digest, memory.total, memory.meta)
+        return memory
 
     def forget(self, conversation_id: str) -> None:
         self._items.pop(conversation_id, None)
+        self.waiting.drop(conversation_id)

@@ -2,12 +2,23 @@
 Conversations API adds the user's item before it asks for a response). They are kept in the
 conversation's metadata, so they survive a restart on every backend, and the next request on the
 conversation takes them as its first input; the exchange that answers them clears them, in the
-same write as its index line."""
+same write as its index line.
+
+A client that keeps its session in a conversation (openai-agents' `OpenAIConversationsSession`)
+adds its user item there, then asks for a response with its whole history and no conversation:
+such a request, whose history and new input are a conversation's exchanges and pending input,
+continues that conversation and takes the pending messages as its new input. `WaitingInputs`
+finds those conversations by a key of what such a request would send, without reading any other.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+import orjson
+
+from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon.services.conversations.response_lines import message_line
@@ -35,12 +46,80 @@ def pended(conversation_id: str, extra: dict[str, Any], texts: list[str], now: s
     return {**extra, PENDING_KEY: [*pending, *added]}, added
 
 
-def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _canonical(inputs: list[items.Item]) -> list[items.Item]:
+    return [c for c in map(items.canonical_item, inputs) if c is not None]
+
+
+def waiting_key(after: str | None, inputs: list[items.Item]) -> str:
+    """The key of new input `inputs` sent after the exchange whose chained digest is `after` (None:
+    before the first), in the canonical form digests use (a system message is not part of it)."""
+    body = ["pending", after or "", _canonical(inputs)]
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def pending_items(meta: ConversationMeta) -> list[items.Item]:
+    return [items.message("user", item["content"]) for item in pending_of(meta)]
+
+
+def is_pending_input(meta: ConversationMeta, inputs: list[items.Item]) -> bool:
+    """Whether `inputs` are the conversation's pending messages (canonically, in order)."""
+    pending = pending_items(meta)
+    return bool(pending) and _canonical(pending) == _canonical(inputs)
+
+
+class WaitingInputs:
+    """Conversations holding pending input, by `waiting_key` of their newest exchange's digest and
+    that input: a request matching one is found with a dict lookup. Kept in memory, from the
+    conversations loaded or written since the daemon started (pending input written before is
+    found only once its conversation is loaded again)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, set[str]] = {}
+        self._key_of: dict[str, str] = {}
+
+    def note(self, conversation_id: str, newest_digest: str | None, total: int, meta: ConversationMeta) -> None:
+        """The conversation as it is now: `total` exchanges, the newest of digest `newest_digest`
+        (None when it has none known), and `meta`'s pending input."""
+        self.drop(conversation_id)
+        pending = pending_items(meta)
+        if not pending or (total and newest_digest is None):
+            return
+        key = waiting_key(newest_digest, pending)
+        self._by_key.setdefault(key, set()).add(conversation_id)
+        self._key_of[conversation_id] = key
+
+    def drop(self, conversation_id: str) -> None:
+        key = self._key_of.pop(conversation_id, None)
+        if key is None:
+            return
+        held = self._by_key.get(key)
+        if held is not None:
+            held.discard(conversation_id)
+            if not held:
+                del self._by_key[key]
+
+    def holding(self, key: str) -> list[str]:
+        return sorted(self._by_key.get(key, ()))
+
+    def __len__(self) -> int:
+        return len(self._key_of)
+
+
+def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pending: bool = False
+                 ) -> list[dict[str, Any]]:
     """A request's input lines with the conversation's pending messages before its own user input
-    (after a system line it sets), each line naming the pending message it came from."""
+    (after a system line it sets), each line naming the pending message it came from. With
+    `takes_pending` (the request was matched to the conversation by its pending input) a request
+    whose input still is that pending input takes it as its own: its lines name the pending
+    messages, which are not added a second time."""
     pending = pending_of(meta)
     if not pending:
         return inputs
+    own = [line for line in inputs if line.get("type") != "system"]
+    if takes_pending and len(own) == len(pending) and is_pending_input(meta, items.input_items(own)):
+        taken = iter(pending)
+        return [line if line.get("type") == "system" else {**line, "pending_id": next(taken)["id"]}
+                for line in inputs]
     at = next((i for i, line in enumerate(inputs) if line.get("type") != "system"), len(inputs))
     model = next((line for line in inputs if line.get("type") != "system"), inputs[0] if inputs else {})
     shared = {key: model[key] for key in ("request_id", "conversation_id", "agent_id") if key in model}

@@ -20,7 +20,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.items import item_text, message
+from ksi_common.items import canonical_text, item_text, message
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -472,11 +472,15 @@ class ConversationService:
             appended: list[NewExchange] = []
             held = pending_of(memory.meta)
             exchanges = list(data.exchanges)
-            if data.reply_to_pending is not None:
-                if not held:
+            already_held: IndexEntry | None = None  # the newest exchange, when it is the reply given
+            if data.reply_to_pending is not None and not held:
+                already_held = await self._newest_replying(memory, data.reply_to_pending)
+                if already_held is None:
                     raise KsiError(ErrorCode.VALIDATION_ERROR,
-                                   f"conversation {data.conversation_id} holds no user input waiting for a reply",
+                                   f"conversation {data.conversation_id} holds no user input waiting for a reply, "
+                                   "and its newest exchange's reply is not this one",
                                    fields={"reply_to_pending": "no pending input to reply to"})
+            elif data.reply_to_pending is not None:
                 exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
                                                      reply=data.reply_to_pending))
             for exchange in exchanges:
@@ -500,7 +504,7 @@ class ConversationService:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
                     changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
-                if data.reply_to_pending is not None:  # answered: no longer waiting, in the same write
+                if data.reply_to_pending is not None and already_held is None:  # answered, in the same write
                     changes["extra"] = {k: v for k, v in meta.extra.items() if k != PENDING_KEY}
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
                     changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
@@ -509,12 +513,29 @@ class ConversationService:
 
             if appended:
                 await self.writer.commit(memory, appended, memory.meta.system, meta_after)
-            else:
+            elif already_held is None or data.pending:
                 await self.writer.save_meta(memory, meta_after(memory.meta, []))
-        self._changed(memory.conversation_id, "updated", context)
+        if appended or already_held is None or data.pending:
+            self._changed(memory.conversation_id, "updated", context)
+        held_entries = [already_held] if already_held is not None else []
         return {"conversation_id": memory.conversation_id,
-                "response_ids": [x.entry.response_id for x in appended],
-                "exchanges": [x.entry.n for x in appended]}
+                "response_ids": [e.response_id for e in held_entries] + [x.entry.response_id for x in appended],
+                "exchanges": [e.n for e in held_entries] + [x.entry.n for x in appended]}
+
+    async def _newest_replying(self, memory: ConversationMemory, reply: str) -> IndexEntry | None:
+        """The newest exchange when its reply is `reply` (as digests compare text): a client that
+        adds the answer it got from a response this conversation already holds (the response was
+        matched to the conversation by its pending input) repeats what is stored."""
+        if memory.total <= memory.base:
+            return None
+        entry = memory.entry(memory.total)
+        if entry is None:
+            await self.cache.load_newest(memory)
+            entry = memory.entry(memory.total)
+        if entry is None:
+            return None
+        [exchange] = await self.cache.texts(memory, [entry])
+        return entry if canonical_text(exchange.reply) == canonical_text(reply) else None
 
     async def handle_pend(self, data: ConversationPend, context: EventContext) -> dict[str, Any]:
         """User messages a client added without a reply (the Conversations API's items): kept in the

@@ -101,11 +101,14 @@ class ConversationWriter:
                                   exchanges: list[tuple[IndexEntry, list[dict[str, Any]]]]) -> None:
         """A new conversation whole, from exchanges made elsewhere (exclusive, like `create`)."""
         await self._store.import_conversation(meta, exchanges)
+        newest = exchanges[-1][0].digest if exchanges else None
+        self.cache.waiting.note(meta.conversation_id, newest, len(exchanges), meta)
 
     # -- changes (the caller holds the conversation's lock) --------------------------
     async def save_meta(self, memory: ConversationMemory, meta: ConversationMeta) -> None:
         await self._store.save_meta(meta)
         memory.meta = meta
+        self.cache.noted(memory)
 
     async def commit(self, memory: ConversationMemory, new: list[NewExchange], system: str | None,
                      meta_after: MetaAfter) -> ConversationMeta:
@@ -136,6 +139,7 @@ class ConversationWriter:
             except ExchangeConflict:
                 await self.cache.reload(memory)
                 continue
+            self.cache.noted(memory)
             return memory.meta
 
     async def add_summary(self, summary: Summary) -> None:
@@ -167,6 +171,7 @@ class ConversationWriter:
         so a background writer holding it writes nothing more. Returns what was removed."""
         removed = await self._store.delete(memory.conversation_id)
         memory.retired = True
+        self.cache.waiting.drop(memory.conversation_id)
         return removed
 
     async def delete_stored(self, conversation_id: str) -> list[str]:
