@@ -202,7 +202,7 @@ class CompletionService:
         self.limits = limits or ConcurrencyLimits(settings.max_concurrency,
                                                   lambda m: settings.model_settings(m).max_concurrency)
         self.scheduler = Scheduler(self.limits, takes_slot=lambda model: self._answerer(model) is self.provider,
-                                   leases=leases)
+                                   leases=leases, offers=self.elsewhere.requests)
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay)
         self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         self._overload_logged_at = -1.0e9
