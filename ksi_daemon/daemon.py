@@ -142,7 +142,7 @@ class Daemon:
                                         steady_for=self.pool.steady_for)
         # turns other daemons at their limits offered are run here while this daemon has room
         self.stealing = WorkStealing(settings, self.storage.requests, self.completion,
-                                     shared=self.storage.daemons.shared)
+                                     shared=self.storage.daemons.shared, others_alive=self.pool.others_alive)
         self.system = SystemService(
             self.router,
             request_shutdown=self.request_shutdown,

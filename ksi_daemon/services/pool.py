@@ -106,6 +106,10 @@ class PoolService:
             self._recovered_at = self.clock()
         self._members, self._read_at, self._error, self._shown = members, self.clock(), None, None
 
+    def others_alive(self) -> bool:
+        """Whether another daemon of the pool was alive at the last heartbeat."""
+        return any(m.daemon_id != self.me.daemon_id and not m.stale for m in self._members)
+
     def steady_for(self) -> float:
         """Seconds since this daemon's heartbeat last came back after failing (inf: it never failed):
         while the database was away, every daemon's heartbeat failed alike."""

@@ -8,13 +8,15 @@ each) and runs it as a request taken over: the same ids, its place in its conver
 kept, its result reaching clients waiting on the daemon that accepted it. It looks again when one
 of its own calls ends, while offers were heard since it last found none, and every few heartbeat
 intervals in case a notification was missed (the database restarted). With one daemon (JSONL)
-nothing is offered and nothing runs here.
+nothing is offered and nothing runs here; on a shared database nothing is offered while no other
+daemon is alive (each offer costs two round trips).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
@@ -31,12 +33,13 @@ UNHEARD_LOOK = 5  # heartbeat intervals between two looks when no offer was hear
 
 class WorkStealing:
     def __init__(self, settings: Settings, requests: PoolRequests, completion: CompletionService,
-                 shared: bool) -> None:
+                 shared: bool, others_alive: Callable[[], bool]) -> None:
         self.requests = requests
         self.completion = completion
         self.scheduler = completion.scheduler
         self.interval = settings.heartbeat_interval
         self.shared = shared  # only daemons sharing a backend have work to share
+        self.others_alive = others_alive  # as the last heartbeat read the pool
         self._wake = asyncio.Event()
         self._offers_heard = False  # since the last look found nothing
         self._task: asyncio.Task[None] | None = None
@@ -49,6 +52,7 @@ class WorkStealing:
             return
         self.requests.watch(self._heard)
         self.scheduler.when_room(self._room_freed)
+        self.scheduler.offer_when(self.others_alive)
         self._task = asyncio.get_running_loop().create_task(self._stealing())
 
     async def stop(self, timeout: float) -> None:

@@ -53,6 +53,7 @@ class Scheduler:
         self._offers: PoolRequests = offers or OneDaemonRequests()
         self._offered: dict[str, Job] = {}  # ticket -> a job offered to the pool while it waits for a slot
         self._on_room: Callable[[], None] = lambda: None
+        self._anyone_to_take: Callable[[], bool] = lambda: True  # another live daemon could claim an offer
         self._coming: set[str] = set()  # tickets of jobs claimed for this daemon, not yet asking for a slot
         self._wanting = 0  # jobs holding their lease, waiting for a slot here
         self._leaving: set[asyncio.Task[None]] = set()
@@ -111,6 +112,10 @@ class Scheduler:
     def when_room(self, call: Callable[[], None]) -> None:
         """Call `call` whenever a job here gives its slot back."""
         self._on_room = call
+
+    def offer_when(self, anyone_to_take: Callable[[], bool]) -> None:
+        """Offer waiting jobs only while `anyone_to_take()`: alone, an offer costs two round trips for nothing."""
+        self._anyone_to_take = anyone_to_take
 
     def claimed(self, ticket: str) -> None:
         """Another daemon claimed the job offered under `ticket`: it stops waiting for a slot here."""
@@ -206,7 +211,7 @@ class Scheduler:
             self._wanting += 1
             offered = False
             try:
-                offered = (offerable and not self._limits.has_room(job.model)
+                offered = (offerable and not self._limits.has_room(job.model) and self._anyone_to_take()
                            and await self._offers.offer(job.ticket))
                 if not offered:
                     await stack.enter_async_context(self._limits.slot(job.model))
