@@ -12,7 +12,7 @@ from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 
-COLUMNS = ["daemon_id", "host", "pid", "version", "started", "heartbeat", "in_flight", "queued", "state"]
+COLUMNS = ["daemon_id", "host", "pid", "version", "started", "heartbeat", "in_flight", "queued", "leases", "state"]
 
 
 def rows(reply: dict[str, Any]) -> list[dict[str, Any]]:
@@ -27,7 +27,7 @@ def rows(reply: dict[str, Any]) -> list[dict[str, Any]]:
 @click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def cluster(as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
-    """List the daemons serving this storage: host, pid, load, last heartbeat, alive or stale."""
+    """List the daemons serving this storage: host, pid, load, leases held, last heartbeat, alive or stale."""
     location = locate(var_dir, socket_path)
     try:
         reply = oneshot.request(location.socket, "system:cluster", {}, timeout=10.0)

@@ -46,6 +46,7 @@ from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.services.resilience import CircuitBreaker
 from ksi_daemon.services.takeover import TakeoverService
+from ksi_daemon.services.stealing import WorkStealing
 from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
@@ -138,10 +139,15 @@ class Daemon:
         self.monitor = MonitorService(self.router)
         scheduler = self.completion.scheduler
         self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
-                                load=lambda: (scheduler.running, scheduler.queued - scheduler.running))
+                                load=lambda: (scheduler.running, scheduler.queued - scheduler.running,
+                                              self.storage.leases.held()))
         # the requests of a daemon of the pool that died are run here (or found done)
         self.takeover = TakeoverService(settings, self.storage.requests, self.completion,
-                                        shared=self.storage.daemons.shared, own_silence=self.pool.silent_for)
+                                        shared=self.storage.daemons.shared, own_silence=self.pool.silent_for,
+                                        steady_for=self.pool.steady_for)
+        # turns other daemons at their limits offered are run here while this daemon has room
+        self.stealing = WorkStealing(settings, self.storage.requests, self.completion,
+                                     shared=self.storage.daemons.shared, others_alive=self.pool.others_alive)
         self.system = SystemService(
             self.router,
             request_shutdown=self.request_shutdown,
@@ -162,7 +168,7 @@ class Daemon:
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations, self.pool, self.takeover]
+                                     self.conversations, self.pool, self.takeover, self.stealing]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -264,7 +270,8 @@ class Daemon:
         requests = RequestRegistry(settings.finished_requests_kept)
         # one limits object with the consortium: its member calls count against the same limits;
         # a job answered by an answerer (a consortium run) takes no slot itself, its calls do
-        scheduler = Scheduler(self.limits, takes_slot=answerers.takes_slot, leases=self.storage.leases)
+        scheduler = Scheduler(self.limits, takes_slot=answerers.takes_slot, leases=self.storage.leases,
+                              offers=self.storage.requests)
         calibration = Calibration(self.storage.calibration, enabled=settings.calibration)
         budget = HistoryBudget(settings, self.litellm, calibration)
         compactor = Compactor(settings, self.router, self.cache, self.writer, self.provider,

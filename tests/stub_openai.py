@@ -67,6 +67,10 @@ class StubOpenAI:
         self.script: deque[Reply] = deque()
         self.in_flight = 0
         self.max_in_flight = 0
+        # calls that came through /via/<name>/v1 (one api_base per daemon): who sent each, and at once
+        self.via: list[str | None] = []
+        self.in_flight_via: dict[str, int] = {}
+        self.max_in_flight_via: dict[str, int] = {}
         self.hold = 0.0  # every answer waits this long (to observe concurrency)
         # a tokenizer of the stub's own (default: words) and a context window it enforces
         self.prompt_tokens: Callable[[list[dict[str, Any]]], int] = word_count
@@ -84,6 +88,10 @@ class StubOpenAI:
     def api_base(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def api_base_via(self, name: str) -> str:
+        """An api_base whose calls the stub counts under `name` (one per daemon)."""
+        return f"http://127.0.0.1:{self.port}/via/{name}/v1"
+
     def enqueue(self, *replies: Reply | str) -> None:
         for reply in replies:
             self.script.append(Reply(text=reply) if isinstance(reply, str) else reply)
@@ -95,6 +103,7 @@ class StubOpenAI:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/via/{via}/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/api/chat", self._ollama_chat)
         app.router.add_post("/api/show", self._ollama_show)
@@ -121,6 +130,11 @@ class StubOpenAI:
         self.headers.append(dict(request.headers))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        via = request.match_info.get("via")
+        self.via.append(via)
+        if via is not None:
+            self.in_flight_via[via] = self.in_flight_via.get(via, 0) + 1
+            self.max_in_flight_via[via] = max(self.max_in_flight_via.get(via, 0), self.in_flight_via[via])
         try:
             model = str(body.get("model"))
             own = self.model_script.get(model)
@@ -156,6 +170,8 @@ class StubOpenAI:
             return web.json_response(self._completion(body, text, counted, reply))
         finally:
             self.in_flight -= 1
+            if via is not None:
+                self.in_flight_via[via] -= 1
 
     async def _raw(self, request: web.Request, reply: Reply) -> web.StreamResponse:
         payload = reply.body if reply.body is not None else json.dumps(

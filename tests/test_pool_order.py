@@ -23,10 +23,14 @@ POOL = {"KSI_HEARTBEAT_INTERVAL": "0.25", "KSI_HEARTBEAT_TIMEOUT": "3", "KSI_SUM
 
 
 @asynccontextmanager
-async def daemon_processes(root: Path, url: str, stub: Any, names: str = "abc",
+async def daemon_processes(root: Path, url: str, stub: Any, names: str = "abc", via: bool = False,
                            **extra: str) -> AsyncIterator[list[DaemonProcess]]:
-    env = daemon_env(stub.api_base, KSI_STORAGE="postgres", KSI_DATABASE_URL=url, **{**POOL, **extra})
-    processes = [DaemonProcess(root / name, env) for name in names]
+    """Daemons named by the letters of `names`; `via`: each calls the stub through its own api_base,
+    so the stub counts each one's calls apart."""
+    processes = [DaemonProcess(root / name, daemon_env(stub.api_base_via(name) if via else stub.api_base,
+                                                       KSI_STORAGE="postgres", KSI_DATABASE_URL=url,
+                                                       **{**POOL, **extra}))
+                 for name in names]
     for process in processes:
         process.root.mkdir()
     try:

@@ -23,6 +23,7 @@ class ConcurrencyLimits:
     def __init__(self, max_concurrency: int, model_limit: Callable[[str], int | None],
                  pool: CallSlots | None = None, pool_limit: int | None = None) -> None:
         self._global = asyncio.Semaphore(max_concurrency)
+        self.capacity = max_concurrency
         self._model_limit = model_limit
         self._models: dict[str, asyncio.Semaphore] = {}
         self._pool: CallSlots = pool or OneDaemonSlots()
@@ -37,6 +38,11 @@ class ConcurrencyLimits:
         if slot is None:
             slot = self._models[model] = asyncio.Semaphore(limit)
         return slot
+
+    def has_room(self, model: str) -> bool:
+        """Whether a call of `model` would get this daemon's slots now, without waiting."""
+        model_slot = self._model_slot(model)
+        return not self._global.locked() and (model_slot is None or not model_slot.locked())
 
     @asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[None]:

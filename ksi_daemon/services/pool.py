@@ -32,7 +32,7 @@ log = structlog.get_logger("ksi.pool")
 PRUNE_AFTER = 3600.0  # seconds: a daemon silent this long is gone, not paused; any daemon removes its row
 LEAVE_WAIT = 2.0  # seconds a clean stop gives the database to remove this daemon's row
 
-Load = Callable[[], tuple[int, int]]  # (in flight, queued) requests of this daemon now
+Load = Callable[[], tuple[int, int, int]]  # (in flight, queued) requests of this daemon now, leases it holds
 
 
 class PoolService:
@@ -50,6 +50,7 @@ class PoolService:
         self._members: list[PoolMember] = []
         self._read_at: float | None = None  # when `_members` was read (this process's monotonic clock)
         self._error: str | None = None  # why the last beat failed; None once one succeeds
+        self._recovered_at: float | None = None  # when a beat first succeeded after failing ones
         self._task: asyncio.Task[None] | None = None
         self._shown: tuple[int, dict[str, Any]] | None = None  # (tenth of a second, section); None: rebuild
 
@@ -83,11 +84,12 @@ class PoolService:
     async def beat(self) -> None:
         """Record this daemon's heartbeat and load, then read the pool back; a failure is kept for
         health to show and logged, never raised: the next interval tries again."""
-        in_flight, queued = self.load()
+        in_flight, queued, leases = self.load()
         try:
             # a beat slower than the timeout would be too late to count: give up and try the next one
             async with asyncio.timeout(self.stale_after):
-                registered = await self.registry.beat(self.me, self.clock() - self.started, in_flight, queued)
+                registered = await self.registry.beat(self.me, self.clock() - self.started, in_flight, queued,
+                                                 leases)
                 members = await self.registry.members(self.stale_after, PRUNE_AFTER)
         except (KsiError, TimeoutError) as exc:
             message = exc.message if isinstance(exc, KsiError) else "the heartbeat timed out"
@@ -101,7 +103,17 @@ class PoolService:
             log.info("daemon_registered", daemon_id=self.me.daemon_id, shared=self.registry.shared)
         if self._error is not None:
             log.info("heartbeat_recovered")
+            self._recovered_at = self.clock()
         self._members, self._read_at, self._error, self._shown = members, self.clock(), None, None
+
+    def others_alive(self) -> bool:
+        """Whether another daemon of the pool was alive at the last heartbeat."""
+        return any(m.daemon_id != self.me.daemon_id and not m.stale for m in self._members)
+
+    def steady_for(self) -> float:
+        """Seconds since this daemon's heartbeat last came back after failing (inf: it never failed):
+        while the database was away, every daemon's heartbeat failed alike."""
+        return self.clock() - self._recovered_at if self._recovered_at is not None else float("inf")
 
     def silent_for(self) -> float:
         """Seconds since this daemon's last heartbeat that reached the registry (inf before the first)."""
@@ -124,7 +136,7 @@ class PoolService:
             daemons.append({
                 "daemon_id": member.daemon_id, "host": member.host, "pid": member.pid, "version": member.version,
                 "started": member.started, "heartbeat_age": round(age, 3),
-                "in_flight": member.in_flight, "queued": member.queued,
+                "in_flight": member.in_flight, "queued": member.queued, "leases": member.leases,
                 "state": "stale" if member.stale or age > self.stale_after else "alive",
                 "this": member.daemon_id == self.me.daemon_id,
             })

@@ -4,9 +4,10 @@ requests when another daemon was asked to.
 Every heartbeat interval this daemon claims the unfinished requests of daemons whose heartbeat is
 older than the timeout (`PoolRequests.take_over`, one transaction: one daemon gets each): a request
 whose exchange was indexed is reported done from storage, never run again; any other is run here
-with its own ids, at the end of its conversation's line. With one daemon (JSONL) nothing is ever
+with its own ids, keeping its place in its conversation's line. With one daemon (JSONL) nothing is ever
 taken over, and a restart reports what its journal left unfinished, as before. A daemon whose own
-heartbeat is late (its loop was starved, the database away) takes over nothing until it beat again.
+heartbeat is late (its loop was starved, the database away) takes over nothing until it beat again,
+nor, after its heartbeat failed (the database restarted), until the others had the timeout to beat.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ log = structlog.get_logger("ksi.pool")
 
 class TakeoverService:
     def __init__(self, settings: Settings, requests: PoolRequests, completion: CompletionService,
-                 shared: bool, own_silence: Callable[[], float]) -> None:
+                 shared: bool, own_silence: Callable[[], float],
+                 steady_for: Callable[[], float] = lambda: float("inf")) -> None:
         self.requests = requests
         self.own_silence = own_silence  # seconds since this daemon's own last heartbeat
+        self.steady_for = steady_for  # seconds since its heartbeat came back after failing
         self.completion = completion
         self.interval = settings.heartbeat_interval
         self.stale_after = settings.heartbeat_stale_after
@@ -65,9 +68,10 @@ class TakeoverService:
 
     async def round(self) -> None:
         """Take over what dead daemons left; cancel what another daemon was asked to cancel here."""
-        if self.own_silence() > 2 * self.interval:
-            # this daemon was starved or cut off itself: the others' heartbeats may be as late as
-            # its own, and it would take over daemons that are alive; judge after its next beat
+        if self.own_silence() > 2 * self.interval or self.steady_for() < self.stale_after:
+            # this daemon was starved or cut off itself (the database restarted): the others'
+            # heartbeats may be as late as its own, and it would take over daemons that are alive;
+            # judge once they had the timeout to beat again
             return
         for taken in await self.requests.take_over(self.stale_after):
             log.warning("request_taken_over", request_id=taken.request_id, conversation_id=taken.conversation_id,

@@ -360,6 +360,7 @@ class PoolMember:
     in_flight: int
     queued: int
     stale: bool  # no heartbeat for longer than the timeout asked
+    leases: int = 0  # conversation leases it held (turns of its running there)
 
 
 class DaemonRegistry(Protocol):
@@ -370,8 +371,8 @@ class DaemonRegistry(Protocol):
         """True when other daemons may register too."""
         ...
 
-    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int) -> bool:
-        """Record that `me` is alive now, with its load; registers it (started `uptime` seconds
+    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int, leases: int) -> bool:
+        """Record that `me` is alive now, with its load and the leases it holds; registers it (started `uptime` seconds
         ago) when it is not registered. True when it had to register."""
         ...
 
@@ -396,10 +397,11 @@ class SoleDaemon:
     def shared(self) -> bool:
         return False
 
-    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int) -> bool:
+    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int, leases: int) -> bool:
         first = self._me is None
         started = self._me.started if self._me is not None else format_ts(self.clock() - uptime)
-        self._me = PoolMember(me.daemon_id, me.host, me.pid, me.version, started, 0.0, in_flight, queued, False)
+        self._me = PoolMember(me.daemon_id, me.host, me.pid, me.version, started, 0.0, in_flight, queued, False,
+                              leases)
         return first
 
     async def members(self, stale_after: float, prune_after: float) -> list[PoolMember]:
@@ -416,10 +418,10 @@ class ConversationLeases(Protocol):
     no other daemon shares has nothing to arbitrate (`OneDaemonLeases`): a daemon's own scheduler
     already runs a conversation's turns one after another."""
 
-    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> int:
         """Take the request's place in the conversation's line (before its ack leaves), keeping
         `record` (the whole request as accepted) beside it, for another daemon to run it should
-        this one die."""
+        this one die; returns the place (a request taken over or claimed keeps the one it had)."""
         ...
 
     def hold(self, conversation_id: str, request_id: str) -> AbstractAsyncContextManager[bool]:
@@ -432,11 +434,30 @@ class ConversationLeases(Protocol):
         """Give up the place of a request that ends without running (cancelled while queued)."""
         ...
 
+    def held(self) -> int:
+        """How many conversations' leases this daemon holds now."""
+        ...
+
+    def let_ahead(self, conversation_id: str, request_id: str) -> None:
+        """Stop waiting for the lease for this request (a turn with an earlier place joined this
+        daemon's queue of the conversation); its place in line stays."""
+        ...
+
 
 class OneDaemonLeases:
     """The leases of a backend no other daemon shares: every turn holds its conversation at once."""
 
-    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+    def __init__(self) -> None:
+        self._places = 0
+
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> int:
+        self._places += 1
+        return self._places
+
+    def held(self) -> int:
+        return 0
+
+    def let_ahead(self, conversation_id: str, request_id: str) -> None:
         return None
 
     @asynccontextmanager
@@ -552,6 +573,25 @@ class PoolRequests(Protocol):
         `indexed` or not, as stored after the lease of its conversation was taken from them."""
         ...
 
+    async def offer(self, request_id: str) -> bool:
+        """Offer a request of this daemon waiting for a call slot to the daemons with a free one;
+        False when there is nobody to offer it to (or the offer could not be made)."""
+        ...
+
+    async def withdraw(self, request_id: str) -> bool:
+        """Take an offer back before running the request here; False when another daemon claimed it."""
+        ...
+
+    async def claim_offered(self) -> PoolRequest | None:
+        """The oldest request another daemon offered (in the order of the lines), now this daemon's;
+        its daemon is told, and the lease it held for it is revoked. None: nothing is offered."""
+        ...
+
+    def watch(self, heard: Callable[[str, str], None]) -> None:
+        """Call `heard("offered", "")` when some daemon offers a request, `heard("taken", request_id)`
+        when a request was claimed (before the listening starts)."""
+        ...
+
     async def flush(self) -> None:
         """Wait until every end recorded so far is written."""
         ...
@@ -572,6 +612,18 @@ class OneDaemonRequests:
 
     async def take_over(self, stale_after: float) -> list[PoolRequest]:
         return []
+
+    async def offer(self, request_id: str) -> bool:
+        return False
+
+    async def withdraw(self, request_id: str) -> bool:
+        return True
+
+    async def claim_offered(self) -> PoolRequest | None:
+        return None
+
+    def watch(self, heard: Callable[[str, str], None]) -> None:
+        return None
 
     async def flush(self) -> None:
         return None

@@ -14,6 +14,9 @@ cluster with fsync on.
              KSI_MAX_CONCURRENCY=`--limit`), all sent at once: turns/s for N = 1, 2, 3, each as a
              ratio to N = 1 (goal close to N), and the database calls per turn (each daemon's
              storage.database_calls, read around the pass).
+  stealing   the same turns all sent to one of the N daemons: the others claim what it has no slot
+             for (work stealing); turns/s for N = 1, 2, 3 as a ratio to N = 1 (goal close to N),
+             database calls per turn, and how many turns the other daemons ran.
 Prints a table and writes scripts/bench/results/pool_bench.json.
 """
 
@@ -113,7 +116,7 @@ async def takeover(api_base: str, workdir: Path, cluster: ThrowawayCluster, time
 
 
 async def throughput(api_base: str, workdir: Path, cluster: ThrowawayCluster, count: int, turns: int,
-                     limit: int) -> dict[str, Any]:
+                     limit: int, to_one: bool = False) -> dict[str, Any]:
     url = cluster.url(cluster.create_database())
     daemons = await started(api_base, workdir, pool_env(url, KSI_MAX_CONCURRENCY=str(limit)), count)
     try:
@@ -121,20 +124,22 @@ async def throughput(api_base: str, workdir: Path, cluster: ThrowawayCluster, co
         began = time.perf_counter()
 
         async def one(i: int) -> None:
-            client = daemons[i % count].client
+            client = daemons[0 if to_one else i % count].client
             ack = await client.request("completion:async", {"prompt": f"turn {i}", "conversation_id": f"c{i}",
                                                             "create": True})
             await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 600})
 
         await asyncio.gather(*(one(i) for i in range(turns)))
         elapsed = time.perf_counter() - began
-        calls_after = [(await d.client.request("system:health"))["storage"]["database_calls"] for d in daemons]
+        storage_after = [(await d.client.request("system:health"))["storage"] for d in daemons]
     finally:
         for daemon in daemons:
             await daemon.stop()
+    calls_after = [after["database_calls"] for after in storage_after]
     calls = sum(after - before for before, after in zip(calls_before, calls_after, strict=True))
-    return {"daemons": count, "turns": turns, "seconds": round(elapsed, 3), "turns_per_s": round(turns / elapsed, 2),
-            "database_calls_per_turn": round(calls / turns, 2)}
+    return {"daemons": count, "sent_to": "one" if to_one else "all", "turns": turns, "seconds": round(elapsed, 3),
+            "turns_per_s": round(turns / elapsed, 2), "database_calls_per_turn": round(calls / turns, 2),
+            "claimed_by_others": sum(after["requests_stolen"] for after in storage_after)}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -145,25 +150,29 @@ async def main(args: argparse.Namespace) -> None:
     try:
         takeovers = [await takeover(stub.api_base, workdir, cluster, float(t)) for t in args.timeouts.split(",")]
         passes = [await throughput(stub.api_base, workdir, cluster, n, args.turns, args.limit) for n in (1, 2, 3)]
+        stealing = [await throughput(stub.api_base, workdir, cluster, n, args.turns, args.limit, to_one=True)
+                    for n in (1, 2, 3)]
     finally:
         stub.stop()
         cluster.remove()
         shutil.rmtree(workdir, ignore_errors=True)
-    one = passes[0]["turns_per_s"]
-    for row in passes:
-        row["ratio_to_one"] = round(row["turns_per_s"] / one, 2)
+    for rows in (passes, stealing):
+        one = rows[0]["turns_per_s"]
+        for row in rows:
+            row["ratio_to_one"] = round(row["turns_per_s"] / one, 2)
     print(f"\ntakeover after SIGKILL (stub holds each call {args.hold} s)")
     print(f"{'timeout s':>10} {'baseline s':>11} {'takeover s':>11} {'beyond s':>9} {'goal s':>7}  met")
     for row in takeovers:
         print(f"{row['timeout_s']:>10} {row['baseline_turn_s']:>11} {row['takeover_s']:>11} "
               f"{row['beyond_baseline_s']:>9} {row['goal_s']:>7}  {row['met']}")
     print(f"\n{args.turns} turns on {args.turns} conversations, KSI_MAX_CONCURRENCY={args.limit} per daemon")
-    print(f"{'daemons':>8} {'seconds':>8} {'turns/s':>8} {'x one':>6} {'db calls/turn':>14}")
-    for row in passes:
-        print(f"{row['daemons']:>8} {row['seconds']:>8} {row['turns_per_s']:>8} {row['ratio_to_one']:>6} "
-              f"{row['database_calls_per_turn']:>14}")
+    print(f"{'sent to':>8} {'daemons':>8} {'seconds':>8} {'turns/s':>8} {'x one':>6} {'db calls/turn':>14} "
+          f"{'run by others':>14}")
+    for row in [*passes, *stealing]:
+        print(f"{row['sent_to']:>8} {row['daemons']:>8} {row['seconds']:>8} {row['turns_per_s']:>8} "
+              f"{row['ratio_to_one']:>6} {row['database_calls_per_turn']:>14} {row['claimed_by_others']:>14}")
     write_results("pool_bench", {"machine": machine(), "hold_s": args.hold, "takeover": takeovers,
-                                 "throughput": passes})
+                                 "throughput": passes, "stealing": stealing})
 
 
 if __name__ == "__main__":

@@ -4,21 +4,27 @@ conversations: a conversation has a queue and a worker only while it has request
 Daemons sharing a database keep one order per conversation between them: a job takes its place
 in the conversation's line when it is submitted and runs while it holds the conversation's lease
 (the storage's `ConversationLeases`), taken before a concurrency slot, so a job waiting for
-another daemon's turn holds no slot."""
+another daemon's turn holds no slot. A conversation's queue here is in the order of those places:
+a job taken over or claimed from another daemon keeps its place, ahead of later ones.
+
+Work stealing: a job holding its lease that finds no free slot here is offered to the pool
+(`PoolRequests.offer`) while it waits; a daemon with a free slot may claim it. Whichever comes
+first, the slot here or the claim, wins: the job takes its offer back before it runs, and one
+claimed leaves this daemon's queue as a job taken over does."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
-from contextlib import nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from ksi_daemon.services.limits import ConcurrencyLimits
-from ksi_daemon.storage.ports import ConversationLeases, OneDaemonLeases
+from ksi_daemon.storage.ports import ConversationLeases, OneDaemonLeases, OneDaemonRequests, PoolRequests
 
 log = structlog.get_logger("ksi.scheduler")
 
@@ -29,19 +35,27 @@ class Job:
     model: str
     run: Callable[[], Awaitable[Any]]
     on_cancel_queued: Callable[[], None]
-    ticket: str  # its place in the conversation's line (the request id)
+    ticket: str  # names its place in the conversation's line (the request id)
+    place: int = 0  # its place in the line: the conversation's jobs run in this order
     on_taken_over: Callable[[], None] = lambda: None  # another daemon of the pool runs it now
     task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
     cancelled: bool = False
     finished: bool = False
+    claimed: bool = False  # offered while it waited for a slot, and claimed by another daemon
     meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Scheduler:
     def __init__(self, limits: ConcurrencyLimits, takes_slot: Callable[[str], bool] = lambda _model: True,
-                 leases: ConversationLeases | None = None) -> None:
+                 leases: ConversationLeases | None = None, offers: PoolRequests | None = None) -> None:
         self._limits = limits
         self._leases: ConversationLeases = leases or OneDaemonLeases()
+        self._offers: PoolRequests = offers or OneDaemonRequests()
+        self._offered: dict[str, Job] = {}  # ticket -> a job offered to the pool while it waits for a slot
+        self._on_room: Callable[[], None] = lambda: None
+        self._anyone_to_take: Callable[[], bool] = lambda: True  # another live daemon could claim an offer
+        self._coming: set[str] = set()  # tickets of jobs claimed for this daemon, not yet asking for a slot
+        self._wanting = 0  # jobs holding their lease, waiting for a slot here
         self._leaving: set[asyncio.Task[None]] = set()
         self._takes_slot = takes_slot  # False for jobs whose own calls take the slots (a consortium run)
         self._queues: dict[str, deque[Job]] = {}
@@ -63,17 +77,53 @@ class Scheduler:
     async def line_up(self, job: Job, record: dict[str, Any]) -> None:
         """Take `job`'s place in its conversation's line among every daemon's (before `submit`),
         with `record`, the request as accepted."""
-        await self._leases.line_up(job.key, job.ticket, record)
+        job.place = await self._leases.line_up(job.key, job.ticket, record)
 
     def submit(self, job: Job) -> int:
-        """Queue `job` behind its conversation's earlier jobs; returns how many are ahead."""
+        """Queue `job` behind its conversation's jobs with earlier places; returns how many are ahead."""
         queue = self._queues.get(job.key)
         if queue is None:
             queue = self._queues[job.key] = deque()
             self._workers[job.key] = asyncio.get_running_loop().create_task(self._work(job.key, queue))
-        queue.append(job)
         self._queued += 1
-        return len(queue) - 1
+        if not queue or queue[-1].place <= job.place:
+            queue.append(job)
+            return len(queue) - 1
+        # taken over or claimed: ahead of the later ones, though never ahead of one already running
+        at = next((i for i, other in enumerate(queue) if other.place > job.place and (i or other.task is None)),
+                  len(queue))
+        if at == 0:  # the first one was waiting for the lease: it lets this one go first
+            self._leases.let_ahead(job.key, queue[0].ticket)
+        queue.insert(at, job)
+        return at
+
+    def room(self) -> int:
+        """Calls this daemon could start now beyond those it makes, the jobs waiting for a slot here
+        and the jobs it claimed that will (a job waiting for another daemon's turn wants none yet)."""
+        return self._limits.capacity - self._limits.in_use - self._wanting - len(self._coming)
+
+    def expect(self, ticket: str) -> None:
+        """A job claimed from another daemon is on its way here: counted as wanting a slot already."""
+        self._coming.add(ticket)
+
+    def unexpect(self, ticket: str) -> None:
+        self._coming.discard(ticket)
+
+    def when_room(self, call: Callable[[], None]) -> None:
+        """Call `call` whenever a job here gives its slot back."""
+        self._on_room = call
+
+    def offer_when(self, anyone_to_take: Callable[[], bool]) -> None:
+        """Offer waiting jobs only while `anyone_to_take()`: alone, an offer costs two round trips for nothing."""
+        self._anyone_to_take = anyone_to_take
+
+    def claimed(self, ticket: str) -> None:
+        """Another daemon claimed the job offered under `ticket`: it stops waiting for a slot here."""
+        job = self._offered.get(ticket)
+        worker = self._workers.get(job.key) if job is not None else None
+        if job is not None and worker is not None and not job.claimed:
+            job.claimed = True
+            worker.cancel()  # taken back in `_room`, as this job's own
 
     def position(self, job: Job) -> int:
         queue = self._queues.get(job.key)
@@ -97,6 +147,7 @@ class Scheduler:
             return False
         queue.remove(job)
         self._queued -= 1
+        self._coming.discard(job.ticket)
         job.cancelled = True
         job.on_cancel_queued()
         leaving = asyncio.get_running_loop().create_task(self._leases.leave_line(job.key, job.ticket))
@@ -113,11 +164,15 @@ class Scheduler:
             while queue:
                 job = queue[0]
                 async with self._leases.hold(job.key, job.ticket) as held, \
-                        self._limits.slot(job.model) if held and self._takes_slot(job.model) else nullcontext():
-                    if not held and not job.cancelled and queue and queue[0] is job:
-                        queue.popleft()  # taken over while this daemon was paused: another daemon runs it
+                        self._room(job, held and not job.cancelled and bool(queue) and queue[0] is job) as room:
+                    # taken over while this daemon was paused, or claimed by a daemon with a free slot
+                    # while it waited for one here: the other daemon runs it
+                    gone = not room or (not held and bool(queue) and queue[0] is job)
+                    if gone and not job.cancelled and job in queue:
+                        queue.remove(job)
+                        self._queued -= 1
                         job.on_taken_over()
-                    if not held or job.cancelled or not queue or queue[0] is not job:
+                    if gone or not held or job.cancelled or not queue or queue[0] is not job:
                         continue
                     self.running += 1
                     job.task = worker
@@ -140,6 +195,62 @@ class Scheduler:
             self._queued -= len(queue)  # jobs left when the worker is cancelled leave with their queue
             self._queues.pop(key, None)
             self._workers.pop(key, None)
+
+    @asynccontextmanager
+    async def _room(self, job: Job, wanted: bool) -> AsyncIterator[bool]:
+        """Hold the job's call slot for the block (True; none when not `wanted`); False, holding
+        nothing, when it was offered to the pool while it waited for one and another daemon claimed it."""
+        # a job this daemon claimed is never offered again: it came here because there was room,
+        # and a request passed back and forth would have two runs of it on one daemon at once
+        offerable = job.ticket not in self._coming
+        self._coming.discard(job.ticket)
+        if not wanted or not self._takes_slot(job.model):
+            yield True
+            return
+        async with AsyncExitStack() as stack:
+            self._wanting += 1
+            offered = False
+            try:
+                offered = (offerable and not self._limits.has_room(job.model) and self._anyone_to_take()
+                           and await self._offers.offer(job.ticket))
+                if not offered:
+                    await stack.enter_async_context(self._limits.slot(job.model))
+            finally:
+                if not offered:
+                    self._wanting -= 1
+            if not offered:
+                stack.callback(self._on_room)
+                yield True
+                return
+            worker = asyncio.current_task()
+            assert worker is not None
+            kept = True
+            try:
+                while True:
+                    self._offered[job.ticket] = job
+                    try:
+                        await stack.enter_async_context(self._limits.slot(job.model))
+                        break
+                    except asyncio.CancelledError:
+                        if not job.claimed or worker.cancelling() > 1:
+                            raise
+                        worker.uncancel()  # the claim's cancel, spent
+                    # told it was claimed: the database says whether it still is this daemon's (the
+                    # word may be late, about an earlier claim of a job offered again since)
+                    self._offered.pop(job.ticket, None)
+                    job.claimed = False
+                    kept = await self._offers.withdraw(job.ticket)
+                    if not kept:
+                        break
+                    await self._offers.offer(job.ticket)
+            finally:
+                self._offered.pop(job.ticket, None)
+                self._wanting -= 1
+            if not kept:
+                yield False
+                return
+            stack.callback(self._on_room)
+            yield await self._offers.withdraw(job.ticket)
 
     def jobs(self) -> list[Job]:
         return [job for queue in self._queues.values() for job in queue]

@@ -13,10 +13,13 @@ locks that row until it commits (see leases.py). Refused, it raises `lease_lost`
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.postgres_reader import ENTRY_COLUMNS, PostgresReader, entry_of
@@ -24,6 +27,11 @@ from ksi_common.records import IndexEntry
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, StoredTail
 from ksi_daemon.storage.postgres.database import Database
+
+log = structlog.get_logger("ksi.storage.postgres")
+
+APPEND_WAIT = 60.0  # seconds an exchange's append waits for a database that went away
+APPEND_RETRY = 0.5  # seconds between two tries meanwhile
 
 APPEND = """
 WITH fence AS (
@@ -224,7 +232,18 @@ class PostgresConversations(PostgresReader):
             # the caller reloads (head and metadata) and appends again
             raise ExchangeConflict(conversation_id, entry.n, int(row["head"]))
 
-        await self.database.run(work)
+        # an answer already made is stored when the database is back (it restarts), not dropped:
+        # `work` is safe to repeat (an attempt that committed before its reply was lost is found)
+        deadline = time.monotonic() + APPEND_WAIT
+        while True:
+            try:
+                await self.database.run(work)
+                return
+            except KsiError as exc:
+                if exc.code != ErrorCode.STORAGE_UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                log.warning("append_waits_for_database", conversation_id=conversation_id, error=exc.message)
+                await asyncio.sleep(APPEND_RETRY)
 
     async def read_tail(self, conversation_id: str, token_budget: int) -> tuple[list[IndexEntry], int]:
         rows = await self.database.run(lambda c: c.fetch(TAIL, conversation_id, token_budget))

@@ -17,9 +17,10 @@ from ksi_daemon.storage.ports import DaemonInfo, PoolMember
 from ksi_daemon.storage.postgres.database import Database
 
 BEAT = """
-INSERT INTO ksi_daemons (daemon_id, host, pid, version, started, heartbeat, in_flight, queued)
-VALUES ($1, $2, $3, $4, now() - make_interval(secs => $5), now(), $6, $7)
-ON CONFLICT (daemon_id) DO UPDATE SET heartbeat = now(), in_flight = EXCLUDED.in_flight, queued = EXCLUDED.queued
+INSERT INTO ksi_daemons (daemon_id, host, pid, version, started, heartbeat, in_flight, queued, leases)
+VALUES ($1, $2, $3, $4, now() - make_interval(secs => $5), now(), $6, $7, $8)
+ON CONFLICT (daemon_id) DO UPDATE SET heartbeat = now(), in_flight = EXCLUDED.in_flight, queued = EXCLUDED.queued,
+    leases = EXCLUDED.leases
 RETURNING xmax = 0
 """  # xmax is 0 on a row this statement inserted, not on one it updated
 
@@ -27,7 +28,7 @@ PRUNE = "DELETE FROM ksi_daemons WHERE heartbeat < now() - make_interval(secs =>
 
 MEMBERS = """
 SELECT daemon_id, host, pid, version, started, extract(epoch FROM now() - heartbeat)::float8 AS age,
-       in_flight, queued, heartbeat < now() - make_interval(secs => $1) AS stale
+       in_flight, queued, leases, heartbeat < now() - make_interval(secs => $1) AS stale
 FROM ksi_daemons ORDER BY started, daemon_id
 """
 
@@ -40,9 +41,9 @@ class PostgresDaemons:
     def shared(self) -> bool:
         return True
 
-    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int) -> bool:
+    async def beat(self, me: DaemonInfo, uptime: float, in_flight: int, queued: int, leases: int) -> bool:
         inserted = await self.database.run(lambda c: c.fetchval(
-            BEAT, me.daemon_id, me.host, me.pid, me.version, float(uptime), in_flight, queued))
+            BEAT, me.daemon_id, me.host, me.pid, me.version, float(uptime), in_flight, queued, leases))
         return bool(inserted)
 
     async def members(self, stale_after: float, prune_after: float) -> list[PoolMember]:
@@ -55,7 +56,7 @@ class PostgresDaemons:
             daemon_id=row["daemon_id"], host=row["host"], pid=row["pid"], version=row["version"],
             started=format_ts(row["started"].astimezone(UTC).timestamp()),
             heartbeat_age=max(0.0, float(row["age"])), in_flight=row["in_flight"], queued=row["queued"],
-            stale=bool(row["stale"]),
+            stale=bool(row["stale"]), leases=row["leases"],
         ) for row in rows]
 
     async def leave(self, daemon_id: str) -> None:

@@ -15,22 +15,27 @@ transaction: a daemon that resumes after losing its lease cannot commit, and a d
 lease waits for an append under way to commit, then reads the history with it.
 
 Order: a turn takes a ticket (`ksi_turn_line`) when it is accepted, in the same statement that
-records the whole request (`ksi_requests`). The lease goes to a turn only when no other daemon's
-turn took an earlier ticket (a daemon's own turns wait in its own queue, in the order it accepted
-them, so one daemon never waits for itself), and only to the daemon the ticket belongs to (the one
-that took it over, after its first daemon went silent), skipping the tickets of daemons whose heartbeat stopped and the
-ticket of a turn whose lease ran out (its daemon is paused: it gives up its place at the head).
-A waiter asks again every `POLL` seconds, and at once when a turn of this daemon ends.
+records the whole request (`ksi_requests`). The lease goes to a turn only when no open request of
+the conversation holds an earlier ticket, and only to the daemon the ticket belongs to; a daemon's
+own turns of a conversation wait in its queue in the order of their tickets. A request taken over
+(its daemon went silent) or claimed (its daemon was at its limits) keeps its ticket, so its place:
+the ticket moves to the daemon that runs it, and that daemon's later turn waiting for the lease
+steps back for it (`let_ahead`). Skipped are the tickets of requests that ended (their tickets'
+removal may have failed) and the ticket of a turn whose lease ran out (its daemon is paused: it
+gives up its place at the head until it is taken over). A waiter asks again every `POLL` seconds,
+and at once when a turn of this daemon ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import structlog
 
 from ksi_common.errors import KsiError
@@ -41,24 +46,27 @@ log = structlog.get_logger("ksi.storage.postgres")
 POLL = 0.05  # seconds between two asks of a waiting turn
 RETRY = 0.5  # seconds before asking again when the database is away
 
-# the ticket and the whole request, in one statement: the request is durable for the pool before its ack
+# the ticket and the whole request, in one statement: the request is durable for the pool before its
+# ack; a request taken over or claimed already has both, and keeps its ticket
 LINE_UP = """
 WITH request AS (
     INSERT INTO ksi_requests (request_id, conversation_id, daemon_id, status, response_id, record)
     VALUES ($2, $1, $3, 'queued', $4, $5::json) ON CONFLICT DO NOTHING
 )
-INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) VALUES ($1, $2, $3)
+ON CONFLICT (request_id) DO UPDATE SET daemon_id = EXCLUDED.daemon_id RETURNING ticket
 """
 
-# $1 conversation, $2 request, $3 this daemon, $4 lease seconds, $5 heartbeat timeout seconds
+# $1 conversation, $2 request, $3 this daemon, $4 lease seconds. The head is the earliest ticket of
+# an open request (a dead daemon's too: it is taken over with its ticket), this daemon's own included
+# (its queue of the conversation is in ticket order, and a turn it has just claimed must not be
+# overtaken by its own later one), but for the turn whose lease ran out (its daemon is paused)
 ACQUIRE = """
 WITH head AS (
     SELECT t.request_id, t.daemon_id FROM ksi_turn_line t
+    JOIN ksi_requests r ON r.request_id = t.request_id AND r.finished IS NULL
     LEFT JOIN ksi_leases l ON l.conversation_id = t.conversation_id
     WHERE t.conversation_id = $1
-      AND (t.daemon_id <> $3 OR t.request_id = $2)  -- this daemon's own turns wait in its own queue
-      AND (t.daemon_id = $3 OR EXISTS (SELECT 1 FROM ksi_daemons d WHERE d.daemon_id = t.daemon_id
-                                       AND d.heartbeat > now() - make_interval(secs => $5)))
       AND NOT coalesce(l.request_id = t.request_id AND l.expires_at < now() AND t.request_id <> $2, false)
     ORDER BY t.ticket LIMIT 1
 ),
@@ -80,20 +88,26 @@ UPDATE ksi_leases SET expires_at = now() + make_interval(secs => $3)
 WHERE conversation_id = $1 AND generation = $2 RETURNING 1
 """
 
+# the ticket only while it is this daemon's: a request claimed by another daemon keeps it there
 RELEASE = """
-WITH gone AS (DELETE FROM ksi_turn_line WHERE request_id = $2)
+WITH gone AS (DELETE FROM ksi_turn_line WHERE request_id = $2 AND daemon_id = $4)
 UPDATE ksi_leases SET expires_at = '-infinity' WHERE conversation_id = $1 AND generation = $3
 """
 
+LEAVE = "DELETE FROM ksi_turn_line WHERE request_id = $1 AND daemon_id = $2"
+
+GIVE_BACK = "UPDATE ksi_leases SET expires_at = '-infinity' WHERE conversation_id = $1 AND generation = $2"
+
 
 class PostgresLeases:
-    def __init__(self, database: Database, daemon_id: str, lease: float, stale_after: float) -> None:
+    def __init__(self, database: Database, daemon_id: str, lease: float) -> None:
         self.database = database
         self.daemon_id = daemon_id
         self.lease = lease
-        self.stale_after = stale_after  # a daemon silent this long has no say in the line
         self._held: dict[str, int] = {}  # conversation -> the generation this daemon holds
         self._lined: set[str] = set()  # requests of this daemon waiting in a line
+        self._retrying: set[asyncio.Task[None]] = set()  # releases tried again while the database is away
+        self._stepping_back: set[str] = set()  # waiters to stop asking: an earlier turn joined their queue
         self._turn_ended: dict[str, asyncio.Event] = {}  # conversation -> set when a turn here ends
         self.waits = 0  # asks that found the lease taken (what polling costs)
 
@@ -101,23 +115,31 @@ class PostgresLeases:
         """The lease generation an append to the conversation must still find; None: no turn held."""
         return self._held.get(conversation_id)
 
-    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> None:
+    async def line_up(self, conversation_id: str, request_id: str, record: dict[str, Any]) -> int:
         self._lined.add(request_id)
         try:
-            await self.database.run(lambda c: c.execute(LINE_UP, conversation_id, request_id, self.daemon_id,
-                                                        record.get("response_id"), record))
+            return int(await self.database.run(lambda c: c.fetchval(
+                LINE_UP, conversation_id, request_id, self.daemon_id, record.get("response_id"), record)))
         except BaseException:
             self._lined.discard(request_id)
             raise
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def let_ahead(self, conversation_id: str, request_id: str) -> None:
+        if request_id in self._lined:
+            self._stepping_back.add(request_id)
+            self._wake(conversation_id)
 
     async def leave_line(self, conversation_id: str, request_id: str) -> None:
         self._lined.discard(request_id)
         self._wake(conversation_id)
         try:
-            await self.database.run(lambda c: c.execute("DELETE FROM ksi_turn_line WHERE request_id = $1",
-                                                        request_id))
-        except KsiError as exc:  # the ticket stays until its daemon is stale: it is skipped then
+            await self.database.run(lambda c: c.execute(LEAVE, request_id, self.daemon_id))
+        except KsiError as exc:  # skipped once the request's end is written; removed when the database is back
             log.warning("leave_line_failed", request_id=request_id, error=exc.message)
+            self._later(lambda c: c.execute(LEAVE, request_id, self.daemon_id))
 
     @asynccontextmanager
     async def hold(self, conversation_id: str, request_id: str) -> AsyncIterator[bool]:
@@ -136,18 +158,30 @@ class PostgresLeases:
             if self._held.get(conversation_id) == generation:
                 del self._held[conversation_id]
             self._lined.discard(request_id)
+            self._stepping_back.discard(request_id)
             try:
-                await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, generation))
-            except KsiError as exc:  # it expires by itself; the ticket is skipped once it has
+                await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, generation,
+                                                            self.daemon_id))
+            except KsiError as exc:
+                # given back when the database is back (a restart), not only when it expires: the
+                # conversation's next turn waits for it
                 log.warning("lease_release_failed", conversation_id=conversation_id, error=exc.message)
+                self._later(lambda c: c.execute(RELEASE, conversation_id, request_id, generation, self.daemon_id))
             self._wake(conversation_id)
 
     async def _acquire(self, conversation_id: str, request_id: str) -> int | None:
-        """The generation granted; None when the request left the line meanwhile."""
-        while request_id in self._lined:
+        """The generation granted; None when the request left the line meanwhile, or stepped back
+        (then it keeps its ticket and asks again later)."""
+        try:
+            return await self._asking(conversation_id, request_id)
+        finally:
+            self._stepping_back.discard(request_id)
+
+    async def _asking(self, conversation_id: str, request_id: str) -> int | None:
+        while request_id in self._lined and request_id not in self._stepping_back:
             try:
                 row = await self.database.run(lambda c: c.fetchrow(
-                    ACQUIRE, conversation_id, request_id, self.daemon_id, self.lease, self.stale_after))
+                    ACQUIRE, conversation_id, request_id, self.daemon_id, self.lease))
             except KsiError as exc:
                 log.warning("lease_acquire_failed", conversation_id=conversation_id, error=exc.message)
                 await asyncio.sleep(RETRY)
@@ -158,6 +192,9 @@ class PostgresLeases:
                 self._lined.discard(request_id)
                 return None
             if granted is not None:
+                if request_id in self._stepping_back:  # an earlier turn goes first: the lease goes back
+                    await self.database.run(lambda c: c.execute(GIVE_BACK, conversation_id, granted))
+                    return None
                 if request_id in self._lined:
                     return int(granted)
                 break  # cancelled while the grant was on its way: hand the lease back at once
@@ -167,8 +204,22 @@ class PostgresLeases:
                 await asyncio.wait_for(ended.wait(), POLL)
         else:
             return None
-        await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, granted))
+        await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, granted, self.daemon_id))
         return None
+
+    def _later(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+        """Try `work` again every `RETRY` seconds, for as long as a lease lasts (it expires by then)."""
+        task = asyncio.get_running_loop().create_task(self._until_done(work))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _until_done(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> None:
+        deadline = time.monotonic() + self.lease
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RETRY)
+            with contextlib.suppress(KsiError):
+                await self.database.run(work)
+                return
 
     def _wake(self, conversation_id: str) -> None:
         ended = self._turn_ended.pop(conversation_id, None)

@@ -30,6 +30,7 @@ RECONNECT_DELAY = 0.5
 KEEP_STORED = "5 minutes"  # large payloads are read within milliseconds; older ones are swept
 
 Deliver = Callable[[str, dict[str, Any], dict[str, Any]], None]
+Listener = Callable[[Any, int, str, str], None]  # (connection, server pid, channel, payload)
 
 
 class PostgresRelay:
@@ -37,6 +38,7 @@ class PostgresRelay:
         self.database = database
         self.daemon_id = daemon_id
         self._deliver: Deliver | None = None
+        self._also: list[tuple[str, Listener]] = []  # other channels heard on the same connection
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue(maxsize=10_000)
         self._tasks: list[asyncio.Task[None]] = []
         self._listening = asyncio.Event()
@@ -52,6 +54,11 @@ class PostgresRelay:
         self._tasks = [loop.create_task(self._listen()), loop.create_task(self._send())]
         with contextlib.suppress(TimeoutError):  # a database that went away again: serve anyway
             await asyncio.wait_for(self._listening.wait(), 10)
+
+    def listen_also(self, channel: str, listener: Listener) -> None:
+        """Hear `channel` too (before `start`); notifications sent while the connection was lost
+        are not heard."""
+        self._also.append((channel, listener))
 
     def publish(self, event: str, data: dict[str, Any], context: dict[str, Any]) -> None:
         """Queue an event for the other daemons; never waits (dropped with a warning when full)."""
@@ -89,6 +96,8 @@ class PostgresRelay:
                 self._lost.clear()
                 conn.add_termination_listener(lambda _c: self._lost.set())
                 await conn.add_listener(CHANNEL, self._on_notification)
+                for channel, listener in self._also:
+                    await conn.add_listener(channel, listener)
                 self._listening.set()
                 await self._lost.wait()
                 log.warning("relay_connection_lost")

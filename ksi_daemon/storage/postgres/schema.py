@@ -217,6 +217,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX ksi_requests_open ON ksi_requests (daemon_id) WHERE finished IS NULL",
         "CREATE INDEX ksi_requests_finished ON ksi_requests (finished) WHERE finished IS NOT NULL",
     )),
+    Migration(9, "work goes where there is room: a daemon at its limits offers its waiting turns to the others", (
+        # set while the turn waits for a call slot on its daemon; a daemon with a free one claims it
+        "ALTER TABLE ksi_requests ADD COLUMN offered boolean NOT NULL DEFAULT false",
+        "CREATE INDEX ksi_requests_offered ON ksi_requests (request_id) WHERE offered AND finished IS NULL",
+        # the conversation leases each daemon held at its last heartbeat, for the pool's list
+        "ALTER TABLE ksi_daemons ADD COLUMN leases integer NOT NULL DEFAULT 0",
+    )),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

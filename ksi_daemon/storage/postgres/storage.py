@@ -47,8 +47,7 @@ class PostgresStorage:
         # made at each start: the pool lists this daemon by it, and the relay marks its own events with it
         self.daemon_id = random_hex(12)
         # a turn holds its conversation's lease; an exchange is appended only under the lease held
-        self.leases = PostgresLeases(self.database, self.daemon_id, settings.pool_lease,
-                                     settings.heartbeat_stale_after)
+        self.leases = PostgresLeases(self.database, self.daemon_id, settings.pool_lease)
         self.conversations = PostgresConversations(self.database, fence=self.leases.fence)
         # limits over every daemon of the database: call slots, and each model's calls per minute
         self.slots = PostgresSlots(self.database, self.daemon_id, settings.pool_lease)
@@ -61,9 +60,9 @@ class PostgresStorage:
         self.calibration = PostgresCalibration(self.database)
         self.blobs = PostgresBlobs(self.database)
         # the requests every daemon accepted: each one's end copied there from this daemon's journal
-        self.requests = PostgresRequests(self.database, self.daemon_id)
-        self.journal = PooledJournal(JsonlJournal(settings.layout), self.requests)
         self.relay = PostgresRelay(self.database, self.daemon_id)
+        self.requests = PostgresRequests(self.database, self.daemon_id, self.relay)
+        self.journal = PooledJournal(JsonlJournal(settings.layout), self.requests)
         self.daemons = PostgresDaemons(self.database)
 
     async def open(self) -> None:
@@ -90,4 +89,5 @@ class PostgresStorage:
             "lease_waits": self.leases.waits,
             "slot_waits": self.slots.waits,
             "requests_taken_over": self.requests.taken_over,
+            "requests_stolen": self.requests.stolen,
         }
