@@ -129,8 +129,12 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pen
 
 def without_consumed(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> ConversationMeta:
     """`meta` without the pending messages `inputs` took (a copy; any added since are kept)."""
-    taken = {line["pending_id"] for line in inputs if line.get("pending_id")}
-    if not taken:
+    return without_pending(meta, {line["pending_id"] for line in inputs if line.get("pending_id")})
+
+
+def without_pending(meta: ConversationMeta, taken: set[str]) -> ConversationMeta:
+    """`meta` without the pending messages of ids `taken` (a copy; the others are kept)."""
+    if not taken or not any(item["id"] in taken for item in pending_of(meta)):
         return meta
     left = [item for item in pending_of(meta) if item["id"] not in taken]
     extra = {key: value for key, value in meta.extra.items() if key != PENDING_KEY}
