@@ -25,26 +25,40 @@ async def waiting_for(memory: ConversationMemory) -> None:
     raise AssertionError("nothing waited for the conversation's lock")
 
 
-@pytest.mark.parametrize("event", ["conversation:pend", "conversation:append"])
-async def test_a_write_waiting_while_its_conversation_is_deleted_does_not_bring_it_back(
-        stub_daemon: Daemon, stub: Any, event: str) -> None:
+WRITES = {
+    "conversation:pend": lambda cid: {"conversation_id": cid, "inputs": ["late"]},
+    "conversation:append": lambda cid: {"conversation_id": cid, "exchanges": [{"inputs": ["late"], "reply": "r"}]},
+    "conversation:update": lambda cid: {"conversation_id": cid, "title": "late"},
+}
+
+
+@pytest.mark.parametrize("retired", ["deleted", "moved"])
+@pytest.mark.parametrize("event", sorted(WRITES))
+async def test_a_write_waiting_while_its_conversation_is_deleted_or_moved_does_not_bring_it_back(
+        stub_daemon: Daemon, stub: Any, event: str, retired: str) -> None:
     async with connected(stub_daemon) as client:
         cid = (await complete(client, prompt="p1"))["conversation_id"]
         memory = await stub_daemon.cache.get(cid)
         assert memory is not None
-        data = ({"conversation_id": cid, "inputs": ["late"]} if event == "conversation:pend" else
-                {"conversation_id": cid, "exchanges": [{"inputs": ["late"], "reply": "r"}]})
-        async with memory.lock:  # the delete, as conversation:delete runs it under the lock
-            write = asyncio.ensure_future(client.request(event, data))
+        writer = stub_daemon.writer
+        async with memory.lock:  # the delete or an agent reset's move, run under the lock as they are
+            write = asyncio.ensure_future(client.request(event, WRITES[event](cid)))
             await waiting_for(memory)
-            await stub_daemon.writer.delete(memory)
-        stub_daemon.cache.forget(cid)
+            if retired == "deleted":
+                await writer.delete(memory)
+                stub_daemon.cache.forget(cid)
+            else:
+                await writer.move(cid, f"{cid}-before", {"reset": True}, memory)
         with pytest.raises(KsiError) as refused:
             await write
         assert refused.value.code == ErrorCode.CONVERSATION_NOT_FOUND, refused.value
         assert refused.value.details.get("conversation_id") == cid
-        assert not await stub_daemon.writer.stored(cid)
-        assert await stub_daemon.writer.load_meta(cid) is None
+        assert not await writer.stored(cid)
+        assert await writer.load_meta(cid) is None
         with pytest.raises(KsiError) as shown:
             await client.request("conversation:show", {"conversation_id": cid})
         assert shown.value.code == ErrorCode.CONVERSATION_NOT_FOUND
+        if retired == "moved":  # the moved conversation is as it was: the late write is not in it
+            moved = await writer.load_meta(f"{cid}-before")
+            assert moved is not None and moved.title != "late" and not moved.extra.get("pending_input")
+            assert len(await writer.reader.entries(f"{cid}-before")) == 1
