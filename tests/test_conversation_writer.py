@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import message
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router
 from ksi_daemon.services.conversations.memory import ConversationCache, Exchange
-from ksi_daemon.services.conversations.models import ConversationAppend
+from ksi_daemon.services.conversations.models import ConversationAppend, ConversationPend
+from ksi_daemon.services.conversations.pending import pending_of
 from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta
@@ -134,3 +136,60 @@ async def test_an_append_whose_second_exchange_loses_the_race_stores_each_once(
     assert meta is not None and meta.exchanges == 3
     memory = await here.cache.require("c")
     assert memory.total == 3 and [e.n for e in memory.entries] == [1, 2, 3]
+
+
+async def reply_racing_another_daemon(databases: tuple[Database, Database], root: Path,
+                                      there_does: Callable[[ConversationService], Awaitable[None]]
+                                      ) -> tuple[ConversationService, ConversationWriter]:
+    """A conversation holding pending input p1; this daemon appends the reply to it while the other
+    daemon does `there_does` just before this daemon's append reaches the database."""
+    here_db, there_db = databases
+    racing = AnotherDaemonFirst(PostgresConversations(here_db))
+    here, there = writer_on(here_db, racing), writer_on(there_db, PostgresConversations(there_db))
+    await here.create(here.new_meta("c"))
+    settings = Settings(_env_file=None, var_dir=root)
+    service_here = ConversationService(settings, Router(), here.cache, here, PostgresBlobs(here_db))
+    service_there = ConversationService(settings, Router(), there.cache, there, PostgresBlobs(there_db))
+    await service_here.handle_pend(ConversationPend(conversation_id="c", inputs=["p1"]), EventContext.root())
+
+    async def before() -> None:
+        await there_does(service_there)
+
+    racing.before = before
+    return service_here, there
+
+
+async def test_a_reply_to_pending_input_another_daemon_answered_meanwhile_is_refused(
+        databases: tuple[Database, Database], short_tmp: Path) -> None:
+    async def answer_p1(service: ConversationService) -> None:
+        await service.handle_append(ConversationAppend(conversation_id="c", reply_to_pending="there"),
+                                    EventContext.root())
+
+    here, there = await reply_racing_another_daemon(databases, short_tmp, answer_p1)
+    with pytest.raises(KsiError) as refused:
+        await here.handle_append(ConversationAppend(conversation_id="c", reply_to_pending="here"),
+                                 EventContext.root())
+    assert refused.value.code == ErrorCode.HISTORY_MISMATCH
+    # p1 answered once, by the other daemon; nothing of this daemon's reply stored
+    stored = await there.reader.entries("c")
+    assert len(stored) == 1
+    [record] = await PostgresResponses(databases[1]).read_many([stored[0].response_id])
+    assert record is not None and record.content == "there"
+    meta = await there.load_meta("c")
+    assert meta is not None and meta.exchanges == 1 and not pending_of(meta)
+
+
+async def test_a_reply_to_pending_input_keeps_what_another_daemon_pended_meanwhile(
+        databases: tuple[Database, Database], short_tmp: Path) -> None:
+    async def pend_p2(service: ConversationService) -> None:
+        await service.handle_pend(ConversationPend(conversation_id="c", inputs=["p2"]), EventContext.root())
+
+    here, there = await reply_racing_another_daemon(databases, short_tmp, pend_p2)
+    reply = await here.handle_append(ConversationAppend(conversation_id="c", reply_to_pending="r1"),
+                                     EventContext.root())
+    assert reply["exchanges"] == [1]
+    meta = await there.load_meta("c")
+    assert meta is not None and meta.exchanges == 1
+    assert [item["content"] for item in pending_of(meta)] == ["p2"]  # still waiting for its reply
+    [record] = await PostgresResponses(databases[1]).read_many(reply["response_ids"])
+    assert record is not None and record.content == "r1" and [line["content"] for line in record.inputs] == ["p1"]

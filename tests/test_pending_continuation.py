@@ -205,7 +205,37 @@ async def test_a_reply_added_with_nothing_waiting_that_is_not_the_newest_reply_i
 def test_a_request_taking_pending_input_is_run_so_by_the_daemon_that_takes_it_over() -> None:
     """The pool's record of a request carries that its input is its conversation's pending input."""
     request = CompletionAsync.model_validate({"input": [user(Q1)]})
-    for takes in (True, False):
+    for takes in (("pend-1",), ()):
         state = RequestState(request_id="req-1", conversation_id="conv-1", model="openai/stub-model",
                              request=request, context=EventContext.root(), takes_pending=takes)
-        assert adopted_state(request_record(state)).takes_pending is takes
+        assert adopted_state(request_record(state)).takes_pending == takes
+
+
+@pytest.mark.parametrize("meanwhile", ["pended", "answered and pended"])
+async def test_a_request_taking_pending_input_sends_that_input_once_whatever_is_added_before_it_runs(
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], meanwhile: str) -> None:
+    """The request takes the pending messages it was matched by at its admission: input pended
+    after that waits for the next request, and input another writer answered first is not sent
+    or stored twice."""
+    stub.enqueue(A1)
+    gate = stub.model_gate["stub-blocker"] = asyncio.Event()  # holds the daemon's one slot
+    async with running_daemon(short_tmp, **stub_settings(stub, max_concurrency=1), **backend) as daemon, \
+            connected(daemon) as client:
+        session = await waiting_conversation(client, Q1)
+        blocker = await client.request("completion:async", {"prompt": "hold", "model": "openai/stub-blocker"})
+        taking = await client.request("completion:async", {"input": [user(Q1)], "instructions": INSTRUCTIONS})
+        assert taking["conversation_id"] == session
+        expected = [[Q1]]
+        if meanwhile == "answered and pended":  # another writer answers Q1 first
+            await client.request("conversation:append", {"conversation_id": session, "reply_to_pending": A1})
+            expected = [[Q1], [Q1]]
+        await client.request("conversation:pend", {"conversation_id": session, "inputs": [Q2]})
+        gate.set()
+        await client.request("completion:wait", {"request_id": blocker["request_id"], "timeout": 30})
+        await client.request("completion:wait", {"request_id": taking["request_id"], "timeout": 30})
+        assert await stored_inputs(daemon, session) == expected
+        shown = await client.request("conversation:show", {"conversation_id": session})
+        assert [item["content"] for item in shown["conversation"]["pending_input"]] == [Q2]  # for the next one
+    sent = [(m["role"], m["content"]) for m in stub.messages()]
+    assert sent[-1] == ("user", Q1) and [content for _role, content in sent].count(Q1) == len(expected)
+    assert Q2 not in [content for _role, content in sent]

@@ -81,7 +81,7 @@ class Admitted:
     model: str
     made_conversation: bool  # made for this request (discarded when it fails before storing anything)
     images: list[dict[str, Any]]  # the new input's images, stored, as parts
-    takes_pending: bool = False  # matched by its conversation's pending input: that is its new input
+    takes_pending: tuple[str, ...] = ()  # ids of its conversation's pending input it was matched by: its new input
 
 
 # the completion service's bookkeeping of an admitted request: queued before the next is admitted
@@ -147,7 +147,7 @@ class Admission:
         return await self._submit(data, context, from_agent, enqueue)
 
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
-                      enqueue: Enqueue, takes_pending: bool = False) -> RequestState:
+                      enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
         key = data.conversation_id or data.agent_id
@@ -186,7 +186,7 @@ class Admission:
         return data.model_copy(update={"conversation_id": conversation_id, "previous_response_id": None})
 
     async def _admit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
-                     enqueue: Enqueue, takes_pending: bool = False) -> RequestState:
+                     enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
         self._check_capacity()  # refuse before any work is done or any conversation is written
         images: list[CheckedImage] = []
         if data.files:  # refused files fail the ack before any conversation is written

@@ -41,7 +41,7 @@ from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
-from ksi_daemon.services.conversations.pending import is_pending_input, waiting_key
+from ksi_daemon.services.conversations.pending import is_pending_input, pending_taken, waiting_key
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
@@ -183,11 +183,12 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
-    """A request naming the conversation it runs in; `takes_pending`: matched by that conversation's
-    pending input, which is the request's new input (and is not added before it again)."""
+    """A request naming the conversation it runs in; `takes_pending`: the ids of that conversation's
+    pending messages it was matched by, which are the request's new input (and are not added
+    before it again)."""
 
     data: CompletionAsync
-    takes_pending: bool = False
+    takes_pending: tuple[str, ...] = ()
 
 
 class ClientHistory:
@@ -227,7 +228,8 @@ class ClientHistory:
         if data.conversation_id is None and data.previous_response_id is None:
             waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope)
             if waiting is not None:
-                return Resolved(data.model_copy(update={"conversation_id": waiting.conversation_id}), True)
+                return Resolved(data.model_copy(update={"conversation_id": waiting.conversation_id}),
+                                pending_taken(waiting.meta, data.input_items()))
         if not turns.exchanges:
             return Resolved(data)
         if data.previous_response_id is not None:
@@ -251,7 +253,7 @@ class ClientHistory:
             if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
                 # its pending input may be this input (added before the daemon started, so not in
                 # `waiting`): taken, not added again
-                takes = is_pending_input(newest.memory.meta, data.input_items())
+                takes = pending_taken(newest.memory.meta, data.input_items())
                 return Resolved(data.model_copy(update={"conversation_id": newest.memory.conversation_id}), takes)
             await before_write(data)
             fork = await self._fork(newest, chain[newest.n - 1], context, data)

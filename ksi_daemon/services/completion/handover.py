@@ -19,8 +19,9 @@ def request_record(state: RequestState) -> dict[str, Any]:
         "agent_id": state.agent_id, "from_agent": state.from_agent, "response_id": state.response_id,
         "created": state.created, "request": state.request.model_dump(mode="json", exclude_defaults=True),
         "context": {**state.context.to_wire(), "depth": state.context.depth, "chain_id": state.context.chain_id},
-        # its input is its conversation's pending input: another daemon must not add that before it again
-        **({"takes_pending": True} if state.takes_pending else {}),
+        # its input is its conversation's pending input (these ids): another daemon must not add
+        # them before it again, nor add input pended after its admission
+        **({"takes_pending": list(state.takes_pending)} if state.takes_pending else {}),
     }
 
 
@@ -34,5 +35,11 @@ def adopted_state(record: dict[str, Any]) -> RequestState:
         request_id=record["request_id"], conversation_id=record["conversation_id"], model=record["model"],
         request=CompletionAsync.model_validate(record["request"]), context=context, agent_id=record.get("agent_id"),
         from_agent=record.get("from_agent"), created=record.get("created") or utc_now(),
-        response_id=record.get("response_id"), takes_pending=bool(record.get("takes_pending")),
+        response_id=record.get("response_id"), takes_pending=_taken_ids(record.get("takes_pending")),
     )
+
+
+def _taken_ids(recorded: Any) -> tuple[str, ...]:
+    """The pending ids a record names; a record of a daemon that wrote only `true` names none (its
+    request adds the pending input before its own, as that daemon would have on restart)."""
+    return tuple(str(i) for i in recorded) if isinstance(recorded, list) else ()

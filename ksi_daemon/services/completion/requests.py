@@ -38,8 +38,8 @@ class RequestState:
     # fail before anything is stored there, no empty conversation is left behind
     made_conversation: bool = False
     images: list[dict[str, Any]] = field(default_factory=list)  # stored image parts of the new input
-    # matched to its conversation by that conversation's pending input, which is its new input
-    takes_pending: bool = False
+    # the ids of its conversation's pending input it was matched by at admission: its new input
+    takes_pending: tuple[str, ...] = ()
 
     def finish(self, status: str, result: dict[str, Any] | None = None, error: KsiError | None = None) -> None:
         self.status, self.result, self.error = status, result, error

@@ -105,21 +105,39 @@ class WaitingInputs:
         return len(self._key_of)
 
 
-def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pending: bool = False
+def pending_taken(meta: ConversationMeta, inputs: list[items.Item]) -> tuple[str, ...]:
+    """The ids of the conversation's pending messages when `inputs` are those messages (a request
+    matched to the conversation by them takes them as its input), else none."""
+    return tuple(item["id"] for item in pending_of(meta)) if is_pending_input(meta, inputs) else ()
+
+
+def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pending: tuple[str, ...] = ()
                  ) -> list[dict[str, Any]]:
     """A request's input lines with the conversation's pending messages before its own user input
-    (after a system line it sets), each line naming the pending message it came from. With
-    `takes_pending` (the request was matched to the conversation by its pending input) a request
-    whose input still is that pending input takes it as its own: its lines name the pending
-    messages, which are not added a second time."""
+    (after a system line it sets), each line naming the pending message it came from.
+
+    `takes_pending`: the ids of the pending messages the request was matched by at its admission,
+    which are its input. Its input is then its own, once: each line names the message it stands
+    for while that message still waits (so exactly those are consumed with it), and none is added
+    before it, neither those (another request may have consumed them meanwhile: they are not
+    sent twice) nor messages pended after its admission (they wait for the next request)."""
+    if takes_pending:
+        waiting = {item["id"] for item in pending_of(meta)}
+        own = [line for line in inputs if line.get("type") != "system"]
+        if len(own) != len(takes_pending):
+            return inputs
+        taken = iter(takes_pending)
+        lines = []
+        for line in inputs:
+            if line.get("type") != "system":
+                pending_id = next(taken)
+                if pending_id in waiting:
+                    line = {**line, "pending_id": pending_id}
+            lines.append(line)
+        return lines
     pending = pending_of(meta)
     if not pending:
         return inputs
-    own = [line for line in inputs if line.get("type") != "system"]
-    if takes_pending and len(own) == len(pending) and is_pending_input(meta, items.input_items(own)):
-        taken = iter(pending)
-        return [line if line.get("type") == "system" else {**line, "pending_id": next(taken)["id"]}
-                for line in inputs]
     at = next((i for i, line in enumerate(inputs) if line.get("type") != "system"), len(inputs))
     model = next((line for line in inputs if line.get("type") != "system"), inputs[0] if inputs else {})
     shared = {key: model[key] for key in ("request_id", "conversation_id", "agent_id") if key in model}
@@ -129,8 +147,12 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pen
 
 def without_consumed(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> ConversationMeta:
     """`meta` without the pending messages `inputs` took (a copy; any added since are kept)."""
-    taken = {line["pending_id"] for line in inputs if line.get("pending_id")}
-    if not taken:
+    return without_pending(meta, {line["pending_id"] for line in inputs if line.get("pending_id")})
+
+
+def without_pending(meta: ConversationMeta, taken: set[str]) -> ConversationMeta:
+    """`meta` without the pending messages of ids `taken` (a copy; the others are kept)."""
+    if not taken or not any(item["id"] in taken for item in pending_of(meta)):
         return meta
     left = [item for item in pending_of(meta) if item["id"] not in taken]
     extra = {key: value for key, value in meta.extra.items() if key != PENDING_KEY}

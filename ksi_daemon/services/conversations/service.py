@@ -51,7 +51,7 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.pending import PENDING_KEY, pended, pending_of
+from ksi_daemon.services.conversations.pending import pended, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, message_line
 from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
@@ -504,15 +504,15 @@ class ConversationService:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
                     changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
-                if data.reply_to_pending is not None and already_held is None:  # answered, in the same write
-                    changes["extra"] = {k: v for k, v in meta.extra.items() if k != PENDING_KEY}
+                # the pending input answered (`held`) leaves with the first exchange, in the writer
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
                     changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
                                                       data.pending, now, "pending")
                 return meta.model_copy(update=changes)
 
             if appended:
-                await self.writer.commit(memory, appended, memory.meta.system, meta_after)
+                answers = [item["id"] for item in held] if data.reply_to_pending is not None else []
+                await self.writer.commit(memory, appended, memory.meta.system, meta_after, answers=answers)
             elif already_held is None or data.pending:
                 await self.writer.save_meta(memory, meta_after(memory.meta, []))
         if appended or already_held is None or data.pending:

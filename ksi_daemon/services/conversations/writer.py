@@ -10,12 +10,13 @@ reads the cache does not offer are answered here too, from the same store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.reading import StoredReader
 from ksi_common.records import IndexEntry
 from ksi_common.summaries import Summary
@@ -23,6 +24,7 @@ from ksi_common.timefmt import format_ts
 from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.conversations.digests import next_digest
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.pending import pending_of, without_pending
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ExchangeConflict, SummaryStore
 
@@ -30,6 +32,13 @@ log = structlog.get_logger("ksi.conversation")
 
 # (the metadata as it is now, the entries being appended) -> the metadata to store with the last one
 MetaAfter = Callable[[ConversationMeta, list[IndexEntry]], ConversationMeta]
+
+
+def _refuse_retired(memory: ConversationMemory) -> None:
+    """A conversation deleted or moved while a writer waited for its lock is not written again."""
+    if memory.retired:
+        raise KsiError(ErrorCode.CONVERSATION_NOT_FOUND, f"conversation {memory.conversation_id} not found",
+                       conversation_id=memory.conversation_id)
 
 
 @dataclass(slots=True)
@@ -106,21 +115,38 @@ class ConversationWriter:
 
     # -- changes (the caller holds the conversation's lock) --------------------------
     async def save_meta(self, memory: ConversationMemory, meta: ConversationMeta) -> None:
+        _refuse_retired(memory)
         await self._store.save_meta(meta)
         memory.meta = meta
         self.cache.noted(memory)
 
     async def commit(self, memory: ConversationMemory, new: list[NewExchange], system: str | None,
-                     meta_after: MetaAfter) -> ConversationMeta:
+                     meta_after: MetaAfter, *, answers: Collection[str] = ()) -> ConversationMeta:
         """Append `new` after the conversation's head in the durability order (each response
-        record, then its index line; the metadata `meta_after` makes with the last one).
+        record, then its index line); the metadata `meta_after` makes is stored with the last one.
+        `answers`: the pending input the first exchange replies to, removed from the metadata
+        stored with that first exchange (and every one after it), so exchanges written before a
+        failure never leave answered input waiting.
 
         An append is conditional: when another writer took the next number first (or changed the
         metadata), the conversation is reloaded and the exchanges not yet written are numbered
-        and chained after the new head. Once a write has begun it runs to its end, cancels
-        absorbed: an index line stored but not in memory would be given its number again."""
+        and chained after the new head; while none is written yet, `answers` must all still be
+        waiting in the reloaded metadata (else history_mismatch: another writer answered them,
+        and they are not answered twice). The metadata is made before the first write, so a
+        `meta_after` that refuses writes nothing. The whole write (digests, reloads, every
+        exchange) runs to its end once begun, cancels absorbed: an index line stored but not in
+        memory would be given its number again; a store failing part-way leaves the exchanges
+        before it written. A retired conversation (deleted or moved while this waited for its
+        lock) is not written: conversation_not_found."""
+        return await to_the_end(self._commit(memory, new, system, meta_after, set(answers)))
+
+    async def _commit(self, memory: ConversationMemory, new: list[NewExchange], system: str | None,
+                      meta_after: MetaAfter, answers: set[str]) -> ConversationMeta:
+        _refuse_retired(memory)
         left = list(new)
         entries = [x.entry for x in new]
+        # computed before anything is written: a meta_after that raises leaves nothing half-written
+        final = without_pending(meta_after(memory.meta, entries), answers)
         while True:
             try:
                 while left:
@@ -129,15 +155,29 @@ class ConversationWriter:
                     entry.n = memory.next_n
                     entry.digest = await next_digest(self.cache, memory, system, appending.lines,
                                                      self.max_fork_depth)
-                    meta = meta_after(memory.meta, entries) if len(left) == 1 else None
-                    await to_the_end(self._store.append_exchange(memory.conversation_id, entry,
-                                                                 response=appending.lines, meta=meta))
+                    if len(left) == 1:
+                        meta: ConversationMeta | None = final
+                    elif len(left) == len(new) and answers:
+                        meta = without_pending(memory.meta, answers)
+                    else:
+                        meta = None
+                    await self._store.append_exchange(memory.conversation_id, entry, response=appending.lines,
+                                                      meta=meta)
                     if meta is not None:
                         memory.meta = meta
                     memory.append(entry, appending.exchange)
                     left.pop(0)
             except ExchangeConflict:
                 await self.cache.reload(memory)
+                _refuse_retired(memory)
+                if len(left) == len(new):  # nothing of ours written yet: check again what it rests on
+                    gone = answers - {item["id"] for item in pending_of(memory.meta)}
+                    if gone:
+                        raise KsiError(ErrorCode.HISTORY_MISMATCH,
+                                       f"conversation {memory.conversation_id}: the pending input replied to "
+                                       "was answered by another writer meanwhile",
+                                       conversation_id=memory.conversation_id, pending_ids=sorted(gone)) from None
+                final = without_pending(meta_after(memory.meta, entries), answers)
                 continue
             self.cache.noted(memory)
             return memory.meta
