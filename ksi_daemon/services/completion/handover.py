@@ -21,6 +21,8 @@ def request_record(state: RequestState) -> dict[str, Any]:
         "context": {**state.context.to_wire(), "depth": state.context.depth, "chain_id": state.context.chain_id},
         # its input is its conversation's pending input: another daemon must not add that before it again
         **({"takes_pending": True} if state.takes_pending else {}),
+        # images admission took out of its files: references to the stored blobs, never their bytes
+        **({"images": state.images} if state.images else {}),
     }
 
 
@@ -35,4 +37,5 @@ def adopted_state(record: dict[str, Any]) -> RequestState:
         request=CompletionAsync.model_validate(record["request"]), context=context, agent_id=record.get("agent_id"),
         from_agent=record.get("from_agent"), created=record.get("created") or utc_now(),
         response_id=record.get("response_id"), takes_pending=bool(record.get("takes_pending")),
+        images=list(record.get("images") or []),
     )
