@@ -126,3 +126,37 @@ async def test_a_turn_with_an_image_file_claimed_by_another_daemon_is_sent_with_
     assert text["type"] == "text" and text["text"].endswith("what is in it?")
     url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
     assert picture == {"type": "image_url", "image_url": {"url": url}}
+
+
+async def test_a_claimed_turn_that_cannot_be_queued_is_ended_failed_and_leaves_its_line(
+        short_tmp: Path, pg_url: str, stub: Any) -> None:
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab") as (a, _b), KsiClient(a.socket) as on_a:
+        await on_a.request("system:health", {})
+        # as a live daemon offering a turn of a conversation deleted since: its claimer cannot queue it
+        record = {"v": 1, "request_id": "req-lost", "conversation_id": "deleted", "model": "openai/stub-model",
+                  "response_id": "resp-lost", "request": {"prompt": "lost"}, "context": {}}
+        connection = await asyncpg.connect(pg_url)
+        try:
+            async with connection.transaction():
+                await connection.execute(
+                    "INSERT INTO ksi_daemons (daemon_id, host, pid, version, started, heartbeat) "
+                    "VALUES ('far-daemon', 'far', 1, 'x', now(), now() + interval '1 hour')")
+                await connection.execute("INSERT INTO ksi_turn_line (conversation_id, request_id, daemon_id) "
+                                         "VALUES ('deleted', 'req-lost', 'far-daemon')")
+                await connection.execute(
+                    "INSERT INTO ksi_requests (request_id, conversation_id, daemon_id, status, response_id, record, "
+                    "offered) VALUES ('req-lost', 'deleted', 'far-daemon', 'queued', 'resp-lost', $1, true)",
+                    json.dumps(record))
+                await connection.execute("SELECT pg_notify('ksi_work', 'offered ')")
+        finally:
+            await connection.close()
+        row = await until_row(pg_url, "req-lost", lambda r: r["finished"] is not None)
+        connection = await asyncpg.connect(pg_url)
+        try:
+            line = await connection.fetch("SELECT * FROM ksi_turn_line WHERE request_id = 'req-lost'")
+            code = await connection.fetchval("SELECT code FROM ksi_requests WHERE request_id = 'req-lost'")
+        finally:
+            await connection.close()
+    assert (row["status"], code, row["taken_from"]) == ("failed", "conversation_not_found", "far-daemon"), row
+    assert line == []
+    assert not stub.requests
