@@ -160,3 +160,31 @@ async def test_a_claimed_turn_that_cannot_be_queued_is_ended_failed_and_leaves_i
     assert (row["status"], code, row["taken_from"]) == ("failed", "conversation_not_found", "far-daemon"), row
     assert line == []
     assert not stub.requests
+
+
+async def test_a_daemon_claims_no_turn_of_a_model_whose_slots_it_has_all_taken(
+        short_tmp: Path, pg_url: str, stub: Any) -> None:
+    stub.model_delay["stub-busy"] = 3.0
+    stub.model_delay["stub-slow"] = 3.0
+    models = json.dumps({"openai/stub-busy": {"api_base": stub.api_base, "max_concurrency": 1},
+                         "openai/stub*": {"api_base": stub.api_base}})
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_MODELS=models,
+                                KSI_MAX_CONCURRENCY="4") as (a, b), \
+            KsiClient(a.socket) as on_a, KsiClient(b.socket) as on_b:
+        # B has free slots but its one stub-busy slot is held; A has none free
+        held_b = await busy(on_b, "b")
+        fills = [await on_a.request("completion:async", {"prompt": f"fill {i}", "conversation_id": f"fill-{i}",
+                                                         "create": True, "model": "openai/stub-slow"})
+                 for i in range(4)]
+        while len(stub.requests) < 5:
+            await asyncio.sleep(0.02)
+        ack = await on_a.request("completion:async", {"prompt": "busy turn", "conversation_id": "o",
+                                                      "create": True, "model": BUSY})
+        result = await on_a.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
+        health = await on_b.request("system:health", {})
+        for started in fills:
+            await on_a.request("completion:wait", {"request_id": started["request_id"], "timeout": 60})
+        await on_b.request("completion:wait", {"request_id": held_b["request_id"], "timeout": 60})
+    assert result["content"] == "stub answer to: busy turn"
+    # claimed, it would have waited for B's stub-busy slot there, never offered again
+    assert health["storage"]["requests_stolen"] == 0

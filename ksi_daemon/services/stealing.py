@@ -93,7 +93,7 @@ class WorkStealing:
     async def steal(self) -> None:
         """Claim offered turns while this daemon has room for them."""
         while self.scheduler.room() > 0:
-            taken = await self.requests.claim_offered()
+            taken = await self.requests.claim_offered(self.scheduler.full_models())
             if taken is None:
                 self._offers_heard = False
                 return

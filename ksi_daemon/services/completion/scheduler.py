@@ -108,6 +108,10 @@ class Scheduler:
         """Give up a place taken in a conversation's line by a job that was never submitted."""
         await self._leases.leave_line(key, ticket)
 
+    def full_models(self) -> list[str]:
+        """Models a job claimed now would wait for: their own slots here are all taken."""
+        return self._limits.full_models()
+
     def expect(self, ticket: str) -> None:
         """A job claimed from another daemon is on its way here: counted as wanting a slot already."""
         self._coming.add(ticket)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import asyncpg
 import structlog
@@ -62,7 +62,7 @@ WITHDRAW = "UPDATE ksi_requests SET offered = false WHERE request_id = $1 AND da
 CLAIM_OFFERED = f"""
 WITH pick AS (
     SELECT r.request_id FROM ksi_requests r JOIN ksi_turn_line t ON t.request_id = r.request_id
-    WHERE r.offered AND r.finished IS NULL AND r.daemon_id <> $1
+    WHERE r.offered AND r.finished IS NULL AND r.daemon_id <> $1 AND NOT (r.record->>'model' = ANY($2::text[]))
     ORDER BY t.ticket LIMIT 1 FOR UPDATE OF r SKIP LOCKED
 ),
 taken AS (
@@ -207,8 +207,9 @@ class PostgresRequests:
                 log.warning("withdraw_failed", request_id=request_id, error=exc.message)
                 await asyncio.sleep(WITHDRAW_RETRY)
 
-    async def claim_offered(self) -> PoolRequest | None:
-        row = await self.database.run(lambda c: c.fetchrow(CLAIM_OFFERED, self.daemon_id), retry=False)
+    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
+        row = await self.database.run(lambda c: c.fetchrow(CLAIM_OFFERED, self.daemon_id, list(skip_models)),
+                                      retry=False)
         if row is None:
             return None
         self.stolen += 1
