@@ -16,7 +16,7 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -582,10 +582,9 @@ class PoolRequests(Protocol):
         """Take an offer back before running the request here; False when another daemon claimed it."""
         ...
 
-    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
+    async def claim_offered(self) -> PoolRequest | None:
         """The oldest request another daemon offered (in the order of the lines), now this daemon's;
-        its daemon is told, and the lease it held for it is revoked. None: nothing is offered.
-        `skip_models`: models whose slots here are all taken; a request of one would only wait."""
+        its daemon is told, and the lease it held for it is revoked. None: nothing is offered."""
         ...
 
     def watch(self, heard: Callable[[str, str], None]) -> None:
@@ -620,7 +619,7 @@ class OneDaemonRequests:
     async def withdraw(self, request_id: str) -> bool:
         return True
 
-    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
+    async def claim_offered(self) -> PoolRequest | None:
         return None
 
     def watch(self, heard: Callable[[str, str], None]) -> None:
