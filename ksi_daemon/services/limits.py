@@ -44,6 +44,10 @@ class ConcurrencyLimits:
         model_slot = self._model_slot(model)
         return not self._global.locked() and (model_slot is None or not model_slot.locked())
 
+    def full_models(self) -> list[str]:
+        """The models whose own slots here are all taken: a call of one would wait."""
+        return [model for model, slot in self._models.items() if slot.locked()]
+
     @asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[None]:
         """Hold one call's slot for `model`."""

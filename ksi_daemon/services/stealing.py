@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import structlog
 
-from ksi_common.errors import KsiError
+from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
 from ksi_daemon.router import Unregister
 from ksi_daemon.services.completion.service import CompletionService
-from ksi_daemon.storage.ports import PoolRequests
+from ksi_daemon.storage.ports import PoolRequest, PoolRequests
 
 log = structlog.get_logger("ksi.pool")
 
@@ -93,7 +93,7 @@ class WorkStealing:
     async def steal(self) -> None:
         """Claim offered turns while this daemon has room for them."""
         while self.scheduler.room() > 0:
-            taken = await self.requests.claim_offered()
+            taken = await self.requests.claim_offered(self.scheduler.full_models())
             if taken is None:
                 self._offers_heard = False
                 return
@@ -101,6 +101,19 @@ class WorkStealing:
             self.scheduler.expect(taken.request_id)
             try:
                 await self.completion.adopt(taken)
-            except BaseException:
+            except asyncio.CancelledError:  # stopping: left open, taken over once this daemon is silent
                 self.scheduler.unexpect(taken.request_id)
                 raise
+            except Exception as exc:
+                self.scheduler.unexpect(taken.request_id)
+                await self._not_adopted(taken, exc)
+                raise
+
+    async def _not_adopted(self, taken: PoolRequest, exc: Exception) -> None:
+        """The claim committed but the turn could not be queued here: its row is ended as failed and its
+        ticket leaves the line, or its conversation's later turns and the client waiting on the daemon
+        that accepted it would wait for it forever."""
+        code = exc.code if isinstance(exc, KsiError) else str(ErrorCode.INTERNAL_ERROR)
+        log.warning("request_claimed_not_run", request_id=taken.request_id, code=code)
+        self.requests.ended(taken.request_id, "failed", code)  # a no-op when adopt had ended it already
+        await self.scheduler.leave_line(taken.conversation_id, taken.request_id)

@@ -16,7 +16,7 @@ a conversation store is also such a reader, so the daemon and the CLI read throu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -582,9 +582,10 @@ class PoolRequests(Protocol):
         """Take an offer back before running the request here; False when another daemon claimed it."""
         ...
 
-    async def claim_offered(self) -> PoolRequest | None:
+    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
         """The oldest request another daemon offered (in the order of the lines), now this daemon's;
-        its daemon is told, and the lease it held for it is revoked. None: nothing is offered."""
+        its daemon is told, and the lease it held for it is revoked. None: nothing is offered.
+        `skip_models`: models whose slots here are all taken; a request of one would only wait."""
         ...
 
     def watch(self, heard: Callable[[str, str], None]) -> None:
@@ -619,7 +620,7 @@ class OneDaemonRequests:
     async def withdraw(self, request_id: str) -> bool:
         return True
 
-    async def claim_offered(self) -> PoolRequest | None:
+    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
         return None
 
     def watch(self, heard: Callable[[str, str], None]) -> None:

@@ -22,6 +22,8 @@ def request_record(state: RequestState) -> dict[str, Any]:
         # its input is its conversation's pending input (these ids): another daemon must not add
         # them before it again, nor add input pended after its admission
         **({"takes_pending": list(state.takes_pending)} if state.takes_pending else {}),
+        # images admission took out of its files: references to the stored blobs, never their bytes
+        **({"images": state.images} if state.images else {}),
     }
 
 
@@ -36,6 +38,7 @@ def adopted_state(record: dict[str, Any]) -> RequestState:
         request=CompletionAsync.model_validate(record["request"]), context=context, agent_id=record.get("agent_id"),
         from_agent=record.get("from_agent"), created=record.get("created") or utc_now(),
         response_id=record.get("response_id"), takes_pending=_taken_ids(record.get("takes_pending")),
+        images=list(record.get("images") or []),
     )
 
 

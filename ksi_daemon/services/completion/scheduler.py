@@ -42,6 +42,8 @@ class Job:
     cancelled: bool = False
     finished: bool = False
     claimed: bool = False  # offered while it waited for a slot, and claimed by another daemon
+    offered: bool = False  # an offer of it to the pool may stand: a cancel takes it back first
+    withdrawing: bool = False  # cancelled while offered: cancelled once its offer is taken back, else handed over
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +104,14 @@ class Scheduler:
         and the jobs it claimed that will (a job waiting for another daemon's turn wants none yet)."""
         return self._limits.capacity - self._limits.in_use - self._wanting - len(self._coming)
 
+    async def leave_line(self, key: str, ticket: str) -> None:
+        """Give up a place taken in a conversation's line by a job that was never submitted."""
+        await self._leases.leave_line(key, ticket)
+
+    def full_models(self) -> list[str]:
+        """Models a job claimed now would wait for: their own slots here are all taken."""
+        return self._limits.full_models()
+
     def expect(self, ticket: str) -> None:
         """A job claimed from another daemon is on its way here: counted as wanting a slot already."""
         self._coming.add(ticket)
@@ -122,8 +132,9 @@ class Scheduler:
         job = self._offered.get(ticket)
         worker = self._workers.get(job.key) if job is not None else None
         if job is not None and worker is not None and not job.claimed:
+            if not job.withdrawing:  # else woken already; one cancel of the worker wakes it for both
+                worker.cancel()  # taken back in `_room`, as this job's own
             job.claimed = True
-            worker.cancel()  # taken back in `_room`, as this job's own
 
     def position(self, job: Job) -> int:
         queue = self._queues.get(job.key)
@@ -135,13 +146,25 @@ class Scheduler:
             return 0
 
     def cancel(self, job: Job) -> bool:
-        """Cancel a queued job (removed at once) or a running one (its worker is cancelled, for this job only)."""
+        """Cancel a queued job (removed at once) or a running one (its worker is cancelled, for this job only).
+        A job offered to the pool is cancelled only once its offer is taken back: claimed meanwhile by
+        another daemon, it is handed over instead (`job.withdrawing` says the answer is to wait for)."""
         if job.task is not None:
             if job.finished or job.cancelled:
                 return False
             job.cancelled = True  # the worker takes this cancel as the job's, not its own
             job.task.cancel()
             return True
+        if job.offered:
+            if not job.withdrawing:
+                worker = self._workers.get(job.key)
+                if job.ticket in self._offered and not job.claimed and worker is not None:
+                    worker.cancel()  # waiting for a slot: woken in `_room` as a claim wakes it
+                job.withdrawing = True
+            return True
+        return self._drop_queued(job)
+
+    def _drop_queued(self, job: Job) -> bool:
         queue = self._queues.get(job.key)
         if queue is None or job not in queue:
             return False
@@ -225,32 +248,39 @@ class Scheduler:
             worker = asyncio.current_task()
             assert worker is not None
             kept = True
+            standing = True  # an offer that must be taken back before the job runs or is cancelled
+            job.offered = True
             try:
-                while True:
+                while not job.withdrawing:
                     self._offered[job.ticket] = job
                     try:
                         await stack.enter_async_context(self._limits.slot(job.model))
+                        stack.callback(self._on_room)
                         break
                     except asyncio.CancelledError:
-                        if not job.claimed or worker.cancelling() > 1:
+                        if not (job.claimed or job.withdrawing) or worker.cancelling() > 1:
                             raise
-                        worker.uncancel()  # the claim's cancel, spent
-                    # told it was claimed: the database says whether it still is this daemon's (the
-                    # word may be late, about an earlier claim of a job offered again since)
+                        worker.uncancel()  # the claim's or the cancel's, spent
+                    # told it was claimed, or cancelled: the database says whether it still is this
+                    # daemon's (the word of a claim may be late, about an earlier claim of a job offered again since)
                     self._offered.pop(job.ticket, None)
                     job.claimed = False
                     kept = await self._offers.withdraw(job.ticket)
-                    if not kept:
+                    standing = False
+                    if not kept or job.withdrawing:
                         break
                     await self._offers.offer(job.ticket)
+                    standing = True
+                if standing:
+                    kept = await self._offers.withdraw(job.ticket)
             finally:
                 self._offered.pop(job.ticket, None)
                 self._wanting -= 1
-            if not kept:
-                yield False
-                return
-            stack.callback(self._on_room)
-            yield await self._offers.withdraw(job.ticket)
+                job.offered = False
+            if kept and job.withdrawing:  # taken back: the cancel asked for while it stood is done now
+                self._drop_queued(job)
+                kept = False
+            yield kept
 
     def jobs(self) -> list[Job]:
         return [job for queue in self._queues.values() for job in queue]

@@ -177,8 +177,10 @@ class CompletionService:
             return await self.elsewhere.cancel(data.request_id)
         if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
             self.scheduler.cancel(found.job)
-            if found.status == "running":
+            if found.status == "running" or found.job.withdrawing:  # offered: ends once its offer is taken back
                 await found.done.wait()
+            if found.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
+                return await self.elsewhere.cancel(data.request_id)
             return {**self.describe(found), "cancelled": found.status == "cancelled"}
         return {**self.describe(found), "cancelled": False}
 
@@ -316,7 +318,11 @@ class CompletionService:
         memory.users += 1
         self._held[state.request_id] = memory
         self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
-        await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
+        try:
+            await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
+        except KsiError as error:  # ended as failed, its memory let go; the caller gives its place up
+            self._finish(state, "failed", error=error)
+            raise
         self.scheduler.submit(state.job)
 
     def _handed_over(self, state: RequestState) -> None:

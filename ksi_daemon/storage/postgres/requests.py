@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import asyncpg
 import structlog
@@ -62,7 +62,7 @@ WITHDRAW = "UPDATE ksi_requests SET offered = false WHERE request_id = $1 AND da
 CLAIM_OFFERED = f"""
 WITH pick AS (
     SELECT r.request_id FROM ksi_requests r JOIN ksi_turn_line t ON t.request_id = r.request_id
-    WHERE r.offered AND r.finished IS NULL AND r.daemon_id <> $1
+    WHERE r.offered AND r.finished IS NULL AND r.daemon_id <> $1 AND NOT (r.record->>'model' = ANY($2::text[]))
     ORDER BY t.ticket LIMIT 1 FOR UPDATE OF r SKIP LOCKED
 ),
 taken AS (
@@ -94,7 +94,7 @@ FOR UPDATE SKIP LOCKED
 
 # checked again under the locks, on a fresh snapshot: one another daemon claimed meanwhile is its own
 CLAIM = f"""
-UPDATE ksi_requests r SET daemon_id = $1, taken_from = r.daemon_id
+UPDATE ksi_requests r SET daemon_id = $1, taken_from = r.daemon_id, offered = false
 WHERE r.request_id = ANY($3::text[]) AND r.finished IS NULL AND r.daemon_id <> $1
   AND NOT EXISTS (SELECT 1 FROM ksi_daemons d WHERE d.daemon_id = r.daemon_id
                   AND d.heartbeat > now() - make_interval(secs => $2))
@@ -193,9 +193,11 @@ class PostgresRequests:
     async def offer(self, request_id: str) -> bool:
         try:
             return bool(await self.database.run(lambda c: c.fetchval(OFFER, request_id, self.daemon_id)))
-        except KsiError as exc:  # not offered: it waits for a slot here
+        except KsiError as exc:
+            # the update may have committed before the error reached here, and a claim after it: taken
+            # back, it waits for a slot here; not taken back, it was claimed and waits as an offer does
             log.warning("offer_failed", request_id=request_id, error=exc.message)
-            return False
+            return not await self.withdraw(request_id)
 
     async def withdraw(self, request_id: str) -> bool:
         while True:
@@ -205,8 +207,9 @@ class PostgresRequests:
                 log.warning("withdraw_failed", request_id=request_id, error=exc.message)
                 await asyncio.sleep(WITHDRAW_RETRY)
 
-    async def claim_offered(self) -> PoolRequest | None:
-        row = await self.database.run(lambda c: c.fetchrow(CLAIM_OFFERED, self.daemon_id), retry=False)
+    async def claim_offered(self, skip_models: Sequence[str] = ()) -> PoolRequest | None:
+        row = await self.database.run(lambda c: c.fetchrow(CLAIM_OFFERED, self.daemon_id, list(skip_models)),
+                                      retry=False)
         if row is None:
             return None
         self.stolen += 1
