@@ -111,6 +111,10 @@ class DaemonProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
 
+    def kill_if_running(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
+
     async def stop(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
@@ -304,30 +308,33 @@ async def crash_rounds(root: Path, *, rounds: int = 4, total: int = 200, convers
     indexed: dict[str, tuple[str, str, str]] = {}
     async with SlowStub(rng, 0.005, 0.08) as stub:
         daemon = DaemonProcess(root, daemon_env(stub.api_base, **(extra_env or {})))
-        for number in range(1, rounds + 1):
+        try:
+            for number in range(1, rounds + 1):
+                await daemon.start()
+                if number > 1:
+                    await settle_after_restart(daemon, ledger, database_url)
+                await warm_up(daemon, ledger)
+                quota = -(-len(queue) // (rounds - number + 2))
+                kill_after = rng.uniform(0.05, 1.0)
+                await drive(daemon, ledger, queue, quota, rng, kill_after)
+                indexed = await check_stored(daemon.var, ledger, database_url)  # acked exchanges are in files already
+                survived += 1
+                log(f"round {number}: killed after {kill_after:.2f}s; acked {len(ledger.acked)}, "
+                    f"delivered {len(ledger.delivered)}, indexed {len(indexed)}, lost {len(ledger.lost)}")
             await daemon.start()
-            if number > 1:
-                await settle_after_restart(daemon, ledger, database_url)
-            await warm_up(daemon, ledger)
-            quota = -(-len(queue) // (rounds - number + 2))
-            kill_after = rng.uniform(0.05, 1.0)
-            await drive(daemon, ledger, queue, quota, rng, kill_after)
-            indexed = await check_stored(daemon.var, ledger, database_url)  # acked exchanges are in files already
-            survived += 1
-            log(f"round {number}: killed after {kill_after:.2f}s; acked {len(ledger.acked)}, "
-                f"delivered {len(ledger.delivered)}, indexed {len(indexed)}, lost {len(ledger.lost)}")
-        await daemon.start()
-        await settle_after_restart(daemon, ledger, database_url)
-        await drive(daemon, ledger, queue, len(queue), rng, None)
-        # the conversations go on after the crashes: one more exchange in each
-        async with KsiClient(daemon.socket) as client:
-            for c in range(conversations):
-                ack = await client.request("completion:async", {"prompt": "after the crashes",
-                                                                "conversation_id": f"conv{c:02d}"})
-                result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
-                ledger.acked[ack["request_id"]] = f"conv{c:02d}"
-                ledger.delivered[ack["request_id"]] = result
-        await daemon.stop()
+            await settle_after_restart(daemon, ledger, database_url)
+            await drive(daemon, ledger, queue, len(queue), rng, None)
+            # the conversations go on after the crashes: one more exchange in each
+            async with KsiClient(daemon.socket) as client:
+                for c in range(conversations):
+                    ack = await client.request("completion:async", {"prompt": "after the crashes",
+                                                                    "conversation_id": f"conv{c:02d}"})
+                    result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+                    ledger.acked[ack["request_id"]] = f"conv{c:02d}"
+                    ledger.delivered[ack["request_id"]] = result
+            await daemon.stop()
+        finally:  # a round that failed leaves no daemon running
+            daemon.kill_if_running()
     final = await check_stored(daemon.var, ledger, database_url)
     done = ledger.delivered.keys() | ledger.recovered_done
     failed = ledger.recovered_failed | ledger.failed.keys()

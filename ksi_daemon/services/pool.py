@@ -10,7 +10,6 @@ paused) is registered again by its next beat. A clean stop removes the row.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import time
@@ -22,6 +21,7 @@ import structlog
 from ksi_common import __version__
 from ksi_common.errors import KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.background import stop_task
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
 from ksi_daemon.router import Router, Unregister
@@ -64,10 +64,7 @@ class PoolService:
 
     async def stop(self, timeout: float) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         try:
             await asyncio.wait_for(self.registry.leave(self.me.daemon_id), LEAVE_WAIT)
         except (KsiError, TimeoutError) as exc:  # the row goes stale, then is pruned by the others

@@ -22,6 +22,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.background import stop_task
 from ksi_daemon.router import Unregister
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.storage.ports import PoolRequest, PoolRequests
@@ -57,10 +58,7 @@ class WorkStealing:
 
     async def stop(self, timeout: float) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     def _heard(self, news: str, request_id: str) -> None:
         if news == "taken":  # maybe one of this daemon's: it stops waiting for a slot here

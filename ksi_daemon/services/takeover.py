@@ -20,6 +20,7 @@ import structlog
 
 from ksi_common.errors import KsiError
 from ksi_common.settings import Settings
+from ksi_daemon.background import stop_task
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Unregister
 from ksi_daemon.services.completion.models import CompletionCancel
@@ -51,10 +52,7 @@ class TakeoverService:
 
     async def stop(self, timeout: float) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _watching(self) -> None:
         while True:

@@ -39,6 +39,7 @@ import asyncpg
 import structlog
 
 from ksi_common.errors import KsiError
+from ksi_daemon.background import stop_task
 from ksi_daemon.storage.postgres.database import Database
 
 log = structlog.get_logger("ksi.storage.postgres")
@@ -152,9 +153,7 @@ class PostgresLeases:
         try:
             yield True
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await stop_task(renewing)
             if self._held.get(conversation_id) == generation:
                 del self._held[conversation_id]
             self._lined.discard(request_id)

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import structlog
 
 from ksi_common.errors import KsiError
+from ksi_daemon.background import stop_task
 from ksi_daemon.storage.postgres.database import Database
 
 log = structlog.get_logger("ksi.storage.postgres")
@@ -55,9 +56,7 @@ class PostgresSlots:
         try:
             yield
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await stop_task(renewing)
             try:
                 await self.database.run(lambda c: c.execute(GIVE_BACK, scope, slot, self.daemon_id))
             except KsiError as exc:  # it expires by itself
