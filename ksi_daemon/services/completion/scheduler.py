@@ -252,6 +252,8 @@ class Scheduler:
             job.offered = True
             try:
                 while not job.withdrawing:
+                    # the word of a claim or a cancel wakes the worker only here, waiting for the slot:
+                    # cancelled anywhere else (taking the offer back), it would drop its whole queue
                     self._offered[job.ticket] = job
                     try:
                         await stack.enter_async_context(self._limits.slot(job.model))
@@ -261,9 +263,10 @@ class Scheduler:
                         if not (job.claimed or job.withdrawing) or worker.cancelling() > 1:
                             raise
                         worker.uncancel()  # the claim's or the cancel's, spent
+                    finally:
+                        self._offered.pop(job.ticket, None)
                     # told it was claimed, or cancelled: the database says whether it still is this
                     # daemon's (the word of a claim may be late, about an earlier claim of a job offered again since)
-                    self._offered.pop(job.ticket, None)
                     job.claimed = False
                     kept = await self._offers.withdraw(job.ticket)
                     standing = False
@@ -274,7 +277,6 @@ class Scheduler:
                 if standing:
                     kept = await self._offers.withdraw(job.ticket)
             finally:
-                self._offered.pop(job.ticket, None)
                 self._wanting -= 1
                 job.offered = False
             if kept and job.withdrawing:  # taken back: the cancel asked for while it stood is done now
