@@ -61,98 +61,66 @@ def as_ksi_error(exc: BaseException) -> KsiError:
     return KsiError(ErrorCode.STORAGE_ERROR, "the database refused an operation", reason=reason)
 
 
-class Database:
-    """Connections to one database URL; `open()` connects and migrates, `close()` lets go.
+async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
+    """Connections go back to the pool as they are: this code leaves no session state behind
+    (transactions are closed by their blocks, and asyncpg rolls back any still open itself),
+    so the default reset query, a round trip on every release, buys nothing."""
 
-    Its own small pool: up to `pool_size` connections, each taken for one unit of work and put back
-    as it is. asyncpg's pool costs about as much CPU as the statement it serves (a holder, a proxy,
-    an inactivity timer, a reset under a timeout, and a task to shield each release: 38 us against
-    35 us for a one-row SELECT, measured apart), and a turn on the pool runs eight units of work.
-    A connection whose work failed other than by a statement's error, or left a transaction open,
-    is closed rather than put back: its state is not known (a cancelled query may still be running).
-    """
+
+class Database:
+    """A pool on one database URL; `open()` connects and migrates, `close()` lets go."""
 
     def __init__(self, url: str, pool_size: int = POOL_SIZE, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.url = url
         self.shown_url = mask_url(url)
         self.pool_size = pool_size
         self.connect_timeout = connect_timeout
-        self._idle: list[asyncpg.Connection] = []
-        self._slots = asyncio.Semaphore(pool_size)  # connections out at once
-        self._open = False
+        self._pool: asyncpg.Pool | None = None
         self.migration: MigrationReport | None = None
-        self.calls = 0  # units of work run (each a checkout and at least one round trip)
+        self.calls = 0  # units of work run (each a pool checkout and at least one round trip)
 
     async def open(self) -> MigrationReport:
         """Connect and bring the schema up to date; raises StorageUnavailable or SchemaTooNew."""
         try:
-            conn = await self._connect()
+            pool = await asyncpg.create_pool(
+                self.url, min_size=1, max_size=self.pool_size, timeout=self.connect_timeout,
+                init=init_connection, reset=_nothing_to_reset, command_timeout=60,
+            )
         except Exception as exc:
             raise StorageUnavailable(
                 f"cannot connect to the database at {self.shown_url}: {mask_urls_in(str(exc)) or type(exc).__name__}",
                 url=self.shown_url,
             ) from None
         try:
-            self.migration = await migrate(conn)
+            async with pool.acquire() as conn:
+                self.migration = await migrate(conn)
         except BaseException:
-            conn.terminate()
+            await pool.close()
             raise
-        self._idle.append(conn)
-        self._open = True
+        self._pool = pool
         log.info("database_opened", url=self.shown_url, schema_version=self.migration.after,
                  migrated=self.migration.applied)
         return self.migration
 
-    async def _connect(self) -> asyncpg.Connection:
-        conn = await asyncpg.connect(self.url, timeout=self.connect_timeout, command_timeout=60)
-        try:
-            await init_connection(conn)
-        except BaseException:
-            conn.terminate()
-            raise
-        return conn
-
     async def close(self) -> None:
-        """Close the idle connections; one still in use is closed when its work ends."""
-        self._open = False
-        idle, self._idle = self._idle, []
-        for conn in idle:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
             try:
-                await asyncio.wait_for(conn.close(), 5.0)
-            except Exception:  # a server that went away: let the connection go by force
-                conn.terminate()
+                await asyncio.wait_for(pool.close(), 5.0)
+            except Exception:  # a pool whose server went away: let its connections go by force
+                pool.terminate()
 
-    @asynccontextmanager
-    async def _checkout(self) -> AsyncIterator[asyncpg.Connection]:
-        if not self._open:
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
             raise StorageUnavailable("the database is not open")
-        async with self._slots:
-            conn = None
-            while self._idle and conn is None:
-                conn = self._idle.pop()
-                if conn.is_closed():  # lost while idle (the server restarted): connect anew
-                    conn = None
-            if conn is None:
-                conn = await self._connect()
-            reusable = False
-            try:
-                yield conn
-                reusable = True
-            except (KsiError, asyncpg.PostgresError) as exc:
-                # the statement's own failure (or the work's): the connection is as good as before
-                reusable = not is_connection_error(exc)
-                raise
-            finally:
-                if reusable and self._open and not conn.is_closed() and not conn.is_in_transaction():
-                    self._idle.append(conn)
-                else:
-                    conn.terminate()
+        return self._pool
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection; database failures inside come out as KsiError."""
         try:
-            async with self._checkout() as conn:
+            async with self.pool.acquire() as conn:
                 yield conn
         except KsiError:
             raise
@@ -166,7 +134,7 @@ class Database:
         attempts = 2 if retry else 1
         for attempt in range(attempts):
             try:
-                async with self._checkout() as conn:
+                async with self.pool.acquire() as conn:
                     return await work(conn)
             except KsiError:
                 raise
