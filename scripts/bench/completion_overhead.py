@@ -449,8 +449,11 @@ async def drive(client: Any, count: int, offset: int, shape: str, conversations:
             await tool_turn(client, loops, conversation_id, offset + i)
             continue
         ack = await client.request("completion:async", data)
-        result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
-        if "content" not in result:
+        for _ in range(5):  # on a loaded machine a daemon's first turn also waits for litellm's import
+            result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
+            if "content" in result:
+                break
+        else:
             raise RuntimeError(f"completion did not finish: {result}")
 
 
@@ -653,15 +656,21 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path, cluste
         "alone, fsync always": {"fsync": "always", "ablate": ("instant_provider",)},
         "alone, waiting provider": {"fsync": "never", "ablate": ("waiting_provider",)},
     }
-    for name in PARTS:
-        specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
-    specs["alone, all parts"] = {"fsync": "never", "ablate": ("instant_provider", *PARTS)}
+    if cluster is None:
+        for name in PARTS:
+            specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
+        specs["alone, all parts"] = {"fsync": "never", "ablate": ("instant_provider", *PARTS)}
+    else:  # the pool's daemon against the JSONL daemon alone; the JSONL parts are --profile's without --pool
+        del specs["reference"], specs["no_cost_lookup"]
+        specs["alone, fsync always, waiting provider"] = {"fsync": "always", "ablate": ("waiting_provider",)}
     args = argparse.Namespace(**{**vars(args), "no_tools": True})  # the what-ifs on the plain shapes
     daemons: dict[str, DaemonRun] = {}
     try:
         daemons = await start_daemons(specs, api_base, workdir, args)
         if cluster is not None:
-            daemons["alone, pool"] = await start_pool(api_base, workdir, cluster, args, ablate=("instant_provider",))
+            for name, ablate in (("alone, pool", "instant_provider"), ("alone, pool, waiting provider",
+                                                                      "waiting_provider")):
+                daemons[name] = await start_pool(api_base, workdir, cluster, args, ablate=(ablate,))
         ablations = await rounds(daemons, args)
     finally:
         for daemon in daemons.values():
@@ -874,16 +883,19 @@ def print_profile(report: dict[str, Any]) -> None:
             ("alone, waiting provider", "alone", ABLATIONS["waiting_provider"] + " (the same work, run cold)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
     rows.append(("alone, all parts", "alone", "all the parts above left out"))
-    if "alone, pool" in abl:
-        rows.append(("alone, pool", "alone, fsync always",
-                     "the pool's daemon alone, its partner alive (saving < 0 = what the pool costs beyond JSONL)"))
+    rows += [("alone, fsync always, waiting provider", "alone, fsync always", "the same, its provider call waiting"),
+             ("alone, pool", "alone, fsync always",
+              "the pool's daemon alone, its partner alive (saving < 0 = what the pool costs beyond JSONL, fsync always)"),
+             ("alone, pool, waiting provider", "alone, fsync always, waiting provider",
+              "the same, both daemons' provider calls waiting")]
+    rows = [row for row in rows if row[0] in abl]
     for name, base, what in rows:
         cells = []
         for shape in ("new", "continue"):
             cells.append(f"{cpu(name, shape):{7 if shape == 'new' else 9}.3f}")
             cells.append(" " * 8 if base is None else f"{saving(base, name, shape):+8.3f}")
         print(f"{name:32} {' '.join(cells)}  {what}")
-    for shape in ("new", "continue"):
+    for shape in ("new", "continue") if "reference" in abl else ():
         inside = median([a["cpu_ms"] - b["cpu_ms"] for a, b in zip(abl["reference"][shape], abl["alone"][shape],
                                                                   strict=True)])
         print(f"{shape}: litellm's share inside the daemon (reference - alone) = {inside:.3f} ms; "
