@@ -369,7 +369,6 @@ class PoolRun(DaemonRun):
                  ablate: tuple[str, ...] = ()) -> None:
         super().__init__(api_base, "always", workdir, profile_out=profile_out, ablate=ablate, env=pool_env(url))
         self.cluster = cluster
-        self.url = url
         self.partner: Daemon | None = None
 
     async def database_calls(self) -> tuple[int, int]:
