@@ -5,7 +5,7 @@ writes alone", measured in the same run), at most 0.25x the direct litellm call'
 continued, fsync on and off. DESIGN.md section 7's older goal, under 1 ms, is shown beside it.
 
     .venv/bin/python scripts/bench/completion_overhead.py [-n 300] [--repeats 5]
-                                                          [--conversations 10] [--profile]
+                                                          [--conversations 10] [--profile] [--pool]
 
 Separate processes, so each CPU figure belongs to one process only:
   stub    tests/stub_openai.py, a local OpenAI-compatible server (its CPU is never counted);
@@ -38,6 +38,14 @@ Every process stays up for the whole run and the measurements are interleaved in
 the table shows medians over `--repeats` rounds, and the overhead is the median of the
 per-round differences daemon - direct.
 
+`--pool` adds issue 32's goal, the daemon's own CPU per completion with the pool on under 0.5x the
+direct call's: a daemon with KSI_STORAGE=postgres on a throwaway cluster (fsync and synchronous
+commit on) measured in the same rounds, with a second daemon alive on the same database (its
+heartbeats seen, sent nothing), so the measured daemon's requests are recorded for the pool with
+their tickets, its turns hold conversation leases and its results are relayed. Beside it, per
+completion: the server's CPU (every PostgreSQL process, not in the ratio), the other daemon's, and
+both daemons' database calls.
+
 `--profile` adds where the daemon's own CPU goes: the same daemon with one part left out at a
 time (what-if patches applied by this script to the daemon process only, never to the code),
 interleaved the same way, and one run under cProfile for function names.
@@ -67,6 +75,7 @@ from harness import (
     bench_tools,
     chat_tools,
     machine,
+    postgres_cpu_s,
     prompt,
     quiet_litellm,
     rotated,
@@ -80,6 +89,8 @@ from harness import (
 # of the direct call's CPU (DESIGN.md's older goal, under 1 ms, is shown beside it)
 GOAL_SHARE = 0.25
 GOAL_MS = 1.0
+# issue 32: with the pool on (--pool), the daemon's own CPU beyond the direct call under this share of it
+GOAL_POOL_SHARE = 0.5
 SHAPES = (("new", "single"), ("continue", "chat"))  # daemon shape, its direct baseline
 # the same with 10 tools on every request, the model answering with a tool call: a new conversation,
 # and a tool loop continued (its input the output of the call the model made in the turn before)
@@ -319,13 +330,14 @@ class DaemonRun(Daemon):
     of files would make file creation dearer for the daemons measured next (see storage_writes)."""
 
     def __init__(self, api_base: str, fsync: str, workdir: Path, profile_out: Path | None = None,
-                 ablate: tuple[str, ...] = (), hooked: bool = False) -> None:
-        env = {"KSI_FSYNC": fsync}
+                 ablate: tuple[str, ...] = (), hooked: bool = False, env: dict[str, str] | None = None) -> None:
+        env = {**(env or {}), "KSI_FSYNC": fsync}
         launcher: list[str] = []
         if profile_out is not None or ablate or hooked:
             env.update(KSI_BENCH_PROFILE=str(profile_out or ""), KSI_BENCH_ABLATE=",".join(ablate))
             launcher = [sys.executable, __file__, "--role", "hooked-daemon", "--"]
         super().__init__(api_base, workdir, env, launcher=launcher)
+        self.profile_out = profile_out
         self.loops: dict[str, str] = {}  # a tool loop's conversation id -> the call its newest exchange made
 
     async def batch(self, shape: str, count: int, offset: int, conversations: int, tag: str) -> dict[str, float]:
@@ -340,6 +352,82 @@ class DaemonRun(Daemon):
         cpu0 = self.cpu_s()
         await asyncio.sleep(1.0)
         return (self.cpu_s() - cpu0) * 1000
+
+
+def pool_env(url: str) -> dict[str, str]:
+    """A daemon of the pool on the database at `url` (the partner's too: both are set alike)."""
+    return {"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": url}
+
+
+class PoolRun(DaemonRun):
+    """`--pool`'s measured daemon: KSI_STORAGE=postgres on a database of `cluster` (durable), its own
+    request journal with fsync always, and another daemon alive on the same database (`partner`,
+    started by start_pool), so that heartbeats, leases, request records and turn lines are the pool's.
+    Each batch also reads the server's CPU, the partner's, and both daemons' database calls."""
+
+    def __init__(self, api_base: str, workdir: Path, cluster: Any, url: str, profile_out: Path | None = None,
+                 ablate: tuple[str, ...] = ()) -> None:
+        super().__init__(api_base, "always", workdir, profile_out=profile_out, ablate=ablate, env=pool_env(url))
+        self.cluster = cluster
+        self.partner: Daemon | None = None
+
+    async def database_calls(self) -> tuple[int, int]:
+        """Units of work run on the database so far (each a pool checkout and at least one round trip),
+        by this daemon and by its partner."""
+        assert self.partner is not None
+        mine = await self.client.request("system:health")
+        theirs = await self.partner.client.request("system:health")
+        return int(mine["storage"]["database_calls"]), int(theirs["storage"]["database_calls"])
+
+    async def batch(self, shape: str, count: int, offset: int, conversations: int, tag: str) -> dict[str, float]:
+        assert self.partner is not None
+        calls0 = await self.database_calls()
+        server0, partner0 = postgres_cpu_s(self.cluster), self.partner.cpu_s()
+        result = await super().batch(shape, count, offset, conversations, tag)
+        server, partner = postgres_cpu_s(self.cluster) - server0, self.partner.cpu_s() - partner0
+        calls = await self.database_calls()  # read after the clocks stop: not part of the turns measured
+        return {**result, "server_cpu_ms": server * 1000 / count, "partner_cpu_ms": partner * 1000 / count,
+                "database_calls": (calls[0] - calls0[0]) / count, "partner_database_calls": (calls[1] - calls0[1]) / count}
+
+    async def alive_in_pool(self) -> int:
+        """The daemons alive on the database at this daemon's last heartbeat, itself included."""
+        cluster = (await self.client.request("system:health"))["cluster"]
+        return sum(1 for member in cluster["daemons"] if member["state"] == "alive")
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            if self.partner is not None:
+                await self.partner.stop()
+
+
+async def start_pool(api_base: str, workdir: Path, cluster: Any, args: argparse.Namespace,
+                     profile_out: Path | None = None, ablate: tuple[str, ...] = (), warm: bool = True) -> PoolRun:
+    """A PoolRun on a new database of `cluster`, warmed up like the others, and its partner, alive
+    (litellm loaded, heartbeating) but sent nothing."""
+    url = cluster.url(cluster.create_database())
+    daemon = PoolRun(api_base, workdir, cluster, url, profile_out=profile_out, ablate=ablate)
+    try:
+        await daemon.connect(timeout=180)  # first and alone: it migrates the database
+        daemon.partner = Daemon(api_base, workdir, pool_env(url))
+        await daemon.partner.connect(timeout=180)
+        if warm:
+            await warm_up(daemon, "pool", args)
+        for _ in range(1200):  # the partner's litellm import must not run during the rounds
+            if (await daemon.partner.client.request("system:health"))["litellm_loaded"]:
+                break
+            await asyncio.sleep(0.1)
+        for _ in range(600):  # measured only once it has seen the partner's heartbeat
+            if await daemon.alive_in_pool() == 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError("the measured daemon never saw its partner alive on the database")
+    except BaseException:
+        await daemon.stop()
+        raise
+    return daemon
 
 
 async def drive(client: Any, count: int, offset: int, shape: str, conversations: int, tag: str,
@@ -360,8 +448,11 @@ async def drive(client: Any, count: int, offset: int, shape: str, conversations:
             await tool_turn(client, loops, conversation_id, offset + i)
             continue
         ack = await client.request("completion:async", data)
-        result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
-        if "content" not in result:
+        for _ in range(5):  # on a loaded machine a daemon's first turn also waits for litellm's import
+            result = await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 60})
+            if "content" in result:
+                break
+        else:
             raise RuntimeError(f"completion did not finish: {result}")
 
 
@@ -404,17 +495,23 @@ async def start_daemons(specs: dict[str, dict[str, Any]], api_base: str, workdir
             daemons[name] = DaemonRun(api_base, workdir=workdir, **spec)
         for number, daemon in enumerate(daemons.values()):
             await daemon.connect()
-            daemon.loops = {}
-            for shape, _base in shapes(args):  # litellm loaded, model facts cached, HTTP client pooled
-                if shape != "tools-continue":
-                    await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{number}")
-            if not args.no_tools:
-                daemon.loops = await build_loops(daemon.client, args.tool_loops, f"d{number}")
+            await warm_up(daemon, str(number), args)
     except BaseException:
         for daemon in daemons.values():
             await daemon.stop()
         raise
     return daemons
+
+
+async def warm_up(daemon: DaemonRun, tag: str, args: argparse.Namespace) -> None:
+    """Each shape `--warmup` times (litellm loaded, model facts cached, HTTP client pooled), and the
+    tool loops of tools-continue built."""
+    daemon.loops = {}
+    for shape, _base in shapes(args):
+        if shape != "tools-continue":
+            await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, f"warm{tag}")
+    if not args.no_tools:
+        daemon.loops = await build_loops(daemon.client, args.tool_loops, f"d{tag}")
 
 
 def storage_writes(root: Path, count: int, fsync: bool, shape: str, tag: str) -> dict[str, float]:
@@ -499,6 +596,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     api_base = stub.api_base
     report: dict[str, Any] = {
         "n": args.n, "warmup": args.warmup, "repeats": args.repeats, "conversations": args.conversations,
+        "pool": args.pool,
         "shapes": [list(pair) for pair in shapes(args)], "tools": len(TOOLS), "tool_history": TOOL_HISTORY,
         "tool_loops": args.tool_loops,
         "model": STUB_MODEL, "machine": machine(loadavg_before=os.getloadavg(), var_root=str(var_root),
@@ -506,6 +604,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     direct = start_direct(api_base, args.conversations)
     daemons: dict[str, DaemonRun] = {}
+    cluster = None
     try:
         for _shape, base in shapes(args):
             if base != "tools-chat":
@@ -514,29 +613,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             direct.batch("tools-build", args.tool_loops, 30_000_000)
         daemons = await start_daemons({"never": {"fsync": "never"}, "always": {"fsync": "always"}},
                                       api_base, workdir, args)
+        if args.pool:
+            from tests.pg_cluster import ThrowawayCluster
+
+            cluster = ThrowawayCluster(durable=True)  # fsync and synchronous commit on, as in production
+            cluster.start()
+            daemons["pool"] = await start_pool(api_base, workdir, cluster, args)
         runs = await rounds({"direct": direct, **daemons}, args, writes_root=workdir)
         report["runs"] = runs
         report["idle_cpu_ms_per_s"] = {name: await d.idle_cpu_ms_per_s() for name, d in daemons.items()}
+        if args.pool:  # the partner was alive all along: still seen at the end
+            report["pool_alive_at_end"] = await daemons["pool"].alive_in_pool()
         for daemon in daemons.values():
             await daemon.stop()
         daemons = {}
         if args.profile:
-            report["profile"] = await profile(api_base, args, workdir)
+            report["profile"] = await profile(api_base, args, workdir, cluster)
     finally:
         for daemon in daemons.values():
             await daemon.stop()
         direct.close()
         stub.stop()
+        if cluster is not None:
+            cluster.remove()  # pg_ctl stop, then its directory
         shutil.rmtree(workdir, ignore_errors=True)
     report["machine"]["loadavg_after"] = os.getloadavg()
     return report
 
 
-async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+async def profile(api_base: str, args: argparse.Namespace, workdir: Path, cluster: Any = None) -> dict[str, Any]:
     """Where the daemon's own CPU goes: what-if daemons without one part each (real CPU, fsync
-    never, interleaved like the main table), then one run under cProfile for function names."""
-    import pstats
-
+    never, interleaved like the main table), then one run under cProfile for function names. With
+    `cluster` (--pool), the pool's daemon alone (its partner alive) joins the what-ifs, and is
+    profiled too."""
     # with litellm: the reference (through the same wrapper, nothing changed) and the cost lookup
     specs: dict[str, dict[str, Any]] = {
         "reference": {"fsync": "never", "hooked": True},
@@ -546,21 +655,45 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
         "alone, fsync always": {"fsync": "always", "ablate": ("instant_provider",)},
         "alone, waiting provider": {"fsync": "never", "ablate": ("waiting_provider",)},
     }
-    for name in PARTS:
-        specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
-    specs["alone, all parts"] = {"fsync": "never", "ablate": ("instant_provider", *PARTS)}
+    if cluster is None:
+        for name in PARTS:
+            specs[f"alone, {name}"] = {"fsync": "never", "ablate": ("instant_provider", name)}
+        specs["alone, all parts"] = {"fsync": "never", "ablate": ("instant_provider", *PARTS)}
+    else:  # the pool's daemon against the JSONL daemon alone; the JSONL parts are --profile's without --pool
+        del specs["reference"], specs["no_cost_lookup"]
+        specs["alone, fsync always, waiting provider"] = {"fsync": "always", "ablate": ("waiting_provider",)}
     args = argparse.Namespace(**{**vars(args), "no_tools": True})  # the what-ifs on the plain shapes
-    daemons = await start_daemons(specs, api_base, workdir, args)
+    daemons: dict[str, DaemonRun] = {}
     try:
+        daemons = await start_daemons(specs, api_base, workdir, args)
+        if cluster is not None:
+            for name, ablate in (("alone, pool", "instant_provider"), ("alone, pool, waiting provider",
+                                                                      "waiting_provider")):
+                daemons[name] = await start_pool(api_base, workdir, cluster, args, ablate=(ablate,))
         ablations = await rounds(daemons, args)
     finally:
         for daemon in daemons.values():
             await daemon.stop()
 
-    out = workdir / "daemon.prof"
-    out.unlink(missing_ok=True)
+    result = {"ablations": ablations, "cprofile": await cprofile(
+        DaemonRun(api_base, "never", workdir, profile_out=workdir / "daemon.prof", ablate=("instant_provider",)),
+        args)}
+    if cluster is not None:
+        out = workdir / "pool.prof"
+        result["cprofile_pool"] = await cprofile(
+            await start_pool(api_base, workdir, cluster, args, profile_out=out, ablate=("instant_provider",),
+                             warm=False), args)
+    return result
+
+
+async def cprofile(daemon: DaemonRun, args: argparse.Namespace) -> dict[str, Any]:
+    """`daemon` (started with a profile_out) run under cProfile for `--n` completions of
+    `--profile-shape` after a warm-up; its functions by cumulative and by self time."""
+    import pstats
+
+    assert daemon.profile_out is not None
+    out = daemon.profile_out
     shape = args.profile_shape
-    daemon = DaemonRun(api_base, "never", workdir, profile_out=out, ablate=("instant_provider",))
     try:
         await daemon.connect()
         await drive(daemon.client, args.warmup, 20_000_000, shape, args.conversations, "warm")
@@ -580,10 +713,9 @@ async def profile(api_base: str, args: argparse.Namespace, workdir: Path) -> dic
         rows.append({"function": f"{_short(filename)}:{line}({name})", "calls_per_completion": calls / args.n,
                      "self_ms": tottime * 1000 / args.n, "cum_ms": cumtime * 1000 / args.n})
     own = [r for r in rows if "ksi_" in r["function"] or "bench/" in r["function"]]
-    return {"ablations": ablations, "cprofile": {
-        "shape": shape, "n": args.n, "profiled_ms_per_completion": sum(r["self_ms"] for r in rows),
-        "daemon_functions_by_cumulative": sorted(own, key=lambda r: -r["cum_ms"])[:30],
-        "all_by_self": sorted(rows, key=lambda r: -r["self_ms"])[:30]}}
+    return {"shape": shape, "n": args.n, "profiled_ms_per_completion": sum(r["self_ms"] for r in rows),
+            "daemon_functions_by_cumulative": sorted(own, key=lambda r: -r["cum_ms"])[:30],
+            "all_by_self": sorted(rows, key=lambda r: -r["self_ms"])[:30]}
 
 
 def _signal(name: str) -> int:
@@ -642,6 +774,48 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def summarize_pool(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per shape, the pool daemon against the direct call of the same round (the goal) and against
+    the JSONL daemon with fsync always (what the pool adds), the server's and the partner's CPU and
+    the database calls beside it."""
+    runs = report["runs"]
+    rows = []
+    for shape, base in (tuple(pair) for pair in report["shapes"]):
+        direct, pool, jsonl = runs["direct"][base], runs["pool"][shape], runs["always"][shape]
+        share = median([(p["cpu_ms"] - d["cpu_ms"]) / d["cpu_ms"] for p, d in zip(pool, direct, strict=True)])
+        rows.append({
+            "shape": shape, "direct_cpu_ms": median([d["cpu_ms"] for d in direct]), **medians(pool),
+            "overhead_ms": median([p["cpu_ms"] - d["cpu_ms"] for p, d in zip(pool, direct, strict=True)]),
+            "share_of_litellm": share, "goal": share < GOAL_POOL_SHARE,
+            "beyond_jsonl_always_ms": median([p["cpu_ms"] - j["cpu_ms"] for p, j in zip(pool, jsonl, strict=True)]),
+            **{key: median([p[key] for p in pool])
+               for key in ("server_cpu_ms", "partner_cpu_ms", "database_calls", "partner_database_calls")},
+        })
+    return rows
+
+
+def print_pool_table(report: dict[str, Any]) -> None:
+    print(f"\nwith the pool on: a daemon with KSI_STORAGE=postgres (durable throwaway cluster, fsync on; its own "
+          f"journal fsync always) and a second daemon alive on the same database, sent nothing "
+          f"({report['pool_alive_at_end']} daemons alive at the end); same rounds as above\n")
+    header = (f"{'shape':15} {'direct ms':>10} {'daemon ms':>10} {'of it kernel':>13} {'overhead ms':>12} "
+              f"{'x litellm':>10} {'goal < ' + format(GOAL_POOL_SHARE, 'g') + 'x':>11} {'vs jsonl always':>16} "
+              f"{'server ms':>10} {'partner ms':>11} {'db calls':>9} {'partner calls':>14}")
+    print(header)
+    print("-" * len(header))
+    for row in report["pool_table"]:
+        print(f"{row['shape']:15} {row['direct_cpu_ms']:10.3f} {row['cpu_ms']:10.3f} {row['sys_ms']:13.3f} "
+              f"{row['overhead_ms']:+12.3f} {row['share_of_litellm']:+10.2f} {'ok' if row['goal'] else 'MISSED':>11} "
+              f"{row['beyond_jsonl_always_ms']:+16.3f} {row['server_cpu_ms']:10.3f} {row['partner_cpu_ms']:11.3f} "
+              f"{row['database_calls']:9.2f} {row['partner_database_calls']:14.2f}")
+    print("CPU ms per completion, medians over the rounds; 'x litellm': the daemon's CPU beyond the direct call, "
+          "as a share of the direct call's CPU in the same round (the goal); 'vs jsonl always': the same daemon's "
+          "CPU less the JSONL daemon's (fsync always) in the same round; 'server ms': every PostgreSQL process "
+          "(not in the ratio); 'partner ms': the other daemon's; 'db calls': units of work each daemon ran on "
+          "the database per completion (system:health storage.database_calls: each a pool checkout and at "
+          "least one round trip)")
+
+
 def medians(results: list[dict[str, float]]) -> dict[str, float]:
     return {key: median([r[key] for r in results]) for key in ("cpu_ms", "sys_ms", "wall_ms")}
 
@@ -679,8 +853,10 @@ def print_table(report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
           "metadata and index, or an index line; the response record; the request journal's two lines; with "
           "fsync, the exchange log's synced record), by the daemon's own storage primitives in a plain loop in "
           "the same var root, each round (what the kernel charges for the writes the daemon cannot leave out)")
-    idle = max(report["idle_cpu_ms_per_s"].values())
-    print(f"daemon idle CPU after the runs: at most {idle:.2f} ms per second")
+    idle = ", ".join(f"{name} {ms:.2f}" for name, ms in report["idle_cpu_ms_per_s"].items())
+    print(f"daemon idle CPU after the runs, ms per second: {idle}")
+    if "pool_table" in report:
+        print_pool_table(report)
     if "profile" in report:
         print_profile(report)
 
@@ -706,24 +882,38 @@ def print_profile(report: dict[str, Any]) -> None:
             ("alone, waiting provider", "alone", ABLATIONS["waiting_provider"] + " (the same work, run cold)")]
     rows += [(f"alone, {name}", "alone", ABLATIONS[name]) for name in PARTS]
     rows.append(("alone, all parts", "alone", "all the parts above left out"))
+    rows += [("alone, fsync always, waiting provider", "alone, fsync always", "the same, its provider call waiting"),
+             ("alone, pool", "alone, fsync always",
+              "the pool's daemon alone, its partner alive (saving < 0 = what the pool costs beyond JSONL, fsync always)"),
+             ("alone, pool, waiting provider", "alone, fsync always, waiting provider",
+              "the same, both daemons' provider calls waiting")]
+    rows = [row for row in rows if row[0] in abl]
     for name, base, what in rows:
         cells = []
         for shape in ("new", "continue"):
             cells.append(f"{cpu(name, shape):{7 if shape == 'new' else 9}.3f}")
             cells.append(" " * 8 if base is None else f"{saving(base, name, shape):+8.3f}")
         print(f"{name:32} {' '.join(cells)}  {what}")
-    for shape in ("new", "continue"):
+    for shape in ("new", "continue") if "reference" in abl else ():
         inside = median([a["cpu_ms"] - b["cpu_ms"] for a, b in zip(abl["reference"][shape], abl["alone"][shape],
                                                                   strict=True)])
         print(f"{shape}: litellm's share inside the daemon (reference - alone) = {inside:.3f} ms; "
               f"the daemon alone = {cpu('alone', shape):.3f} ms, "
               f"{cpu('alone, waiting provider', shape):.3f} ms when its provider call waits")
-    prof = report["profile"]["cprofile"]
-    print(f"\ncProfile of the daemon alone ({prof['shape']}, fsync never), its own functions by cumulative time "
+    print_cprofile(report["profile"]["cprofile"], "the daemon alone (fsync never)")
+    if "cprofile_pool" in report["profile"]:
+        print_cprofile(report["profile"]["cprofile_pool"], "the pool's daemon alone (PostgreSQL, its partner alive)")
+
+
+def print_cprofile(prof: dict[str, Any], what: str) -> None:
+    print(f"\ncProfile of {what}, {prof['shape']}, its own functions by cumulative time "
           f"(thread-CPU timer; {prof['profiled_ms_per_completion']:.1f} ms per completion profiled in all: "
           "the profiler inflates small calls, read the ranks, not the absolute ms)")
     print(f"{'cum ms':>8} {'self ms':>8} {'calls':>6}  function")
     for row in prof["daemon_functions_by_cumulative"][:25]:
+        print(f"{row['cum_ms']:8.3f} {row['self_ms']:8.3f} {row['calls_per_completion']:6.1f}  {row['function']}")
+    print(f"\nall functions by self time ({what})")
+    for row in prof["all_by_self"][:15]:
         print(f"{row['cum_ms']:8.3f} {row['self_ms']:8.3f} {row['calls_per_completion']:6.1f}  {row['function']}")
 
 
@@ -741,6 +931,9 @@ def main() -> int:
                         help="where the daemons' var dirs go (default scripts/bench/results/tmp); its file "
                              "system is in the report, as creating files costs very differently across them")
     parser.add_argument("--profile", action="store_true", help="also show where the daemon's CPU goes")
+    parser.add_argument("--pool", action="store_true",
+                        help="also measure a daemon on PostgreSQL (a throwaway durable cluster) with a second "
+                             f"daemon alive on the same database (issue 32's goal: under {GOAL_POOL_SHARE:g}x)")
     parser.add_argument("--no-tools", action="store_true",
                         help="leave out the tool shapes (10 tools a request; tool loops continued "
                              f"after {TOOL_HISTORY} tool exchanges)")
@@ -757,6 +950,8 @@ def main() -> int:
     report = asyncio.run(run(args))
     rows = summarize(report)
     report["table"] = rows
+    if args.pool:
+        report["pool_table"] = summarize_pool(report)
     print_table(report, rows)
     write_results("completion_overhead", report)
     return 0

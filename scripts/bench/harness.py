@@ -230,6 +230,25 @@ def process_cpu_s(process: Any) -> float:
     return float(times.user + times.system)
 
 
+def postgres_cpu_s(cluster: Any) -> float:
+    """CPU seconds of a PostgreSQL server (a tests.pg_cluster.ThrowawayCluster, or None: 0) so
+    far: every process alive now, each by its own CPU clock, plus what its exited processes
+    (backends, autovacuum workers) used, which the postmaster counts as its children's (in ticks)."""
+    if cluster is None:
+        return 0.0
+    import psutil
+
+    postmaster = psutil.Process(int((cluster.data / "postmaster.pid").read_text().split()[0]))
+    reaped = postmaster.cpu_times()
+    total = float(reaped.children_user + reaped.children_system)
+    for process in (postmaster, *postmaster.children(recursive=True)):
+        try:
+            total += process_cpu_s(process)
+        except psutil.NoSuchProcess:  # a backend that ended meanwhile: counted with the children
+            continue
+    return total
+
+
 # -- a daemon on the stub -----------------------------------------------------------------------
 class Daemon:
     """`python -m ksi_daemon --quiet ... ARGS` as a subprocess, its `openai/stub*` models (STUB_MODEL

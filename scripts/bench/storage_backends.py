@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 import completion_overhead  # its stub and direct roles serve this bench too
-from harness import RESULTS_DIR, Daemon, StubProcess, machine, prompt, rotated, write_results
+from harness import RESULTS_DIR, Daemon, StubProcess, machine, postgres_cpu_s, prompt, rotated, write_results
 
 from tests.pg_cluster import ThrowawayCluster
 
@@ -94,14 +94,14 @@ async def sequential(config: Configuration, count: int, offset: int, conversatio
     calls0 = await database_calls(config)
     served = [0] * len(config.daemons)
     each0 = [d.cpu_s() for d in config.daemons]
-    cpu0, server0, wall0 = config.cpu_s(), server_cpu_s(server), time.perf_counter()
+    cpu0, server0, wall0 = config.cpu_s(), postgres_cpu_s(server), time.perf_counter()
     for i in range(count):
         c = i % conversations
         daemon = config.daemon_for(c, turns[c])
         await one_turn(daemon.clients[0], f"sb-{tag}-{c}", prompt(offset + i))
         served[config.daemons.index(daemon)] += 1
         turns[c] += 1
-    cpu, wall, server_cpu = config.cpu_s() - cpu0, time.perf_counter() - wall0, server_cpu_s(server) - server0
+    cpu, wall, server_cpu = config.cpu_s() - cpu0, time.perf_counter() - wall0, postgres_cpu_s(server) - server0
     # read after the clock stops: the health requests are not part of the turns measured
     calls = await database_calls(config) - calls0
     return {"cpu_ms": cpu * 1000 / count, "wall_ms": wall * 1000 / count, "server_cpu_ms": server_cpu * 1000 / count,
@@ -115,7 +115,7 @@ async def concurrent(config: Configuration, count: int, offset: int, tag: str, c
                      server: Any) -> dict[str, float]:
     """`concurrency` workers, each continuing a conversation of its own, until `count` turns are done."""
     started = 0
-    cpu0, server0, wall0 = config.cpu_s(), server_cpu_s(server), time.perf_counter()
+    cpu0, server0, wall0 = config.cpu_s(), postgres_cpu_s(server), time.perf_counter()
 
     async def worker(w: int) -> None:
         nonlocal started
@@ -129,31 +129,7 @@ async def concurrent(config: Configuration, count: int, offset: int, tag: str, c
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     wall = time.perf_counter() - wall0
     return {"turns_per_s": started / wall, "cpu_ms": (config.cpu_s() - cpu0) * 1000 / started,
-            "server_cpu_ms": (server_cpu_s(server) - server0) * 1000 / started}
-
-
-def server_processes(cluster: ThrowawayCluster) -> list[Any]:
-    import psutil
-
-    pid = int((cluster.data / "postmaster.pid").read_text().split()[0])
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def server_cpu_s(cluster: ThrowawayCluster | None) -> float:
-    """CPU of every server process now alive (backends come and go: a sum over the living)."""
-    if cluster is None:
-        return 0.0
-    import psutil
-
-    total = 0.0
-    for process in server_processes(cluster):
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+            "server_cpu_ms": (postgres_cpu_s(server) - server0) * 1000 / started}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
