@@ -5,6 +5,7 @@ mid-statement served at once on a clean session, none left open after close."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import asyncpg
 import pytest
@@ -96,3 +97,26 @@ async def test_close_leaves_no_session_open_and_refuses_work(pg_cluster: Throwaw
     with pytest.raises(KsiError) as caught:
         await database.run(backend_pid)
     assert caught.value.code == ErrorCode.STORAGE_UNAVAILABLE
+
+
+async def test_work_after_the_server_dropped_every_session_runs_on_a_new_one(
+        pg_cluster: ThrowawayCluster, pg_url: str) -> None:
+    """As after a restart of the server: every pooled session is dead, and the first work that meets
+    one is retried on a live one, not on the next dead one."""
+    database = Database(pg_url, pool_size=3)
+    await database.open()
+    try:
+        async def slow(conn: asyncpg.Connection) -> int:
+            await conn.execute("SELECT pg_sleep(0.05)")
+            return await backend_pid(conn)
+
+        before = set(await asyncio.gather(*(database.run(slow) for _ in range(3))))
+        assert len(before) == 3
+        cluster_pids = ", ".join(str(pid) for pid in before)
+        pg_cluster.psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid IN ({cluster_pids})")
+        time.sleep(0.5)  # blocking: they end while this loop does not read that they did (a busy daemon)
+        # at once, before this loop has read that the sessions ended
+        after = list(await asyncio.gather(*(database.run(slow) for _ in range(3))))
+    finally:
+        await database.close()
+    assert not set(after) & before
