@@ -198,6 +198,8 @@ async def settle_after_restart(daemon: DaemonProcess, ledger: Ledger, database_u
                 continue
             status = frame["data"]
             if status["status"] == "done":
+                if request_id not in indexed:  # PostgreSQL: run again by the restarted daemon since that read
+                    indexed = await indexed_requests(daemon.var, database_url)
                 assert request_id in indexed, f"{request_id} reported done but not indexed"
                 result = await client.request("completion:wait", {"request_id": request_id, "timeout": 0})
                 assert result["response_id"] == indexed[request_id][1]
