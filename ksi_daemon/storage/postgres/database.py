@@ -140,6 +140,9 @@ class Database:
                 raise
             except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as exc:
                 if attempt + 1 < attempts and is_connection_error(exc):
+                    # one session found dead: the server most likely restarted, and the pool's other
+                    # idle sessions died with it; the retry must not be handed the next dead one
+                    await self.pool.expire_connections()
                     continue
                 raise as_ksi_error(exc) from exc
         raise AssertionError("unreachable")
