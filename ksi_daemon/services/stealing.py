@@ -22,7 +22,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.background import stop_task
+from ksi_daemon.background import one_round, stop_task
 from ksi_daemon.router import Unregister
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.storage.ports import PoolRequest, PoolRequests
@@ -81,12 +81,7 @@ class WorkStealing:
             if not self._offers_heard and unheard < UNHEARD_LOOK:
                 continue
             unheard = 0
-            try:
-                await self.steal()
-            except KsiError as exc:  # the database is away: the next look tries again
-                log.warning("steal_failed", error=exc.message)
-            except Exception:
-                log.exception("steal_crashed")
+            await one_round(self.steal, "steal", log)
 
     async def steal(self) -> None:
         """Claim offered turns while this daemon has room for them."""

@@ -20,7 +20,7 @@ import structlog
 
 from ksi_common.errors import KsiError
 from ksi_common.settings import Settings
-from ksi_daemon.background import stop_task
+from ksi_daemon.background import one_round, stop_task
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Unregister
 from ksi_daemon.services.completion.models import CompletionCancel
@@ -57,12 +57,7 @@ class TakeoverService:
     async def _watching(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.round()
-            except KsiError as exc:  # the database is away: the next round tries again
-                log.warning("takeover_round_failed", error=exc.message)
-            except Exception:
-                log.exception("takeover_round_crashed")
+            await one_round(self.round, "takeover_round", log)
 
     async def round(self) -> None:
         """Take over what dead daemons left; cancel what another daemon was asked to cancel here."""
