@@ -231,7 +231,10 @@ class RequestJournal(Protocol):
     """
 
     def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
-               code: str | None = None) -> None: ...
+               code: str | None = None, model: str | None = None) -> None:
+        """A state of a request; its `queued` line names its model, what a response interrupted by a
+        crash is shown with after the restart."""
+        ...
 
     async def states(self) -> list[dict[str, Any]]:
         """The last state of every request the journal holds, in journal order (the lines of a

@@ -22,6 +22,7 @@ from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.admission import Admission, Admitted
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.handover import adopted_state, request_record
+from ksi_daemon.services.completion.interrupted import InterruptedResponses
 from ksi_daemon.services.completion.models import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
@@ -78,6 +79,7 @@ class CompletionService:
         self.calibration = runner.calibration
         self.breaker = runner.breaker
         self.streams = ChunkLogs()  # the chunks of background requests, readable again
+        self.interrupted = InterruptedResponses(elsewhere)  # the previous run's, by response id
         self.activity = CompletionActivity()
         self._held: dict[str, ConversationMemory] = {}  # request id -> the conversation it keeps in memory
         self._background: set[asyncio.Task[None]] = set()  # discards under way
@@ -102,11 +104,13 @@ class CompletionService:
 
     async def start(self) -> None:
         for record in await recover(self.journal, self.writer.reader, self.responses):
-            if record.get("code") == ErrorCode.DAEMON_RESTART and await self.elsewhere.knows(record["request_id"]):
-                # accepted is durable for the pool: a live daemon (this one, once the old run's
-                # heartbeat is stale) takes it over, so it is answered from there, never as lost
-                continue
-            self.requests.add_interrupted(record)
+            # accepted is durable for the pool: a live daemon (this one, once the old run's
+            # heartbeat is stale) takes it over, so it is answered from there, never as lost
+            pooled = (record.get("code") == ErrorCode.DAEMON_RESTART
+                      and await self.elsewhere.knows(record["request_id"]))
+            self.interrupted.add(record, pooled)
+            if not pooled:
+                self.requests.add_interrupted(record)
         await self.calibration.load()
 
     async def stop(self, timeout: float) -> None:
@@ -185,7 +189,16 @@ class CompletionService:
         return {**self.describe(found), "cancelled": False}
 
     async def handle_chunks(self, data: CompletionChunks, _context: EventContext) -> dict[str, Any]:
-        return await self.streams.read(data)
+        try:
+            return await self.streams.read(data)
+        except KsiError as error:
+            if error.code != ErrorCode.RESPONSE_NOT_FOUND:
+                raise
+            # its log went with a killed daemon: still named by its id, as failed or as the pool runs it
+            view = await self.interrupted.view(data.response_id, data.wait)
+            if view is None:
+                raise
+            return view
 
     async def handle_models(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
         # Any model litellm reaches is served; these are the names worth offering to a picker.
@@ -263,7 +276,8 @@ class CompletionService:
         self._held[state.request_id] = memory
         # two lines a request, queued and its end: the response id is known from here, so a
         # restart finds an exchange indexed before the kill without a `running` line
-        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
+        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id,
+                            model=state.model)
         try:  # the pool's order, and the request durable for the pool, before the ack leaves
             await self.scheduler.line_up(state.job, request_record(state))
         except KsiError as error:
@@ -315,9 +329,12 @@ class CompletionService:
                         on_cancel_queued=lambda: self._cancelled_in_queue(state), ticket=state.request_id,
                         on_taken_over=lambda: self._handed_over(state))
         self.requests.add(state)
+        if state.request.background:  # readable again by its id, as on the daemon that died
+            self.streams.open(state)
         memory.users += 1
         self._held[state.request_id] = memory
-        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id)
+        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id,
+                            model=state.model)
         try:
             await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
         except KsiError as error:  # ended as failed, its memory let go; the caller gives its place up

@@ -26,10 +26,14 @@ class JsonlJournal:
         self._fd: int | None = None  # kept open: two lines a request, a reopen each is waste
 
     def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
-               code: str | None = None) -> None:
+               code: str | None = None, model: str | None = None) -> None:
         """An unsynced append of a few dozen bytes: cheap enough to do on the loop."""
-        line = {"v": 1, "request_id": request_id, "conversation_id": conversation_id,
-                "status": status, "ts": utc_now()}
+        now = utc_now()
+        line = {"v": 1, "request_id": request_id, "conversation_id": conversation_id, "status": status, "ts": now}
+        if status == "queued":  # `ts` is overwritten by the request's later lines when they are merged
+            line["queued_at"] = now
+        if model is not None:
+            line["model"] = model
         if response_id is not None:
             line["response_id"] = response_id
         if code is not None:

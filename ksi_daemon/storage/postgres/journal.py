@@ -18,8 +18,8 @@ class PooledJournal:
         self.requests = requests
 
     def record(self, request_id: str, conversation_id: str, status: str, response_id: str | None = None,
-               code: str | None = None) -> None:
-        self.local.record(request_id, conversation_id, status, response_id=response_id, code=code)
+               code: str | None = None, model: str | None = None) -> None:
+        self.local.record(request_id, conversation_id, status, response_id=response_id, code=code, model=model)
         if status in ENDS:
             self.requests.ended(request_id, status, code)
 
