@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     DAEMON_RESTART = "daemon_restart"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     RESPONSE_NOT_FOUND = "response_not_found"
+    PREVIOUS_RESPONSE_IN_PROGRESS = "previous_response_in_progress"  # continued after a response still running
     RESPONSE_NOT_DELETABLE = "response_not_deletable"
     UNAUTHORIZED = "unauthorized"  # HTTP: a missing or wrong bearer token
     NOT_FOUND = "not_found"  # HTTP: no such route

@@ -128,7 +128,7 @@ class Daemon:
         self.completion, self.history_budget = self._completion_path(clock)
         self.conversations = ConversationService(
             settings, self.router, self.cache, self.writer, self.storage.blobs, clock=clock,
-            cancel_requests=self.completion.cancel_conversation,
+            cancel_requests=self.completion.end_conversation,
             calibration=self.completion.calibration.report,
             pins_budget=self.history_budget.pins,
         )

@@ -134,6 +134,8 @@ class Admission:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        if data.previous_response_id is not None:
+            self._refuse_running(data.previous_response_id)
         if data.history or self.client_history.may_take_pending(data):
             # one client-held history (or input some conversation holds pending) at a time, from
             # matching it to admitting its request: two identical ones sent at once must not both
@@ -145,6 +147,19 @@ class Admission:
                 resolved = await self.client_history.resolve(data, context, self.check_before_write, agent_system)
                 return await self._submit(resolved.data, context, from_agent, enqueue, resolved.takes_pending)
         return await self._submit(data, context, from_agent, enqueue)
+
+    def _refuse_running(self, response_id: str) -> None:
+        """A response still queued or running has no exchange to continue after yet: said so, as
+        not found would send a client to look for a wrong id (waiting here would hold admission)."""
+        running = self.requests.live_response(response_id)
+        if running is None:
+            return
+        status = "in_progress" if running.status == "running" else "queued"
+        raise KsiError(ErrorCode.PREVIOUS_RESPONSE_IN_PROGRESS,
+                       f"response {response_id} is still {status.replace('_', ' ')}: continue after it once it "
+                       "has completed (poll it, or wait for its result)", response_id=response_id, status=status,
+                       request_id=running.request_id,
+                       fields={"previous_response_id": "a response that has completed"})
 
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                       enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:

@@ -80,13 +80,18 @@ class RequestRegistry:
         # all live requests cost a walk over every request in flight each time
         self._live_in: dict[str, int] = {}
         self._finished: OrderedDict[str, FinishedRequest | dict[str, Any]] = OrderedDict()
+        # live requests by response id: a request continuing after a response asks whether it still runs
+        self._live_responses: dict[str, RequestState] = {}
 
     def add(self, state: RequestState) -> None:
         if state.request_id not in self._live:
             self._live_in[state.conversation_id] = self._live_in.get(state.conversation_id, 0) + 1
         self._live[state.request_id] = state
+        if state.response_id is not None:
+            self._live_responses[state.response_id] = state
 
     def retire(self, state: RequestState) -> None:
+        self._drop_response(state)
         if self._live.pop(state.request_id, None) is not None:
             left = self._live_in[state.conversation_id] - 1
             if left:
@@ -113,7 +118,17 @@ class RequestRegistry:
 
     def forget(self, request_id: str) -> None:
         """Drop a request another daemon runs now: it answers for it."""
-        self._live.pop(request_id, None)
+        state = self._live.pop(request_id, None)
+        if state is not None:
+            self._drop_response(state)
+
+    def _drop_response(self, state: RequestState) -> None:
+        if state.response_id is not None and self._live_responses.get(state.response_id) is state:
+            del self._live_responses[state.response_id]
+
+    def live_response(self, response_id: str) -> RequestState | None:
+        """The live request that answers with `response_id`, when one is queued or running here."""
+        return self._live_responses.get(response_id)
 
     def live(self) -> list[RequestState]:
         return list(self._live.values())

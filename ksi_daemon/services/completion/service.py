@@ -301,6 +301,13 @@ class CompletionService:
             await asyncio.wait([asyncio.ensure_future(s.done.wait()) for s in states], timeout=timeout)
         return len(states)
 
+    async def end_conversation(self, conversation_id: str) -> int:
+        """A conversation being deleted: its requests cancelled, and its background answers no longer
+        served by id (their logs would otherwise outlive it by minutes)."""
+        cancelled = await self.cancel_conversation(conversation_id)
+        self.streams.drop_conversation(conversation_id)
+        return cancelled
+
     def _cancelled_in_queue(self, state: RequestState) -> None:
         error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
         memory = self._held.get(state.request_id)

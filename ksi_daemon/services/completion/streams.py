@@ -58,6 +58,7 @@ class ChunkLog:
     ended_at: float | None = None  # monotonic
     ended_wall: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    dropped: bool = False  # its conversation was deleted
 
     @property
     def total(self) -> int:
@@ -124,6 +125,19 @@ class ChunkLogs:
         log.touch()
         self._prune()
 
+    def drop_conversation(self, conversation_id: str) -> None:
+        """Forget every log of a conversation being deleted: its answers are not served by id again.
+        A reader waiting on one is woken and finds it gone."""
+        for response_id, log in list(self._logs.items()):
+            if log.shown["conversation_id"] != conversation_id:
+                continue
+            del self._logs[response_id]
+            self._by_request.pop(log.shown["request_id"], None)
+            if log.ended_at is not None:
+                self._ended_chars -= log.chars
+            log.dropped = True
+            log.touch()
+
     def _prune(self) -> None:
         """Ended logs past their time go; then the oldest ended ones while over the bounds."""
         now = self.monotonic()
@@ -151,6 +165,9 @@ class ChunkLogs:
                     await changed.wait()
             except TimeoutError:
                 pass
+            if log.dropped:
+                raise KsiError(ErrorCode.RESPONSE_NOT_FOUND, f"response {data.response_id} was deleted with its "
+                               "conversation", response_id=data.response_id)
         return self._view(log, data.after)
 
     @staticmethod
