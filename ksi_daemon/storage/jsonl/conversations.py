@@ -37,7 +37,8 @@ from ksi_daemon.storage.jsonl.digest_index import DigestIndex
 from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
 from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.jsonl.files import (
-    append_lines, jsonl, publish_new, read_json, refused_link, replace_file, replace_json, write_new,
+    append_lines, jsonl, publish_new, read_json, refused_link, replace_file, replace_json, storage_failures,
+    write_new,
 )
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, StoredTail
@@ -593,15 +594,15 @@ class JsonlConversations(JsonlReader):
                         written.append(path)
                     if start + IMPORT_BATCH < len(exchanges) and self.fsync:
                         self.log.sync_all(self.layout.responses_dir)
-                pending.unlink(missing_ok=True)
+                with storage_failures():  # a read-only var dir fails here first
+                    pending.unlink(missing_ok=True)
                 if exchanges:
                     write_new(pending, jsonl([entry.to_record() for entry, _lines in exchanges]), fsync=False)
                 if self.fsync:
                     self.log.sync_all(self.layout.responses_dir)  # the last batch and the hidden index
                 self._create(meta, self.fsync)
             except BaseException:  # another creator took the id meanwhile, or the disk is full
-                for path in [pending, *written]:
-                    path.unlink(missing_ok=True)
+                _remove_quietly([pending, *written])
                 raise
             if exchanges:
                 os.rename(pending, self.layout.index_file(conversation_id))
@@ -632,3 +633,13 @@ class JsonlConversations(JsonlReader):
             return
         async with self._large_imports:
             await asyncio.to_thread(self._import, meta, exchanges)
+
+
+def _remove_quietly(paths: list[Path]) -> None:
+    """Take back what a failed import wrote. On a var dir gone read-only the removal fails too:
+    the import's own error is the one reported, and what is left is orphans no index names."""
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("import_cleanup_failed", path=path.name, error=exc.strerror or str(exc))
