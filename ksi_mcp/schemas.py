@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.limits import out_of_range
 
 _ID = {"type": "string", "description": "KSI conversation id from an earlier reply"}
 _STR = {"type": "string"}
@@ -105,6 +106,9 @@ def _problem(spec: dict[str, Any], value: Any) -> str | None:
     if kind == "array" and not all(isinstance(item, _TYPES[item_kind]) and not isinstance(item, bool)
                                    for item in value):
         return f"must be a list of {item_kind}s"
+    too_big = out_of_range(value)  # no event's JSON carries it: refused here, not failed on the way
+    if too_big is not None:
+        return f"must fit in 64 bits ({too_big})"
     if "enum" in spec and value not in spec["enum"]:
         return f"must be one of {', '.join(spec['enum'])}"
     if "minimum" in spec and value < spec["minimum"]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
+from ksi_common.limits import INT64_MAX, MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
 
 
@@ -93,7 +93,7 @@ class ConversationImport(EventData):
 
 
 class ConversationFork(ConversationRef):
-    at: int | None = Field(default=None, description="share exchanges 1..at (default: all of them)")
+    at: int | None = Field(default=None, ge=0, le=INT64_MAX, description="share exchanges 1..at (default: all of them)")
     new_id: SafeId | None = Field(default=None, description="id of the fork (generated when absent)")
     title: Text | None = Field(default=None, description="title of the fork (the parent's when absent)")
     origin: Door | None = Field(default=None, description="the door the fork was asked through, recorded on it")
@@ -107,7 +107,9 @@ class ConversationArchive(ConversationRef):
 
 
 class ConversationPin(ConversationRef):
-    n: list[int] = Field(min_length=1, max_length=256, description="the exchanges (numbers) to pin or unpin")
+    # bounded as a stored number is: an unpin of 10**20 would otherwise be saved as a no-op change
+    n: list[Annotated[int, Field(ge=1, le=INT64_MAX)]] = Field(
+        min_length=1, max_length=256, description="the exchanges (numbers) to pin or unpin")
 
     @field_validator("n", mode="before")
     @classmethod
