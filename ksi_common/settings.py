@@ -188,6 +188,8 @@ class Settings(BaseSettings):
     # byte of the next request), and may stay idle between requests: then it is closed
     http_head_timeout: float = Field(default=10.0, gt=0, le=MAX_TIMEOUT)
     http_keepalive_timeout: float = Field(default=5.0, gt=0, le=MAX_TIMEOUT)
+    # seconds a request's body may take to arrive whole, from its head on: then 408 and closed
+    http_body_timeout: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT)
 
     @field_validator("http_token")
     @classmethod

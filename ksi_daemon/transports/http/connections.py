@@ -1,6 +1,7 @@
 """HTTP connections within the daemon's budget: uvicorn's h11 protocol, told to refuse a connection
 past the budget with the daemon's error shape (uvicorn's own limit answers plain text, and only
-once a request arrived) and to close a connection whose request head does not arrive in time."""
+once a request arrived) and to close a connection whose request head, or whose request body once
+its head came, does not arrive in time."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ class _Lingering:
         self.count = 0
 
 
-def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol class bound to `budget` and a deadline for request heads."""
+def budgeted_protocol(budget: ConnectionBudget, head_timeout: float, body_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class bound to `budget` and deadlines for request heads and bodies."""
     lingering = _Lingering(budget.backlog)
 
     class BudgetedH11Protocol(H11Protocol):
@@ -49,6 +50,7 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11
             super().__init__(*args, **kwargs)
             self.holds_budget = False
             self.head_deadline: asyncio.TimerHandle | None = None
+            self.body_deadline: asyncio.TimerHandle | None = None
             self.linger: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -82,6 +84,7 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11
             self.holds_budget = False
             budget.give_back()
             self._head_arrived()
+            self._body_arrived()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -92,6 +95,10 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11
                 self._await_head()  # a head begun (the first, or the next on a kept-alive connection)
             else:
                 self._head_arrived()
+            if self.conn.their_state is h11.SEND_BODY:
+                self._await_body()  # a whole body within the timeout: a byte now and then keeps nothing open
+            else:
+                self._body_arrived()
 
         def eof_received(self) -> bool | None:  # type: ignore[override]
             if not self.holds_budget:
@@ -115,6 +122,25 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float) -> type[H11
                 self.transport.write(raw_response(KsiError(
                     ErrorCode.TIMEOUT, f"the request head did not arrive within {head_timeout:g} s",
                     timeout=head_timeout), HTTPStatus.REQUEST_TIMEOUT.value))
+            self.transport.close()
+
+        def _await_body(self) -> None:
+            if self.body_deadline is None and not self.transport.is_closing():
+                self.body_deadline = self.loop.call_later(body_timeout, self._body_too_slow)
+
+        def _body_arrived(self) -> None:
+            if self.body_deadline is not None:
+                self.body_deadline.cancel()
+                self.body_deadline = None
+
+        def _body_too_slow(self) -> None:
+            self.body_deadline = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+                return
+            if self.cycle is None or not self.cycle.response_started:  # else the answer is under way: cut it
+                self.transport.write(raw_response(KsiError(
+                    ErrorCode.TIMEOUT, f"the request body did not arrive within {body_timeout:g} s of its head",
+                    timeout=body_timeout), HTTPStatus.REQUEST_TIMEOUT.value))
             self.transport.close()
 
     return BudgetedH11Protocol

@@ -129,7 +129,7 @@ class HttpFront:
             guarded, lifespan="off", ws="none", log_config=None,
             log_level="warning", access_log=False, server_header=False, date_header=False,
             timeout_graceful_shutdown=max(self.settings.shutdown_timeout, 0.1),
-            http=budgeted_protocol(self.budget, self.settings.http_head_timeout),
+            http=budgeted_protocol(self.budget, self.settings.http_head_timeout, self.settings.http_body_timeout),
             backlog=self.budget.backlog,
             timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]  # a float works
         )
