@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     PREVIOUS_RESPONSE_IN_PROGRESS = "previous_response_in_progress"  # continued after a response still running
     RESPONSE_NOT_DELETABLE = "response_not_deletable"
     UNAUTHORIZED = "unauthorized"  # HTTP: a missing or wrong bearer token
+    TOO_MANY_LOGIN_ATTEMPTS = "too_many_login_attempts"  # HTTP: wrong console login codes past their rate
     NOT_FOUND = "not_found"  # HTTP: no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     STORAGE_UNAVAILABLE = "storage_unavailable"

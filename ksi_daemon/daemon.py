@@ -303,7 +303,10 @@ class Daemon:
         from ksi_daemon.transports.http.mcp import mcp_routes
         from ksi_daemon.transports.http.openai import openai_routes
 
-        sessions = BrowserSessions()  # the console's links live under their cookie's path
+        from ksi_daemon.transports.http.login_codes import LoginCodes
+
+        # the console's links live under their cookie's path; spent login codes outlive a restart
+        sessions = BrowserSessions(LoginCodes(self.layout.state_dir / "console_codes.json"))
         groups = [
             openai_routes(self._handle_request, self.settings),
             mcp_routes(self._handle_request, self.settings),

@@ -24,12 +24,13 @@ ITEMS = {"items": [{"type": "message", "role": "user", "content": "planted quest
 
 def on_disk(served: HttpDaemon) -> dict[str, bytes]:
     """Every stored file of the var dir (the daemon's own log, run files and exchange journal aside:
-    the journal empties itself once an exchange's files are written)."""
+    the journal empties itself once an exchange's files are written; and the login codes spent)."""
     root = served.daemon.settings.var_dir
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*"))
             if path.is_file() and path.relative_to(root).parts[:2] != ("logs", "daemon")
             and path.relative_to(root).parts[0] != "run"
-            and path.relative_to(root).parts[:2] != ("state", "exchange-log")}
+            and path.relative_to(root).parts[:2] != ("state", "exchange-log")
+            and path.relative_to(root).parts != ("state", "console_codes.json")}
 
 
 @pytest_asyncio.fixture

@@ -26,9 +26,9 @@ import orjson
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ksi_common.console_login import code_nonce
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.transports.http.errors import error_body
+from ksi_daemon.transports.http.errors import error_body, retry_after
+from ksi_daemon.transports.http.login_codes import LoginCodes
 
 log = structlog.get_logger("ksi.http")
 
@@ -65,22 +65,16 @@ def _digest(value: str) -> bytes:
 class BrowserSessions:
     """The browser sessions of one daemon run, in memory: a restart logs every browser out."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, codes: LoginCodes | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.codes = codes or LoginCodes(None)
         self._secret = secrets.token_urlsafe(18)
         self.root = SESSION_PREFIX + self._secret  # the cookie's Path
         self._clock = clock
         self._sessions: OrderedDict[bytes, float] = OrderedDict()  # digest -> last use
-        self._spent: dict[str, float] = {}  # login code nonces -> when they expire
 
     def spend(self, token: str, code: str) -> bool:
         """Take a login code once: signed by the token, within its lifetime, never taken before."""
-        now = time.time()
-        self._spent = {nonce: until for nonce, until in self._spent.items() if until >= now}
-        checked = code_nonce(token, code, now)
-        if checked is None or checked[0] in self._spent:
-            return False
-        self._spent[checked[0]] = checked[1]
-        return True
+        return self.codes.spend(token, code)
 
     def open(self) -> str:
         """A new session; the value goes into the cookie, only its digest stays here."""
@@ -188,6 +182,12 @@ class TokenAuth:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         code = (query.get("code") or [""])[0]
         client = "{}:{}".format(*scope["client"]) if scope.get("client") else None
+        wait = self.sessions.codes.retry_after()
+        if wait is not None:  # too many wrong codes lately: not even checked, nor logged one by one
+            error = KsiError(ErrorCode.TOO_MANY_LOGIN_ATTEMPTS, "too many wrong login codes: retry later "
+                             "with a fresh one from ksi console", retry_after=round(wait + 0.5))
+            await _reply(send, 429, error_body(error), [(b"retry-after", str(retry_after(error)).encode())])
+            return
         if not self.sessions.spend(self._token, code):
             # a spent code used again may mean someone else used it first: worth a line in the log
             log.warning("console_login_refused", client=client)

@@ -34,6 +34,7 @@ _STATUS: dict[str, int] = {
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.TOO_MANY_LOGIN_ATTEMPTS: 429,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.PROVIDER_ERROR: 502,
     ErrorCode.PROVIDER_UNAVAILABLE: 503,
