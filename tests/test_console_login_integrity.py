@@ -26,13 +26,13 @@ async def test_a_spent_code_stays_spent_after_a_restart(short_tmp: Path) -> None
     async with running_http_daemon(short_tmp) as served:
         assert (await login(served.base_url, code)).status_code == 303
         assert (await login(served.base_url, code)).status_code == 401
-    stored = short_tmp / "var" / "state" / "console_codes.json"
-    assert stored.stat().st_mode & 0o077 == 0  # owner-only, as all of the var dir
     async with running_http_daemon(short_tmp) as served:
         again = await login(served.base_url, code)
         assert again.status_code == 401, again.text
         assert again.json()["error"]["code"] == "unauthorized"
         assert (await login(served.base_url, make_code(HTTP_TOKEN))).status_code == 303  # a fresh one works
+    stored = short_tmp / "var" / "state" / "console_codes.json"
+    assert stored.stat().st_mode & 0o077 == 0  # owner-only, as all of the var dir
 
 
 async def test_wrong_codes_are_throttled_and_not_logged_one_by_one(short_tmp: Path) -> None:
