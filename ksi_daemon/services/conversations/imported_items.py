@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
@@ -179,13 +178,11 @@ def _output_item(item: Any, where: str, calls: _Calls) -> Item:
     if kind == "function_call":
         call_id = _text(item, "call_id", where, blank=False)
         arguments = item.get("arguments")
-        try:
-            if not isinstance(arguments, str):
-                raise ValueError
-            orjson.loads(arguments)
-        except ValueError:
+        # text, as the model sent it: a model's arguments that are not JSON are stored as they came,
+        # so an export holding them must import again (the model is shown them as they were)
+        if not isinstance(arguments, str):
             raise _fault(ErrorCode.ARGUMENTS_NOT_JSON, f"{where}.arguments",
-                         "must be JSON text (a string holding the arguments object)") from None
+                         "must be text (a string holding the arguments as the model sent them)")
         calls.make(call_id, where)
         return {"type": kind, "call_id": call_id, "name": _text(item, "name", where, blank=False),
                 "arguments": arguments}
