@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import stat
@@ -321,7 +322,16 @@ class Daemon:
     async def _handle_request(self, event: str, data: Any, context: EventContext) -> dict[str, Any]:
         if self.shutting_down and event != SYSTEM_HEALTH:
             raise KsiError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
-        return await self.router.request(event, data, context)
+        try:
+            return await self.router.request(event, data, context)
+        except OSError as exc:
+            # out of descriptors (its limit lowered while it runs, or too much open): any file the
+            # request needed failed to open; the daemon serves again once descriptors free up
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            log.warning("out_of_descriptors", event_name=event, error=exc.strerror or str(exc))
+            raise KsiError(ErrorCode.TOO_MANY_CONNECTIONS, "the daemon has no file descriptor left for this "
+                           "request (too many open files); retry later", retry_after=1.0) from None
 
     # -- var dir ------------------------------------------------------------
     def _prepare_dirs(self) -> None:
