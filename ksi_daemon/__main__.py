@@ -14,6 +14,7 @@ from dotenv import load_dotenv
 from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.http_token import TokenFileError
+from ksi_common.kept_settings import read_kept
 from ksi_common.settings import load_settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, help="Unix socket path")
     parser.add_argument("--http", metavar="[HOST:]PORT", help="serve the HTTP front here (default KSI_HTTP_ADDR)")
     parser.add_argument("--quiet", action="store_true", help="log to the file only")
+    parser.add_argument("--keep-settings", action="store_true",
+                        help="start with the settings the previous daemon of this var dir was given by its own "
+                             "start (flags, environment), under this start's own (what `ksi daemon restart` does)")
     args = parser.parse_args(argv)
     # Provider credentials and bases (OPENAI_API_KEY, ...) may live in .env; litellm's own
     # .env loading is off in production mode, so the daemon loads it. The environment wins.
@@ -44,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["http_addr"] = args.http
     try:
         settings = load_settings(**overrides)
+        if args.keep_settings:
+            settings = load_settings(kept=read_kept(settings.layout.kept_settings_file).values, **overrides)
     except KsiError as exc:
-        print(f"ksi-daemon: {exc.message}", file=sys.stderr)
+        print(f"ksi-daemon: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
     layout = settings.layout

@@ -14,6 +14,7 @@ import filelock
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.kept_settings import write_kept
 from ksi_common.liveness import socket_path_state
 from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
 from ksi_common.settings import Settings
@@ -164,6 +165,7 @@ class Daemon:
                 "cluster": self.pool.health,
             },
             settings_view=settings.public_view,
+            settings_origins=lambda: {"origins": settings.origins, "config_file": str(settings.config_file)},
         )
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
@@ -187,6 +189,8 @@ class Daemon:
         self._acquire_lock()
         try:
             self._clear_stale_files()
+            # what this start was given, for a restart from a shell that lacks it
+            write_kept(self.layout.kept_settings_file, self.settings.given_at_start())
             await self.storage.open()
         except BaseException:
             self._release_lock()
