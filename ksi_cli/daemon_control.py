@@ -45,8 +45,10 @@ def health(location: Location, timeout: float = 2.0) -> dict | None:
         return None
 
 
-def start(location: Location, wait: float = 15.0, http_addr: str | None = None) -> tuple[int, str]:
-    """Spawn the daemon detached and return (pid, message) once the socket answers."""
+def start(location: Location, wait: float = 15.0, http_addr: str | None = None,
+          keep_settings: bool = False) -> tuple[int, str]:
+    """Spawn the daemon detached and return (pid, message) once the socket answers; with
+    `keep_settings`, under the settings the previous daemon of the var dir was given."""
     running = health(location)
     if running:
         theirs = running.get("var_dir")
@@ -60,6 +62,8 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
                "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
     if http_addr:
         command += ["--http", http_addr]
+    if keep_settings:
+        command.append("--keep-settings")
     try:
         mark_var_dir(location.var_dir)
         private_dir(log_dir)

@@ -53,7 +53,7 @@ def read_config(path: Path) -> dict[str, Any]:
     try:
         info = os.stat(path)
         text = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a var dir that is a file is reported where it is used
         return {}
     except OSError as exc:
         raise KsiError(ErrorCode.CONFIG_FILE_INVALID, f"cannot read {path}: {exc.strerror or exc}",
