@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -76,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         # libuv's event loop: the socket, HTTP and provider I/O of each request cost less CPU
         # (0.27 ms less per completion on the stub, 0.2 ms of it in litellm's own calls)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(run_daemon(settings))
+            daemon = runner.run(run_daemon(settings))
+        if daemon.litellm.still_loading:
+            # stopped during litellm's background import: everything is closed and flushed, and
+            # the interpreter's own exit would wait for (or trip over) the importing thread
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed, SocketPathTooLong,
             TokenFileError) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)

@@ -242,6 +242,8 @@ class Daemon:
                     await service.stop(self.settings.shutdown_timeout)
                 except Exception:
                     log.exception("service_stop_failed", service=type(service).__name__)
+        if self._preload is not None:  # nothing needs litellm any more; its thread is left to the exit
+            self._preload.cancel()
         await self.server.drain(self.settings.shutdown_timeout)
         await self.http.stop()
         await self.server.close()
@@ -369,7 +371,8 @@ class Daemon:
             sock.unlink()
 
 
-async def run_daemon(settings: Settings) -> None:
+async def run_daemon(settings: Settings) -> Daemon:
     daemon = Daemon(settings)
     await daemon.start()
     await daemon.serve_forever()
+    return daemon
