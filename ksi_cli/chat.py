@@ -280,6 +280,16 @@ async def _interruptible_reply(client: KsiClient, target: Target, message: str, 
         signal.signal(signal.SIGINT, before)
 
 
+async def _unmake(client: KsiClient, target: Target) -> None:
+    """Remove the conversation a failed first turn created under the id the chat chose (it holds
+    no exchange), and keep the id for the next turn."""
+    target.fresh = True
+    try:
+        await client.request("conversation:delete", {"conversation_id": target.conversation_id})
+    except KsiError:  # never made, or the daemon went away: nothing to remove here
+        pass
+
+
 async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:
     """The last few exchanges of a resumed conversation, so the user sees where it stands."""
     try:
@@ -379,12 +389,12 @@ async def _session(location: Location, target: Target, profile: str | None, mode
                 _write("\n")
                 click.echo(f"cancelled request {interrupted}", err=True)
                 if fresh:  # the cancelled turn was its conversation's first: nothing of it stays
-                    target.fresh = True
+                    await _unmake(client, target)
             except KsiError as error:
                 _write("\n")
                 _error(error)
                 if fresh:  # a failed first turn leaves no conversation to continue
-                    target.fresh = True
+                    await _unmake(client, target)
                 if error.code == ErrorCode.DAEMON_UNREACHABLE:  # a restart: reconnect and go on
                     await client.close()
                     click.echo("reconnecting to the daemon...", err=True)
