@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,8 @@ def read_config(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise KsiError(ErrorCode.CONFIG_FILE_INVALID, f"cannot read {path}: {exc.strerror or exc}",
                        path=str(path)) from None
+    import tomllib  # only when there is a file: every `ksi` command looks for one
+
     try:
         values = tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

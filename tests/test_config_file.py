@@ -182,3 +182,11 @@ def test_config_edit_opens_a_file_naming_every_setting_and_checks_it(place: Plac
     write(editor, '#!/bin/sh\nprintf \'max_queued = -1\\n\' >> "$1"\n', mode=0o700)
     again = place.ksi("config", "edit", "--var-dir", str(place.var_dir), env=clean_env(EDITOR=str(editor), VISUAL=""))
     assert again.returncode == 1 and "config_file_invalid" in again.stderr  # a key written twice is not TOML
+
+
+def test_the_cli_finds_the_daemon_where_the_file_puts_its_socket(place: Place) -> None:  # noqa: F811
+    elsewhere = place.root / "elsewhere.sock"
+    write(config_file(place), f'socket_path = "{elsewhere}"\n')
+    status = place.ksi("daemon", "status", "--var-dir", str(place.var_dir))
+    assert status.returncode == 3
+    assert f"nothing answers at {elsewhere}" in status.stderr
