@@ -13,18 +13,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import (BaseSettings, DotEnvSettingsSource, EnvSettingsSource, NoDecode, SettingsConfigDict,
-                               SettingsError)
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    NoDecode,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from ksi_common.config_file import config_path, is_secret, read_config
-from ksi_common.kept_settings import KeptSettings
-
 from ksi_common.dburl import mask_url
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.http_token import weakness
+from ksi_common.kept_settings import KeptSettings
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
-
 
 # where a setting's value came from, highest first: a later place is used only for what the
 # earlier ones leave unset (a setting is replaced whole, a table such as `models` too)

@@ -64,7 +64,7 @@ def test_the_per_user_daemon_reads_its_file_from_the_xdg_config_dir(tmp_path: Pa
     ("max_concurency = 3\n", "unknown_setting", "did you mean max_concurrency"),
     ('var_dir = "/elsewhere"\n', "config_file_invalid", "found from the var dir"),
     ("default_model = \n", "config_file_invalid", "not valid TOML"),
-    ("max_concurrency = -3\n", "validation_error", f"KSI_MAX_CONCURRENCY: Input should be greater than 0 (set in"),
+    ("max_concurrency = -3\n", "validation_error", "KSI_MAX_CONCURRENCY: Input should be greater than 0 (set in"),
 ])
 def test_a_file_that_does_not_fit_is_refused_naming_it(tmp_path: Path, no_ksi_env: None, text: str, code: str,
                                                        said: str) -> None:
