@@ -77,7 +77,8 @@ def _show(location: Location, as_json: bool, origin: bool) -> None:
     width = max(map(len, answer["settings"]))
     for name, value in answer["settings"].items():
         shown = json.dumps(value, ensure_ascii=False, default=str)
-        click.echo(f"{name:<{width}}  {click.style(origins.get(name, 'default'), dim=True):<8}  {shown}")
+        origin = f"{origins.get(name, 'default'):<7}"  # padded before styling: escapes have no width
+        click.echo(f"{name:<{width}}  {click.style(origin, dim=True)}  {shown}")
 
 
 def _load(location: Location) -> Settings:

@@ -53,9 +53,10 @@ def _restart_hint(http_addr: str | None) -> str:
 
 def _start(location: Location, http_addr: str | None) -> None:
     from ksi_cli import daemon_control  # imported here: `ksi send` does not need it
-    from ksi_cli.daemon_settings import asked_for, describe, differences
+    from ksi_cli.daemon_settings import asked_for, describe, differences, file_changes
 
     running = daemon_control.running_config(location)
+    pending: list[str] = []
     if running is not None:
         pid = (daemon_control.health(location) or {}).get("pid")
         here = _here(location, http_addr, pid)
@@ -63,11 +64,15 @@ def _start(location: Location, http_addr: str | None) -> None:
         if changed:  # "already running" would hide that these settings are not in effect
             _fail(f"the daemon (pid {pid}) already runs, with other settings than this start asks for:\n"
                   f"{describe(changed)}\napply them with: {_restart_hint(http_addr)}", EXIT_ERROR)
+        pending = file_changes(running, daemon_control.running_origins(location), here)
     try:
         _pid, message = daemon_control.start(location, http_addr=http_addr)
     except daemon_control.StartFailed as exc:
         _fail(str(exc), exc.exit_code)
     click.echo(message)
+    if pending:
+        click.echo(f"note: the configuration file changed {', '.join(pending)} since the daemon started; "
+                   "`ksi daemon restart` applies it")
 
 
 @daemon.command()

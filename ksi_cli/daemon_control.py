@@ -38,6 +38,16 @@ def running_config(location: Location, timeout: float = 2.0) -> dict | None:
         return None
 
 
+def running_origins(location: Location, timeout: float = 2.0) -> dict[str, str]:
+    """Where each of the running daemon's settings came from ({} from a daemon that does not say)."""
+    try:
+        answer = oneshot.request(location.socket, "system:config", {"origins": True}, timeout=timeout)
+    except KsiError:
+        return {}
+    origins = answer.get("origins") if isinstance(answer, dict) else None
+    return origins if isinstance(origins, dict) else {}
+
+
 def health(location: Location, timeout: float = 2.0) -> dict | None:
     try:
         return oneshot.request(location.socket, "system:health", timeout=timeout)

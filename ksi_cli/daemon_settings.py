@@ -42,6 +42,17 @@ def missing_secrets(settings: Settings, secrets: tuple[str, ...]) -> list[str]:
     return [f"KSI_{name.upper()}" for name in secrets if settings.origins.get(name, "default") == "default"]
 
 
+def file_changes(running: dict[str, Any], origins: dict[str, str], here: Settings) -> list[str]:
+    """`KSI_NAME`s whose value the configuration file changed since the running daemon read it
+    (a value the daemon took from its flags or environment is not the file's to change)."""
+    view = here.public_view()
+    from_file = {name for name, origin in here.origins.items() if origin == "file"}
+    read_from_file = {name for name, origin in origins.items() if origin in ("file", "default")}
+    candidates = (from_file & read_from_file) | {name for name, origin in origins.items() if origin == "file"}
+    return [f"KSI_{name.upper()}" for name in sorted(candidates)
+            if name not in SAME_BY_LOCATION and running.get(name, MISSING) != view.get(name)]
+
+
 def database_unreachable(settings: Settings) -> str | None:
     """Why a daemon with `settings` could not open its database, or None (also for JSONL): a
     restart asks before it stops the running daemon. asyncpg is imported only for PostgreSQL."""

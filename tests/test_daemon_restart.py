@@ -144,6 +144,9 @@ def test_a_restart_applies_the_file_and_reset_drops_what_was_kept(with_http: tup
     set_model = where.ksi("config", "set", *where.where, "default_model", "echo/filed", env=bare_env())
     assert set_model.returncode == 0, set_model.stderr
     assert (where.var_dir / CONFIG_NAME).is_file()
+    pending = where.ksi("daemon", "start", *where.where, env=bare_env())
+    assert pending.returncode == 0 and "already running" in pending.stdout
+    assert "the configuration file changed KSI_DEFAULT_MODEL since the daemon started" in pending.stdout
     applied = where.ksi("daemon", "restart", *where.where, env=bare_env())
     new_pid_of(applied)
     assert "settings changed: KSI_DEFAULT_MODEL echo/default -> echo/filed" in applied.stdout
@@ -153,6 +156,8 @@ def test_a_restart_applies_the_file_and_reset_drops_what_was_kept(with_http: tup
     assert f"KSI_HTTP_ADDR {addr} -> unset" in reset.stdout
     running = oneshot.request(where.socket, "system:config", timeout=5.0)
     assert running["http_addr"] is None and running["default_model"] == "echo/filed"
+    settled = where.ksi("daemon", "start", *where.where, env=bare_env(KSI_LITELLM_PRELOAD="false"))
+    assert settled.returncode == 0 and "note:" not in settled.stdout
 
 
 def test_a_start_asking_for_other_settings_says_each_on_one_short_line(started: tuple[Place, int]) -> None:
