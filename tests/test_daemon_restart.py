@@ -191,7 +191,8 @@ def test_a_restart_that_would_lose_a_secret_says_so_and_stops_nothing(place: Pla
         new_pid_of(again)
         assert "settings: the same as before" in again.stdout
     finally:
-        if (health := place.health()) is not None:
-            force_stop(int(health["pid"])) if int(health["pid"]) != pid else None
+        health = place.health()
         place.ksi("daemon", "stop", *place.where)
         force_stop(pid)
+        if health is not None:
+            force_stop(int(health["pid"]))
