@@ -22,6 +22,7 @@ from ksi_cli.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.ids import new_id
 from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT
 
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 # imports this module and should not pay for them.
 
 QUIT = ("/quit", "/exit")
-HELP = """/exit, /quit or Ctrl-D ends (resume later with the command shown at the start)
+BARE_QUIT = ("exit", "quit")  # alone on a line, as in a shell or a REPL: what a user types to leave
+HELP = """/exit, /quit, exit, quit or Ctrl-D ends (resume later with the command shown at the start)
 /help          this text
 /model NAME    answer with NAME from now on (a conversation, not an agent)
 /system TEXT   a new system prompt from the next turn on
@@ -65,6 +67,7 @@ class Target:
     model: str | None = None
     system: str | None = None
     files: list[str] | None = None
+    fresh: bool = False  # conversation_id was chosen here and is made by the next turn
 
     def request(self, message: str, stream: bool) -> tuple[str, dict[str, Any]]:
         """The event and data of one turn; pending /system and /files go with it, once."""
@@ -75,6 +78,8 @@ class Target:
                            ("system", self.system), ("files", self.files)):
             if value is not None:
                 data[key] = value
+        if self.fresh:
+            data["create"] = True
         self.system = self.files = None
         return "completion:async", data
 
@@ -152,7 +157,7 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     event, data = target.request(message, stream)
     ack = await client.request(event, data)
     if target.agent_id is None:
-        target.conversation_id = ack["conversation_id"]
+        target.conversation_id, target.fresh = ack["conversation_id"], False
     request_id = turn.request_id = ack["request_id"]
     waiter = asyncio.ensure_future(client.request("completion:wait", {"request_id": request_id, "timeout": timeout}))
     stop = asyncio.ensure_future(interrupt.wait())
@@ -239,7 +244,7 @@ async def _command(client: KsiClient, target: Target, line: str) -> bool:
         target.files = [str(Path(word).absolute()) for word in shlex.split(argument)]
         click.secho(f"{len(target.files)} file(s) go with the next message", dim=True)
     elif name == "/fork":
-        if target.conversation_id is None or target.agent_id is not None:
+        if target.conversation_id is None or target.fresh or target.agent_id is not None:
             click.echo("/fork needs a conversation with at least one exchange (not an agent's)", err=True)
         else:
             try:
@@ -273,6 +278,16 @@ async def _interruptible_reply(client: KsiClient, target: Target, message: str, 
     finally:
         loop.remove_signal_handler(signal.SIGINT)  # that leaves Python's default, not the one before
         signal.signal(signal.SIGINT, before)
+
+
+async def _unmake(client: KsiClient, target: Target) -> None:
+    """Remove the conversation a failed first turn created under the id the chat chose (it holds
+    no exchange), and keep the id for the next turn."""
+    target.fresh = True
+    try:
+        await client.request("conversation:delete", {"conversation_id": target.conversation_id})
+    except KsiError:  # never made, or the daemon went away: nothing to remove here
+        pass
 
 
 async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:
@@ -344,8 +359,10 @@ async def _session(location: Location, target: Target, profile: str | None, mode
                     click.secho(f"conversation {target.conversation_id}, {shown.get('exchanges', 0)} exchanges so far",
                                 bold=True)
                     await _recap(client, target.conversation_id)
-                else:
-                    click.secho(f"a new conversation with {target.model or 'the default model'}", bold=True)
+                else:  # its id chosen now, so the banner can name it (the first turn creates it)
+                    target.conversation_id, target.fresh = new_id("conv-"), True
+                    click.secho(f"a new conversation {target.conversation_id} with "
+                                f"{target.model or 'the default model'}", bold=True)
         except KsiError as error:
             _error(error)
             if error.code == ErrorCode.AGENT_NOT_FOUND and profile is None:
@@ -358,24 +375,26 @@ async def _session(location: Location, target: Target, profile: str | None, mode
                 break
             if not line.strip():
                 continue
+            if line.strip().lower() in BARE_QUIT:
+                break
             if line.startswith("/") and "\n" not in line:
                 if not await _command(client, target, line):
                     break
                 continue
             _write(f"{name}> ")
-            before = target.conversation_id
+            fresh = target.fresh
             try:
                 await _interruptible_reply(client, target, line, stream, timeout, turn)
             except Interrupted as interrupted:
                 _write("\n")
                 click.echo(f"cancelled request {interrupted}", err=True)
-                if before is None:  # the cancelled turn was its conversation's first: nothing of it stays
-                    target.conversation_id = None
+                if fresh:  # the cancelled turn was its conversation's first: nothing of it stays
+                    await _unmake(client, target)
             except KsiError as error:
                 _write("\n")
                 _error(error)
-                if before is None:  # a failed first turn leaves no conversation to continue
-                    target.conversation_id = None
+                if fresh:  # a failed first turn leaves no conversation to continue
+                    await _unmake(client, target)
                 if error.code == ErrorCode.DAEMON_UNREACHABLE:  # a restart: reconnect and go on
                     await client.close()
                     click.echo("reconnecting to the daemon...", err=True)
@@ -390,7 +409,7 @@ async def _session(location: Location, target: Target, profile: str | None, mode
                 turn.request_id = None
         if target.agent_id is not None:
             click.secho(f"resume with: ksi chat {target.agent_id}", dim=True)
-        elif target.conversation_id is not None:
+        elif target.conversation_id is not None and not target.fresh:
             click.secho(f"resume with: ksi chat --cid {target.conversation_id}", dim=True)
         return EXIT_OK
     finally:

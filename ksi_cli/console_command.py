@@ -13,6 +13,7 @@ import click
 
 from ksi_cli.http_access import front_access
 from ksi_cli.locate import locate
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, fail
 from ksi_common.console_login import make_code
 from ksi_common.errors import KsiError
@@ -20,7 +21,7 @@ from ksi_common.errors import KsiError
 
 @click.command()
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--no-browser", is_flag=True, help="Only print the login link (it works once, within a minute).")
 def console(socket_path: str | None, var_dir: str | None, no_browser: bool) -> None:
     """Print a one-time login link to the console and open it in the system's browser (on a terminal)."""

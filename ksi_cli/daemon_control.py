@@ -38,6 +38,16 @@ def running_config(location: Location, timeout: float = 2.0) -> dict | None:
         return None
 
 
+def running_origins(location: Location, timeout: float = 2.0) -> dict[str, str]:
+    """Where each of the running daemon's settings came from ({} from a daemon that does not say)."""
+    try:
+        answer = oneshot.request(location.socket, "system:config", {"origins": True}, timeout=timeout)
+    except KsiError:
+        return {}
+    origins = answer.get("origins") if isinstance(answer, dict) else None
+    return origins if isinstance(origins, dict) else {}
+
+
 def health(location: Location, timeout: float = 2.0) -> dict | None:
     try:
         return oneshot.request(location.socket, "system:health", timeout=timeout)
@@ -45,8 +55,10 @@ def health(location: Location, timeout: float = 2.0) -> dict | None:
         return None
 
 
-def start(location: Location, wait: float = 15.0, http_addr: str | None = None) -> tuple[int, str]:
-    """Spawn the daemon detached and return (pid, message) once the socket answers."""
+def start(location: Location, wait: float = 15.0, http_addr: str | None = None,
+          keep_settings: bool = False) -> tuple[int, str]:
+    """Spawn the daemon detached and return (pid, message) once the socket answers; with
+    `keep_settings`, under the settings the previous daemon of the var dir was given."""
     running = health(location)
     if running:
         theirs = running.get("var_dir")
@@ -60,6 +72,8 @@ def start(location: Location, wait: float = 15.0, http_addr: str | None = None) 
                "--var-dir", str(location.var_dir), "--socket", str(location.socket)]
     if http_addr:
         command += ["--http", http_addr]
+    if keep_settings:
+        command.append("--keep-settings")
     try:
         mark_var_dir(location.var_dir)
         private_dir(log_dir)

@@ -17,12 +17,16 @@ def _refuse_constant(name: str) -> Any:
 
 
 def json_value(text: str) -> Any:
-    """The word as JSON when it parses, else the word itself; numbers JSON cannot carry are refused."""
+    """The word as JSON when it parses to a number, true/false/null, a list or an object, else the
+    word itself (a quoted word keeps its quotes: `--prompt '"x"'` asks about "x", with them);
+    numbers JSON cannot carry are refused."""
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except EventArgsError:
         raise
     except ValueError:
+        return text
+    if isinstance(value, str):
         return text
     problem = out_of_range(value)
     if problem is not None:

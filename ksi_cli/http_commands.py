@@ -6,6 +6,7 @@ import click
 
 from ksi_cli.http_access import front_access
 from ksi_cli.locate import locate
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import fail
 from ksi_common.errors import KsiError
 
@@ -16,7 +17,7 @@ def http() -> None:
 
 
 @http.command()
-@click.option("--var-dir", help="The daemon's var directory (default ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--socket", "socket_path", help="Unix socket of the daemon.")
 def token(var_dir: str | None, socket_path: str | None) -> None:
     """Print the bearer token for HTTP requests (KSI_HTTP_TOKEN, else the one generated in the var

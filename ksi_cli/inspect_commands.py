@@ -154,12 +154,13 @@ def response() -> None:
 @_json_option
 @click.argument("response_id")
 def response_show(response_id: str, var_dir: str | None, as_json: bool) -> None:
-    """Show RESPONSE_ID: the request's raw inputs and its outcome."""
+    """Show RESPONSE_ID (or its HTTP form, resp_ID): the request's raw inputs and its outcome."""
+    response_id = response_id.removeprefix("resp_")
     try:
         record = _read(var_dir, lambda t: t.response(response_id))
         if record is None:
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"no response {response_id}",
-                           fields={"response_id": "no such response file"}, response_id=response_id)
+            raise KsiError(ErrorCode.RESPONSE_NOT_FOUND, f"no response {response_id} is stored; `ksi conversation "
+                           "show ID` lists the responses of a conversation", response_id=response_id)
     except KsiError as error:
         fail(error, as_json)
         return

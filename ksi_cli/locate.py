@@ -70,7 +70,22 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
     if root.exists() and not root.is_dir():  # every command would trip over it somewhere else
         raise KsiError(ErrorCode.VAR_DIR_INVALID, f"the var dir {root} ({found_by}) is not a directory",
                        var_dir=str(root))
-    sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH"))
+    written = _configured(root)
+    sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH")) or written.get("socket_path")
+    storage = _setting("KSI_STORAGE") or written.get("storage")
     return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
-                    socket_given=socket is not None, storage=_setting("KSI_STORAGE") or "jsonl",
-                    database_url=_setting("KSI_DATABASE_URL"), storage_given=bool(_setting("KSI_STORAGE")))
+                    socket_given=socket is not None, storage=storage or "jsonl",
+                    database_url=_setting("KSI_DATABASE_URL") or written.get("database_url"),
+                    storage_given=bool(storage))
+
+
+def _configured(root: Path) -> dict[str, str]:
+    """The var dir's configuration file's say on where the daemon and its storage are (text
+    values only); a file that cannot be used is left to the daemon and `ksi config` to report."""
+    from ksi_common.config_file import config_path, read_config
+
+    try:
+        values = read_config(config_path(root))
+    except KsiError:
+        return {}
+    return {k: v for k, v in values.items() if k in ("socket_path", "storage", "database_url") and isinstance(v, str)}

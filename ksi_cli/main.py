@@ -7,6 +7,7 @@ is one line in COMMANDS.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -55,6 +56,17 @@ class LazyGroup(click.Group):
             command = getattr(importlib.import_module(module), attribute)
             self.add_command(command, cmd_name)
         return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                             list[str]]:
+        """Click suggests only among the commands imported so far: suggest among all of them."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing \
+                and self.get_command(ctx, name) is None:
+            similar = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.6)
+            hint = f" (Did you mean {' or '.join(repr(s) for s in similar)}?)" if similar else ""
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, fail, show, wants_json
 from ksi_common.errors import KsiError
 
@@ -25,7 +26,7 @@ def storage() -> None:
 @storage.command(name="migrate")
 @click.option("--to", "target", type=click.Choice(["postgres", "jsonl"]), required=True,
               help="postgres: copy the var dir into the database; jsonl: copy the database into the var dir.")
-@click.option("--var-dir", help="The var directory (default: KSI_VAR_DIR, else ./var).")
+@click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--database-url", help="postgresql://... (default: KSI_DATABASE_URL).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON even on a terminal.")
 def migrate(target: str, var_dir: str | None, database_url: str | None, as_json: bool) -> None:

@@ -66,6 +66,10 @@ class ErrorCode(StrEnum):
     STREAM_NOT_FOUND = "stream_not_found"  # a response whose events are not kept (not background, or long ended)
     STARTING_AFTER_OUT_OF_RANGE = "starting_after_out_of_range"  # past the last event of an ended stream
     LEASE_LOST = "lease_lost"  # a daemon paused past its conversation's lease: another took the turn over
+    # the configuration file (ksi.toml)
+    CONFIG_FILE_INVALID = "config_file_invalid"  # not TOML, unreadable, or setting what locates it (var_dir)
+    CONFIG_FILE_NOT_PRIVATE = "config_file_not_private"  # it holds a secret while other users may read it
+    UNKNOWN_SETTING = "unknown_setting"  # a name no setting has (with the closest names)
     # client-side only
     DAEMON_UNREACHABLE = "daemon_unreachable"
     VAR_DIR_INVALID = "var_dir_invalid"  # the var dir named is a file (or other non-directory)

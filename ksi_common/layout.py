@@ -34,6 +34,11 @@ class VarLayout:
         return self.run_dir / "daemon.pid"
 
     @property
+    def kept_settings_file(self) -> Path:
+        """The settings the running daemon was given by its start (flags, environment), which a restart keeps."""
+        return self.run_dir / "settings.json"
+
+    @property
     def lock_file(self) -> Path:
         return self.run_dir / "daemon.lock"
 

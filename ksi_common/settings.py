@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 import os
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    NoDecode,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+from ksi_common.config_file import config_path, is_secret, read_config
 from ksi_common.dburl import mask_url
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.http_token import weakness
+from ksi_common.kept_settings import KeptSettings
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
 
+# where a setting's value came from, highest first: a later place is used only for what the
+# earlier ones leave unset (a setting is replaced whole, a table such as `models` too)
+ORIGINS = ("flag", "env", ".env", "kept", "file")
+DEFAULT_ORIGIN = "default"
 
 RESOLVED_KEPT = 1024  # model names whose overrides are remembered (see ModelOverrides)
 
@@ -191,6 +206,9 @@ class Settings(BaseSettings):
     # seconds a request's body may take to arrive whole, from its head on: then 408 and closed
     http_body_timeout: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT)
 
+    # where each setting came from (ORIGINS), filled by load_settings
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
     @field_validator("http_token")
     @classmethod
     def _strong_token(cls, token: SecretStr | None) -> SecretStr | None:
@@ -249,6 +267,29 @@ class Settings(BaseSettings):
         # __getattr__, four Python calls per read, and a completion reads this about ten times
         return ModelOverrides(self.models)
 
+    @property
+    def origins(self) -> dict[str, str]:
+        """Each setting's origin: flag, env, .env, kept (by a restart), file or default."""
+        return {name: self._origins.get(name, DEFAULT_ORIGIN) for name in type(self).model_fields}
+
+    @property
+    def config_file(self) -> Path:
+        """The configuration file this daemon reads (which may not exist)."""
+        return config_path(self.var_dir)
+
+    def given_at_start(self) -> KeptSettings:
+        """What this start was given (flags, environment, .env, kept), for a restart to keep:
+        values JSON-ready, secrets by name only."""
+        given = {name for name, origin in self.origins.items() if origin in ("flag", "env", ".env", "kept")}
+        given -= {"var_dir", "socket_path"}  # the restart finds the daemon through them: given again
+        values = self.model_dump(mode="json", include=given)
+        for name in given:
+            if isinstance(secret := getattr(self, name), SecretStr):  # a database URL without a password is kept
+                values[name] = secret.get_secret_value()
+        secrets = tuple(sorted(name for name in given if is_secret(name, values[name])))
+        return KeptSettings({name: value for name, value in values.items()
+                             if value is not None and name not in secrets}, secrets)
+
     def public_view(self) -> dict:
         """The effective settings with secrets masked, for `ksi config` and health."""
         view = self.model_dump(mode="json")
@@ -259,24 +300,74 @@ class Settings(BaseSettings):
         return view
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, `.env` and `overrides`. A value that does not fit is a
-    KsiError naming each variable on one line (values left out: one may be a secret), which a
-    daemon start can show whole where it shows only its last line."""
+def load_settings(kept: Mapping[str, object] | None = None, **overrides: object) -> Settings:
+    """Settings from `overrides` (flags), the environment, `.env`, `kept` (what a restart keeps),
+    the configuration file and the defaults, in that order. A value that does not fit is a
+    KsiError naming each variable on one line (values left out: one may be a secret) and the
+    file when it came from there."""
+    env_file = overrides.pop("_env_file", ".env")  # None: no .env file (tests)
+    layers: dict[str, Mapping[str, object]] = {"flag": overrides}
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        dotenv = DotEnvSettingsSource(Settings, env_file=env_file)() if env_file else {}  # type: ignore[arg-type]
+        environment = EnvSettingsSource(Settings)()
+    except SettingsError as exc:  # a value that is not even parsed (KSI_MODELS that is not JSON)
+        _refuse_unparsed(exc)
+    # the daemon loads .env into its environment: a value found in both, alike, came from .env
+    layers["env"] = {k: v for k, v in environment.items() if k not in dotenv or dotenv[k] != v}
+    layers[".env"] = dotenv
+    layers["kept"] = dict(kept or {})
+    var_dir = next((layer["var_dir"] for layer in layers.values() if "var_dir" in layer), None)
+    path = config_path(Path(str(var_dir)).expanduser() if var_dir is not None else find_var_dir())
+    layers["file"] = _known_settings(read_config(path), path)
+    merged: dict[str, object] = {}
+    origins: dict[str, str] = {}
+    for origin in reversed(ORIGINS):
+        merged.update(layers[origin])
+        origins.update(dict.fromkeys(layers[origin], origin))
+    try:
+        settings = Settings(_env_file=None, **merged)  # type: ignore[arg-type]
     except ValidationError as exc:
-        fields = {_variable(error["loc"]): _with_form(error["loc"], error["msg"]) for error in exc.errors()}
+        fields = {_variable(e["loc"]): _with_form(e["loc"], e["msg"]) + _where(e["loc"], origins, path)
+                  for e in exc.errors()}
         problems = "; ".join(f"{name}: {message}" for name, message in fields.items())
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {problems}", fields=fields) from None
-    except SettingsError as exc:  # a value that is not even parsed (KSI_MODELS that is not JSON)
-        named = re.search(r'field "(\w+)"', str(exc))
-        if named is None:
-            raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {exc}") from None
-        name = _variable((named.group(1),))
-        message = _with_form((named.group(1),), "not valid JSON")
-        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {name}: {message}",
-                       fields={name: message}) from None
+    settings._origins = origins
+    return settings
+
+
+def _refuse_unparsed(exc: SettingsError) -> NoReturn:
+    named = re.search(r'field "(\w+)"', str(exc))
+    if named is None:
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {exc}") from None
+    name = _variable((named.group(1),))
+    message = _with_form((named.group(1),), "not valid JSON")
+    raise KsiError(ErrorCode.VALIDATION_ERROR, f"invalid settings: {name}: {message}",
+                   fields={name: message}) from None
+
+
+def _known_settings(values: dict[str, object], path: Path) -> dict[str, object]:
+    """The file's settings, refused when one is no setting at all (a typo would go unnoticed)."""
+    for name in values:
+        if name not in Settings.model_fields:
+            raise unknown_setting(name, f" in {path}")
+    return values
+
+
+def unknown_setting(name: str, where: str = "") -> KsiError:
+    """The error for a name no setting has, with the closest names."""
+    similar = difflib.get_close_matches(name.lower(), list(Settings.model_fields), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(similar)}?" if similar else "; `ksi config show` lists every setting"
+    return KsiError(ErrorCode.UNKNOWN_SETTING, f"no setting is called {name!r}{where}{hint}",
+                    setting=name, similar=similar)
+
+
+def _where(loc: tuple[int | str, ...], origins: Mapping[str, str], path: Path) -> str:
+    origin = origins.get(str(loc[0])) if loc else None
+    if origin == "file":
+        return f" (set in {path})"
+    if origin == "kept":
+        return " (kept from the previous start; `ksi daemon restart --reset` drops it)"
+    return ""
 
 
 def _with_form(loc: tuple[int | str, ...], message: str) -> str:

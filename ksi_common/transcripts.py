@@ -94,6 +94,12 @@ def summarize(meta: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
+def _reported(reply: dict[str, Any] | None, key: str, counted: int) -> int:
+    """The provider's count from the reply's usage, else KSI's own (a provider that reported none)."""
+    value = ((reply or {}).get("usage") or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else counted
+
+
 def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, inherited: bool) -> dict[str, Any]:
     """One exchange for show and export: its index line, its input lines (who sent each and when,
     the files read for it), its reply, and what it took in and gave out as items.
@@ -128,8 +134,11 @@ def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, 
         "model": entry.model,
         "provider": entry.provider,
         "agent_id": entry.agent_id,
-        "tokens_in": entry.tokens_in,
-        "tokens_out": entry.tokens_out,
+        # the provider's counts, as the reply's usage and the conversation's totals have them;
+        # KSI's own count of what the exchange costs in a later turn's history is apart
+        "tokens_in": _reported(reply, "prompt_tokens", entry.tokens_in),
+        "tokens_out": _reported(reply, "completion_tokens", entry.tokens_out),
+        "history_tokens": {"in": entry.tokens_in, "out": entry.tokens_out},
         "is_feedback": entry.is_feedback,
         "inputs": inputs,
         "reply": reply,

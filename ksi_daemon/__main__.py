@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from dotenv import load_dotenv
 from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.http_token import TokenFileError
+from ksi_common.kept_settings import read_kept
 from ksi_common.settings import load_settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, help="Unix socket path")
     parser.add_argument("--http", metavar="[HOST:]PORT", help="serve the HTTP front here (default KSI_HTTP_ADDR)")
     parser.add_argument("--quiet", action="store_true", help="log to the file only")
+    parser.add_argument("--keep-settings", action="store_true",
+                        help="start with the settings the previous daemon of this var dir was given by its own "
+                             "start (flags, environment), under this start's own (what `ksi daemon restart` does)")
     args = parser.parse_args(argv)
     # Provider credentials and bases (OPENAI_API_KEY, ...) may live in .env; litellm's own
     # .env loading is off in production mode, so the daemon loads it. The environment wins.
@@ -44,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["http_addr"] = args.http
     try:
         settings = load_settings(**overrides)
+        if args.keep_settings:
+            settings = load_settings(kept=read_kept(settings.layout.kept_settings_file).values, **overrides)
     except KsiError as exc:
-        print(f"ksi-daemon: {exc.message}", file=sys.stderr)
+        print(f"ksi-daemon: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
     os.umask(OWNER_ONLY_UMASK)  # the log file below is the first thing created under the var dir
     layout = settings.layout
@@ -70,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         # libuv's event loop: the socket, HTTP and provider I/O of each request cost less CPU
         # (0.27 ms less per completion on the stub, 0.2 ms of it in litellm's own calls)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(run_daemon(settings))
+            daemon = runner.run(run_daemon(settings))
+        if daemon.litellm.still_loading:
+            # stopped during litellm's background import: everything is closed and flushed, and
+            # the interpreter's own exit would wait for (or trip over) the importing thread
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     except (DaemonAlreadyRunning, UnsafeVarDir, UnsafeHttpBind, HttpBindFailed, SocketPathTooLong,
             TokenFileError) as exc:
         print(f"ksi-daemon: {exc}", file=sys.stderr)

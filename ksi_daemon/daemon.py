@@ -15,6 +15,7 @@ import filelock
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.kept_settings import write_kept
 from ksi_common.liveness import socket_path_state
 from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
 from ksi_common.settings import Settings
@@ -165,6 +166,7 @@ class Daemon:
                 "cluster": self.pool.health,
             },
             settings_view=settings.public_view,
+            settings_origins=lambda: {"origins": settings.origins, "config_file": str(settings.config_file)},
         )
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
@@ -188,6 +190,8 @@ class Daemon:
         self._acquire_lock()
         try:
             self._clear_stale_files()
+            # what this start was given, for a restart from a shell that lacks it
+            write_kept(self.layout.kept_settings_file, self.settings.given_at_start())
             await self.storage.open()
         except BaseException:
             self._release_lock()
@@ -239,6 +243,8 @@ class Daemon:
                     await service.stop(self.settings.shutdown_timeout)
                 except Exception:
                     log.exception("service_stop_failed", service=type(service).__name__)
+        if self._preload is not None:  # nothing needs litellm any more; its thread is left to the exit
+            self._preload.cancel()
         await self.server.drain(self.settings.shutdown_timeout)
         await self.http.stop()
         await self.server.close()
@@ -378,7 +384,8 @@ class Daemon:
             sock.unlink()
 
 
-async def run_daemon(settings: Settings) -> None:
+async def run_daemon(settings: Settings) -> Daemon:
     daemon = Daemon(settings)
     await daemon.start()
     await daemon.serve_forever()
+    return daemon

@@ -82,7 +82,7 @@ def validate(model: type[EventData], data: Any) -> EventData:
         fields = {}
         for error in exc.errors(include_url=False):
             location = ".".join(str(part) for part in error["loc"]) or "data"
-            fields[location] = error["msg"]
+            fields[location] = own_words(error)
             if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:  # a misspelt field, most often
                 fields[location] += _closest_field(model, str(error["loc"][0]))
         raise KsiError(
@@ -90,6 +90,14 @@ def validate(model: type[EventData], data: Any) -> EventData:
             "invalid data: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
             fields=fields,
         ) from None
+
+
+def own_words(error: Any) -> str:
+    """A validation error's message without pydantic's "Value error, " before a validator's own sentence."""
+    message = str(error["msg"])
+    if error.get("type") == "value_error":
+        return message.removeprefix("Value error, ")
+    return message
 
 
 def _closest_field(model: type[EventData], name: str) -> str:

@@ -73,8 +73,10 @@ def pg_url(pg_cluster: ThrowawayCluster) -> Any:
 
 @pytest.fixture(autouse=True)
 def private_state_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A command that finds no var dir falls back to the per-user one: never the real user's."""
+    """A command that finds no var dir falls back to the per-user one: never the real user's (nor
+    the real user's configuration file)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
 
 
 @pytest.fixture

@@ -141,3 +141,19 @@ async def test_unreachable_daemon(short_tmp: Path) -> None:
     )
     _out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode == 3 and "daemon_unreachable" in err.decode()
+
+
+async def test_a_new_chat_names_its_conversation_and_exit_or_quit_end_it(daemon: Daemon) -> None:
+    for word in ("exit", "quit", "  Exit "):
+        code, out, err = await ksi(daemon, "chat", "--model", "echo/x", stdin=f"hello\n{word}\nnever sent\n")
+        assert code == 0, err
+        conversation_id = re.search(r"^a new conversation (conv-[0-9a-f]{12}) with echo/x$", out, re.M).group(1)
+        assert "You said: hello" in out and "never sent" not in out
+        assert f"resume with: ksi chat --cid {conversation_id}" in out
+        index = read_index(daemon.layout.index_file(conversation_id))
+        assert len(index) == 1  # the word that ends the chat never reached the model
+    code, out, err = await ksi(daemon, "chat", "--model", "echo/x", stdin="exit\n")
+    assert code == 0, err
+    assert "resume with" not in out  # nothing was said: no conversation to resume
+    named = re.search(r"^a new conversation (conv-[0-9a-f]{12})", out, re.M).group(1)
+    assert not daemon.layout.index_file(named).exists()

@@ -46,6 +46,9 @@ async def test_conversation_and_previous_response_id_together_are_refused(http_d
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["code"] == ErrorCode.VALIDATION_ERROR and error["param"] == "previous_response_id"
+    # in the body's own terms, without pydantic's words
+    assert error["message"] == "invalid input: previous_response_id: give conversation or previous_response_id, not both"
+    assert error["details"]["fields"] == {"previous_response_id": "give conversation or previous_response_id, not both"}
     assert written(http_daemon) == before
 
 

@@ -158,7 +158,7 @@ async def test_inspection_reads_var_with_the_daemon_stopped(filled: dict[str, An
 
     for args, code in ((("conversation", "show", "nope"), "conversation_not_found"),
                        (("conversation", "show", "../x"), "validation_error"),
-                       (("response", "show", "nope-123"), "validation_error")):
+                       (("response", "show", "nope-123"), "response_not_found")):
         result = ksi(*args, *where, cwd=cwd, env=filled["env"])
         assert result.returncode == 1
         assert json.loads(result.stderr)["error"]["code"] == code

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import math
 import os
@@ -75,6 +76,7 @@ class LiteLLMProvider:
         self.redact = Redactor(known_secrets(settings))  # providers echo keys in their errors
         self._module: ModuleType | None = None
         self._load_lock = threading.Lock()
+        self._loading: concurrent.futures.Future[ModuleType] | None = None  # the import in its own thread
         self._windows: dict[str, int] = {}
         self._abilities: OrderedDict[str, ModelAbilities] = OrderedDict()  # least recently used first
         self._supported: OrderedDict[str, frozenset[str] | None] = OrderedDict()  # see _supported_params
@@ -141,9 +143,29 @@ class LiteLLMProvider:
             log.warning("litellm_warm_up_failed", exc_info=True)
 
     async def ensure_loaded(self) -> ModuleType:
+        """litellm, imported once in a thread of its own. Not the loop's executor: closing the
+        loop waits for that one's threads, so a daemon stopped during the import waited for it
+        (seconds) although nothing needed litellm any more."""
         if self._module is not None:
             return self._module
-        return await asyncio.to_thread(self.load)
+        if self._loading is None:
+            self._loading = concurrent.futures.Future()
+            threading.Thread(target=self._load_into, args=(self._loading,), name="litellm-import",
+                             daemon=True).start()
+        return await asyncio.wrap_future(self._loading)  # a thread's future: awaitable from any loop
+
+    def _load_into(self, loading: concurrent.futures.Future[ModuleType]) -> None:
+        loading.set_running_or_notify_cancel()  # running: a waiter cancelled (a stop) leaves it to the others
+        try:
+            loading.set_result(self.load())
+        except BaseException as exc:  # the waiters get it; a later call tries again
+            self._loading = None
+            loading.set_exception(exc)
+
+    @property
+    def still_loading(self) -> bool:
+        """The import runs and nothing has it yet: an exit need not wait for it."""
+        return self._loading is not None and not self._loading.done()
 
     @staticmethod
     def _custom_names() -> set[str]:

@@ -24,6 +24,10 @@ class DiscoverData(EventData):
     level: Text | None = Field(default=None, description="accepted from older clients; every level lists the same")
 
 
+class ConfigData(EventData):
+    origins: bool = Field(default=False, description="answer {settings, origins, config_file}: where each value came from")
+
+
 class HelpData(EventData):
     event: Text = Field(description="the event to describe, e.g. completion:async")
 
@@ -35,11 +39,13 @@ class SystemService:
         request_shutdown: Callable[[], None],
         health_sections: dict[str, Callable[[], Any]],
         settings_view: Callable[[], dict[str, Any]],
+        settings_origins: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.router = router
         self.request_shutdown = request_shutdown
         self.health_sections = health_sections
         self.settings_view = settings_view
+        self.settings_origins = settings_origins
         self.started = time.monotonic()
         self.pid = os.getpid()
         self.memory = ResidentMemory()
@@ -50,7 +56,8 @@ class SystemService:
             r.register(SYSTEM_HEALTH, self.health, NoData, "Daemon status, version, uptime and counts."),
             r.register("system:discover", self.discover, DiscoverData, "Every event with its one-line description."),
             r.register("system:help", self.help, HelpData, "Fields, types and defaults of one event."),
-            r.register("system:config", self.config, NoData, "The running daemon's effective settings, secrets masked."),
+            r.register("system:config", self.config, ConfigData,
+                       "The running daemon's effective settings, secrets masked (and where each came from)."),
             r.register("system:shutdown", self.shutdown, NoData, "Stop gracefully: drain work, flush files, remove the socket."),
         ]
 
@@ -77,7 +84,9 @@ class SystemService:
     async def help(self, data: HelpData, _context: EventContext) -> dict[str, Any]:
         return self.router.describe(data.event)
 
-    async def config(self, _data: NoData, _context: EventContext) -> dict[str, Any]:
+    async def config(self, data: ConfigData, _context: EventContext) -> dict[str, Any]:
+        if data.origins:
+            return {"settings": self.settings_view(), **self.settings_origins()}
         return self.settings_view()
 
     async def shutdown(self, _data: NoData, _context: EventContext) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import structlog
 
 from ksi_common.dburl import mask_url
 from ksi_common.errors import KsiError
-from ksi_common.settings import Settings
+from ksi_common.settings import Settings, load_settings
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.storage.migrate import migrate
 
@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     target = parser.parse_args(argv).target
     # the storage layer logs (a schema migrated, ...): to stderr, so stdout stays the report
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    settings = Settings()
+    try:
+        settings = load_settings()  # the configuration file too: a database URL may live there
+    except KsiError as invalid:
+        print(f"{invalid.code}: {invalid.message}", file=sys.stderr)
+        return 2
     if settings.database_url is None:
         print("a database URL is needed: --database-url or KSI_DATABASE_URL", file=sys.stderr)
         return 2

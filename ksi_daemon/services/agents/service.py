@@ -164,7 +164,7 @@ class AgentService:
         return {**self.completion.describe(state), "agent_id": record.agent_id}
 
     async def handle_list(self, data: AgentList, _context: EventContext) -> dict[str, Any]:
-        records = [r for r in self.records.values() if data.status is None or r.status == data.status]
+        records = [r for r in await self._every_record() if data.status is None or r.status == data.status]
         metas = await self._metas([r.conversation_id for r in records])
         agents = [self._summary(r, metas.get(r.conversation_id)) for r in sorted(records, key=lambda r: r.created)]
         return {"agents": agents, "count": len(agents)}
@@ -414,12 +414,21 @@ class AgentService:
                 cancelled.append(state.request_id)
         return cancelled
 
+    async def _every_record(self) -> list[AgentRecord]:
+        """Every agent: on a shared backend the stored records, where other daemons spawn,
+        message and terminate agents too; else (and for one not stored yet) those in memory."""
+        if not self.writer.shared:
+            return list(self.records.values())
+        stored = {record.agent_id: record for record in await self.registry.store.load_all()}
+        return [*stored.values(), *(r for r in self.records.values() if r.agent_id not in stored)]
+
     async def _metas(self, conversation_ids: list[str]) -> dict[str, ConversationMeta]:
-        """Conversation metadata from memory when loaded, else from disk (without caching it)."""
+        """Conversation metadata from memory when loaded, else from storage (without caching it).
+        On a shared backend always from storage: another daemon may have run turns since."""
         metas: dict[str, ConversationMeta] = {}
         missing = []
         for conversation_id in conversation_ids:
-            memory = self.cache.cached(conversation_id)
+            memory = None if self.writer.shared else self.cache.cached(conversation_id)
             if memory is not None:
                 metas[conversation_id] = memory.meta
             else:

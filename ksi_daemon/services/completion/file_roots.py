@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,9 +30,16 @@ class FileRoots:
         except (OSError, RuntimeError):  # a symlink loop
             resolved = None
         if resolved is None or not self.allowed(resolved):
-            raise KsiError(ErrorCode.PATH_NOT_ALLOWED, f"{raw} is outside the allowed file roots",
-                           path=raw, allowed_roots=[str(r) for r in self.roots])
+            raise KsiError(ErrorCode.PATH_NOT_ALLOWED, self._outside(raw), path=raw,
+                           allowed_roots=[str(r) for r in self.roots], setting="KSI_ALLOWED_FILE_ROOTS")
         return resolved
+
+    def _outside(self, raw: str) -> str:
+        """Where the allowed roots come from and how to add one: the setting, not only its effect."""
+        roots = os.pathsep.join(str(root) for root in self.roots)
+        now = f"KSI_ALLOWED_FILE_ROOTS is {roots}" if roots else "KSI_ALLOWED_FILE_ROOTS is empty: no file may be read"
+        return (f"{raw} is outside the allowed file roots ({now}); add a directory holding it to "
+                "KSI_ALLOWED_FILE_ROOTS (`ksi config set allowed_file_roots DIR[:DIR...]`) and restart the daemon")
 
     def regular_file(self, raw: str, field_name: str) -> Path:
         """As `resolve`, and a `validation_error` unless it names an existing regular file (blocking)."""

@@ -95,6 +95,15 @@ class ImportedReply(_Part):
     ts: Time | None = None
 
 
+class ImportedHistoryTokens(_Part):
+    """What an exchange costs in a later turn's history (KSI's own count), as an export carries it."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True, populate_by_name=True)
+
+    tokens_in: Tokens = Field(alias="in")
+    tokens_out: Tokens = Field(alias="out")
+
+
 class ImportedExchange(_Part):
     inputs: list[ImportedInput] = Field(default_factory=list)
     # the exchange's items (an export made since items existed has them): checked by `imported_items`
@@ -106,9 +115,17 @@ class ImportedExchange(_Part):
     model: ModelName | None = None
     provider: str | None = None
     agent_id: AgentId | None = None
+    # the provider's counts when it reported them (older exports: KSI's history counts)
     tokens_in: Tokens | None = None
     tokens_out: Tokens | None = None
+    history_tokens: ImportedHistoryTokens | None = None
     is_feedback: bool = False
+
+    def history_counts(self) -> tuple[int | None, int | None]:
+        """What the exchange costs in a later turn's history, when the document says."""
+        if self.history_tokens is not None:
+            return self.history_tokens.tokens_in, self.history_tokens.tokens_out
+        return self.tokens_in, self.tokens_out
 
 
 class ImportedConversation(_Part):

@@ -429,11 +429,12 @@ class ConversationService:
             text_out = sum(len(item_text(item)) for item in found.output)
             images_in = sum(image_tokens(model, ref.get("width"), ref.get("height"), ref.get("detail"))
                             for ref in _image_refs(found.input))
+            history_in, history_out = exchange.history_counts()
             exchanges.append((IndexEntry(
                 n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
                 agent_id=exchange.agent_id,
-                tokens_in=exchange.tokens_in if exchange.tokens_in is not None else text_in // 4 + 4 + images_in,
-                tokens_out=exchange.tokens_out if exchange.tokens_out is not None else text_out // 4 + 4,
+                tokens_in=history_in if history_in is not None else text_in // 4 + 4 + images_in,
+                tokens_out=history_out if history_out is not None else text_out // 4 + 4,
                 is_feedback=exchange.is_feedback,
             ), [*lines, outcome]))
             tokens_in += int(reply.usage.get("prompt_tokens") or 0)

@@ -15,7 +15,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.budget import ConnectionBudget
-from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
+from ksi_daemon.transports.http.errors import error_body, error_headers, status_of
 
 # A refused connection is read (and what it sends dropped) for this long before it is closed: a
 # socket closed with unread input is reset, and the client may then never read the answer.
@@ -28,8 +28,7 @@ def raw_response(error: KsiError, status: int | None = None) -> bytes:
     body = orjson.dumps(error_body(error))
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "content-type: application/json",
             f"content-length: {len(body)}", "connection: close"]
-    if (seconds := retry_after(error)) is not None:
-        head.append(f"retry-after: {seconds}")
+    head.extend(f"{name}: {value}" for name, value in error_headers(error).items())
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon.context import INTERNAL, EventContext, Origin
-from ksi_daemon.transports.http.errors import error_body, retry_after, status_of
+from ksi_daemon.transports.http.errors import error_body, error_headers, status_of
 
 MAX_FORM_FIELDS = 32  # the console's forms have three
 
@@ -126,8 +126,5 @@ async def read_form(request: Request, limit: int) -> dict[str, str]:
 
 
 def error_response(error: KsiError) -> Response:
-    """A KsiError as OpenAI's error object with its HTTP status (and `Retry-After` when it has one)."""
-    headers = {}
-    if (seconds := retry_after(error)) is not None:
-        headers["Retry-After"] = seconds
-    return JSONResponse(error_body(error), status_code=status_of(error), headers=headers)
+    """A KsiError as OpenAI's error object with its HTTP status (and `Retry-After`, `x-should-retry`)."""
+    return JSONResponse(error_body(error), status_code=status_of(error), headers=error_headers(error))

@@ -51,6 +51,16 @@ _STATUS: dict[str, int] = {
     "api_key_missing": 503,  # the daemon's configuration, not the request, is at fault
 }
 
+# answers a retry cannot change: the daemon's configuration (a missing key, its var dir), or a
+# state the request conflicts with for good. The openai SDK retries every 409 and 5xx twice by
+# default (waiting seconds) unless the answer says `x-should-retry: false`.
+NOT_RETRYABLE = frozenset({
+    "api_key_missing", "storage_symlink",
+    ErrorCode.AGENT_EXISTS, ErrorCode.AGENT_TERMINATED, ErrorCode.CONVERSATION_FULL,
+    ErrorCode.CONVERSATION_ARCHIVED, ErrorCode.HISTORY_MISMATCH, ErrorCode.CANCELLED,
+    ErrorCode.RESPONSE_NOT_DELETABLE, ErrorCode.RESPONSE_NOT_CANCELLABLE, "conversation_exists",
+})
+
 _TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
          415: "invalid_request_error", 429: "rate_limit_error"}
@@ -81,6 +91,17 @@ def retry_after(error: KsiError) -> str | None:
     hint = error.details.get("retry_after")
     seconds = hint if isinstance(hint, int | float) and not isinstance(hint, bool) else 1
     return str(max(1, math.ceil(seconds)))
+
+
+def error_headers(error: KsiError) -> dict[str, str]:
+    """The headers an error's answer carries: `Retry-After` with a hint, `x-should-retry: false`
+    when a retry cannot help."""
+    headers: dict[str, str] = {}
+    if (seconds := retry_after(error)) is not None:
+        headers["retry-after"] = seconds
+    if error.code in NOT_RETRYABLE:
+        headers["x-should-retry"] = "false"
+    return headers
 
 
 def error_body(error: KsiError) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,10 +66,16 @@ def renamed(error: KsiError, names: dict[str, str], positions: list[int] | None 
             renumbered = f"{positions[int(index)]}" + (f".{tail}" if tail else "")
             message = message.replace(key, f"{names.get(head, head)}.{renumbered}")
             rest = renumbered
-        mapped[names.get(head, head) + dot + rest] = value
+        mapped[names.get(head, head) + dot + rest] = _in_client_terms(value, names) if isinstance(value, str) else value
+    return KsiError(error.code, _in_client_terms(message, names), **{**error.details, "fields": mapped})
+
+
+def _in_client_terms(text: str, names: dict[str, str]) -> str:
     for old, new in names.items():
-        message = message.replace(f"{old}:", f"{new}:")
-    return KsiError(error.code, message, **{**error.details, "fields": mapped})
+        text = text.replace(f"{old}:", f"{new}:")
+        if "_" in old:  # a field's name inside a sentence ("give conversation_id or ..."), not a plain word
+            text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+    return text
 
 
 def new_input_positions(body: ResponseCreate) -> list[int]:
