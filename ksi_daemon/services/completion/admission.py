@@ -24,6 +24,7 @@ from ksi_daemon.router import Router
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.services.completion.answerers import Answerers
+from ksi_daemon.services.completion.appended_turns import AppendedTurns
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.client_history import ClientHistory
 from ksi_daemon.services.completion.images import CheckedImage, Images
@@ -125,6 +126,7 @@ class Admission:
         self._history_admission = asyncio.Lock()  # see submit
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
                                             settings.max_fork_depth)
+        self.appended_turns = AppendedTurns(cache, responses, router, requests.count_live)
 
     async def submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                      enqueue: Enqueue) -> RequestState:
@@ -134,6 +136,10 @@ class Admission:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        if data.appended:
+            async with self._history_admission:  # as a history: matched and written before its admission
+                data = await self.appended_turns.resolve(data, context, self.check_before_write)
+                return await self._submit(data, context, from_agent, enqueue)
         if data.history or self.client_history.may_take_pending(data):
             # one client-held history (or input some conversation holds pending) at a time, from
             # matching it to admitting its request: two identical ones sent at once must not both

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ksi_common.items import Item, checked_exchange_items, message
 from ksi_common.limits import MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
 
@@ -124,8 +125,31 @@ class ResponseRef(EventData):
 
 
 class AppendedExchange(EventData):
-    inputs: list[NonBlank] = Field(min_length=1, description="the user inputs of the exchange")
-    reply: Text = Field(description="the assistant's reply to them")
+    """An exchange a client already holds: its user texts and reply, or its items (a client's own
+    tool turns: function calls and their outputs, reasoning)."""
+
+    inputs: list[NonBlank] = Field(default_factory=list, description="the user inputs of the exchange")
+    reply: Text = Field(default="", description="the assistant's reply to them")
+    input: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="its input items instead of inputs: user messages and function_call_output items")
+    output: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="its output items instead of reply: assistant messages, function_call and reasoning items")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AppendedExchange:
+        if (self.input is None) == (not self.inputs) or (self.input is None) != (self.output is None):
+            raise ValueError("give inputs and reply, or input and output items")
+        if self.input is not None and self.output is not None:
+            checked_exchange_items(self.input, self.output)
+        return self
+
+    def input_items(self) -> list[Item]:
+        return list(self.input) if self.input is not None else [message("user", text) for text in self.inputs]
+
+    def output_items(self) -> list[Item]:
+        return list(self.output) if self.output is not None else [message("assistant", self.reply)]
 
 
 class ConversationAppend(ConversationRef):

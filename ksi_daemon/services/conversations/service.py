@@ -20,7 +20,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.items import canonical_text, item_text, message
+from ksi_common.items import canonical_text, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -53,7 +53,7 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.pending import pended, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
-from ksi_daemon.services.conversations.response_lines import answer_line, message_line
+from ksi_daemon.services.conversations.response_lines import answer_line, item_line
 from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
@@ -484,18 +484,16 @@ class ConversationService:
                 exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
                                                      reply=data.reply_to_pending))
             for exchange in exchanges:
-                response_id = new_response_id("appended")
-                lines = [message_line("user", text, now, conversation_id=memory.conversation_id)
-                         for text in exchange.inputs]
-                lines.append(answer_line([message("assistant", exchange.reply)], {
+                inputs, output = exchange.input_items(), exchange.output_items()
+                lines = [item_line(item, "user", None, now, memory.conversation_id) for item in inputs]
+                lines.append(answer_line(output, {
                     "model": None, "usage": {}, "ts": now, "conversation_id": memory.conversation_id,
                     "appended": True}))
                 # numbered and chained by the writer, after the head it finds
-                entry = IndexEntry(n=0, response_id=response_id, ts=now,
-                                   tokens_in=sum(count(text) + 4 for text in exchange.inputs),
-                                   tokens_out=count(exchange.reply) + 4)
-                appended.append(NewExchange(entry, lines, Exchange(input=[message("user", t) for t in exchange.inputs],
-                                                                   output=[message("assistant", exchange.reply)])))
+                entry = IndexEntry(n=0, response_id=new_response_id("appended"), ts=now,
+                                   tokens_in=sum(count(item_text(item)) + 4 for item in inputs),
+                                   tokens_out=sum(count(item_text(item)) + 4 for item in output))
+                appended.append(NewExchange(entry, lines, Exchange(input=inputs, output=output)))
             first = memory.total == 0
             if data.pending:  # checked whole before anything is written
                 pended(memory.conversation_id, memory.meta.extra, data.pending, now, "pending")
@@ -503,7 +501,8 @@ class ConversationService:
             def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
-                    changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
+                    changes["preview"] = preview_of(item_text(exchanges[0].input_items()[0]) if exchanges
+                                                    else data.pending[0])
                 # the pending input answered (`held`) leaves with the first exchange, in the writer
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
                     changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),

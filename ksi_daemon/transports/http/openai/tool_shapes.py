@@ -95,7 +95,7 @@ def is_output_item(item: InputMessage | FunctionCallOutput | ToolItem) -> bool:
     """An item only a model gives (an assistant message, a call): what ends a client's history."""
     if isinstance(item, InputMessage):
         return item.role == "assistant"
-    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning")
+    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning", "item_reference")
 
 
 def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item | None:
@@ -113,6 +113,19 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolIt
     if item.type == "reasoning":
         return None
     return response_input_item(position, item)  # refused: a hosted tool's item, an item reference
+
+
+def appended_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item:
+    """An item before the new input of a request continuing a stored point (previous_response_id or
+    conversation) as completion:async's `appended` takes it: every item keeps its place, so an
+    error names the client's own position."""
+    if isinstance(item, ToolItem) and item.type == "reasoning":
+        return {"type": "reasoning", "summary": ""}
+    if isinstance(item, ToolItem) and item.type == "item_reference":
+        return {"type": "item_reference", "id": item.id or ""}
+    found = history_item(position, item)
+    assert found is not None  # only a reasoning item has no history form
+    return found
 
 
 @dataclass(slots=True)

@@ -81,7 +81,8 @@ def new_input_positions(body: ResponseCreate) -> list[int]:
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
-                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input"}
+                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input",
+                   "appended": "input"}
 CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages",
                "input": "messages"}
 
@@ -163,13 +164,16 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
         # a list holding assistant items (or calls) carries the client's own history: everything up
         # to the last of them is history (matched to its conversation), what follows is new
         last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+        # after a stored point, the items before the new input follow it (as OpenAI takes them)
+        anchored = body.previous_response_id is not None or body.conversation is not None
         history: list[Item] = []
         messages: list[Item] = []
         for position, message in enumerate(body.input):
             if position <= last_reply:
                 if after is not None:
                     continue  # the stored conversation up to `after` is this history
-                item = tool_shapes.history_item(position, message)
+                item = (tool_shapes.appended_item(position, message) if anchored
+                        else tool_shapes.history_item(position, message))
                 if item is not None:
                     history.append(item)
                 continue
@@ -180,7 +184,7 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
             _not_empty(content, f"input.{position}.content")
             messages.append(message_item("user" if message.role == "user" else "system", content))
         if history:
-            payload["history"] = history
+            payload["appended" if anchored else "history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
             raise KsiError(ErrorCode.VALIDATION_ERROR,
                            "input must end with a user message or a call's output (the new input)",
