@@ -28,6 +28,7 @@ from ksi_daemon.services.completion.appended_turns import AppendedTurns
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.client_history import ClientHistory
 from ksi_daemon.services.completion.images import CheckedImage, Images
+from ksi_daemon.services.completion.item_references import ItemReferences
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.completion.scheduler import Scheduler
@@ -127,6 +128,7 @@ class Admission:
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
                                             settings.max_fork_depth)
         self.appended_turns = AppendedTurns(cache, responses, router, requests.count_live)
+        self.item_references = ItemReferences(cache, responses)
 
     async def submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                      enqueue: Enqueue) -> RequestState:
@@ -136,6 +138,7 @@ class Admission:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        data = await self._dereferenced(data)
         if data.appended:
             async with self._history_admission:  # as a history: matched and written before its admission
                 data = await self.appended_turns.resolve(data, context, self.check_before_write)
@@ -151,6 +154,14 @@ class Admission:
                 resolved = await self.client_history.resolve(data, context, self.check_before_write, agent_system)
                 return await self._submit(resolved.data, context, from_agent, enqueue, resolved.takes_pending)
         return await self._submit(data, context, from_agent, enqueue)
+
+    async def _dereferenced(self, data: CompletionAsync) -> CompletionAsync:
+        """`data` with the item references of its history or appended items resolved (refused,
+        before anything is written, when one names no item of the request's scope)."""
+        scope = request_scope(data.agent_id, data.options)
+        changes = {name: await self.item_references.resolved(raw, name, scope)
+                   for name, raw in (("history", data.history), ("appended", data.appended)) if raw}
+        return data.model_copy(update=changes) if changes else data
 
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                       enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
