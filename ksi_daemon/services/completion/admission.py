@@ -34,6 +34,7 @@ from ksi_daemon.services.completion.requests import RequestRegistry, RequestStat
 from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_FORK
+from ksi_daemon.services.conversations.pending import pending_taken
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import request_scope, scope_extra
 from ksi_daemon.services.conversations.writer import ConversationWriter
@@ -167,6 +168,11 @@ class Admission:
                       enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
         if data.previous_response_id is not None:
             data = await self._continue_after(data, context)
+            if not takes_pending and data.conversation_id is not None:
+                # a session that added this very input to the conversation (a call's output) before
+                # continuing after its response: the pending input is this input, taken once
+                memory = await self.cache.get(data.conversation_id)
+                takes_pending = pending_taken(memory.meta, data.input_items()) if memory is not None else ()
         key = data.conversation_id or data.agent_id
         if key is None:
             return await self._admit(data, context, from_agent, enqueue, takes_pending)

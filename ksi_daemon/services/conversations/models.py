@@ -158,14 +158,32 @@ class ConversationAppend(ConversationRef):
     reply_to_pending: Text | None = Field(
         default=None, description="the reply to the conversation's pending input: they become one exchange, "
                                   "added before `exchanges`")
-    pending: list[NonBlank] = Field(default_factory=list, max_length=1000,
-                                    description="user messages after the exchanges, without a reply yet: held as "
-                                                "pending input in the same write (all of it, or nothing)")
+    pending: list[NonBlank | dict[str, Any]] = Field(
+        default_factory=list, max_length=1000,
+        description="user messages (text) or function_call_output items after the exchanges, without a reply "
+                    "yet: held as pending input in the same write (all of it, or nothing)")
+    items: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="instead of the fields above, the items a client adds, of any type (user and assistant "
+                    "messages, function_call, function_call_output, reasoning): those repeating the "
+                    "conversation's newest items are already held; the others become exchanges, and user "
+                    "messages after the last output item pending input")
+
+    @field_validator("pending")
+    @classmethod
+    def _pending_outputs(cls, value: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        for item in value:
+            if isinstance(item, dict):
+                if item.get("type") != "function_call_output":
+                    raise ValueError("a pending item is a user message's text or a function_call_output item")
+                checked_exchange_items([item], [])
+        return value
 
     @model_validator(mode="after")
     def _something(self) -> ConversationAppend:
-        if not self.exchanges and self.reply_to_pending is None and not self.pending:
-            raise ValueError("give exchanges, reply_to_pending, pending or several")
+        given = bool(self.exchanges) or self.reply_to_pending is not None or bool(self.pending)
+        if given == (self.items is not None):
+            raise ValueError("give items, or exchanges, reply_to_pending, pending or several")
         return self
 
 

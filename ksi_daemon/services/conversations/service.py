@@ -51,7 +51,8 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.pending import pended, pending_of
+from ksi_daemon.services.conversations.added_items import added_items, not_held
+from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, item_line
 from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
@@ -60,6 +61,7 @@ from ksi_daemon.services.conversations.writer import ConversationWriter, NewExch
 from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
 from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
+from ksi_daemon.services.completion.client_history import normalised
 from ksi_daemon.services.completion.image_tokens import image_tokens
 from ksi_daemon.storage.ports import BlobStore, ConversationExists
 
@@ -466,6 +468,11 @@ class ConversationService:
         if memory.meta.status == "archived":
             raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
                            conversation_id=data.conversation_id)
+        if data.items is not None:
+            written = await self._from_items(memory, data)
+            if written is None:  # every item is held already
+                return {"conversation_id": memory.conversation_id, "response_ids": [], "exchanges": []}
+            data = written
         count = self.cache.count_tokens
         async with memory.lock:
             now = format_ts(self.clock())
@@ -481,8 +488,8 @@ class ConversationService:
                                    "and its newest exchange's reply is not this one",
                                    fields={"reply_to_pending": "no pending input to reply to"})
             elif data.reply_to_pending is not None:
-                exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
-                                                     reply=data.reply_to_pending))
+                exchanges.insert(0, AppendedExchange(input=pending_items(memory.meta), output=[
+                    {"type": "message", "role": "assistant", "content": data.reply_to_pending}]))
             for exchange in exchanges:
                 inputs, output = exchange.input_items(), exchange.output_items()
                 lines = [item_line(item, "user", None, now, memory.conversation_id) for item in inputs]
@@ -501,8 +508,9 @@ class ConversationService:
             def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
-                    changes["preview"] = preview_of(item_text(exchanges[0].input_items()[0]) if exchanges
-                                                    else data.pending[0])
+                    first_pending = data.pending[0] if data.pending else ""
+                    changes["preview"] = preview_of(item_text(exchanges[0].input_items()[0]) if exchanges else (
+                        first_pending if isinstance(first_pending, str) else item_text(first_pending)))
                 # the pending input answered (`held`) leaves with the first exchange, in the writer
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
                     changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
@@ -520,6 +528,20 @@ class ConversationService:
         return {"conversation_id": memory.conversation_id,
                 "response_ids": [e.response_id for e in held_entries] + [x.entry.response_id for x in appended],
                 "exchanges": [e.n for e in held_entries] + [x.entry.n for x in appended]}
+
+    async def _from_items(self, memory: ConversationMemory, data: ConversationAppend) -> ConversationAppend | None:
+        """The append `data.items` make after what the conversation holds (None: nothing new)."""
+        raw = list(data.items or [])
+        await self.cache.load_newest(memory)
+        entries = memory.entries[-min(len(raw), len(memory.entries)):] if memory.entries else []
+        tail = [item for held in await self.cache.texts(memory, entries) for item in (*held.input, *held.output)]
+        tail += pending_items(memory.meta)
+        start = not_held(tail, [normalised(item, f"items.{position}") for position, item in enumerate(raw)])
+        if start == len(raw):
+            return None
+        added = added_items(raw, start, bool(pending_of(memory.meta)))
+        return ConversationAppend(conversation_id=memory.conversation_id, exchanges=added.exchanges,
+                                  reply_to_pending=added.reply_to_pending, pending=added.pending)
 
     async def _newest_replying(self, memory: ConversationMemory, reply: str) -> IndexEntry | None:
         """The newest exchange when its reply is `reply` (as digests compare text): a client that

@@ -140,10 +140,17 @@ def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) ->
 
 
 def pending_items(conversation: dict[str, Any]) -> list[dict[str, Any]]:
-    """A conversation's pending input (user messages with no reply yet) as user message items."""
-    return [{"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
-             "content": [{"type": "input_text", "text": str(item.get("content") or "")}]}
-            for item in conversation.get("pending_input") or []]
+    """A conversation's pending input (user messages and call outputs with no reply yet) as items."""
+    shaped = []
+    for item in conversation.get("pending_input") or []:
+        held = item.get("item")
+        if isinstance(held, dict) and held.get("type") == "function_call_output":
+            shaped.append({"type": "function_call_output", "id": f"fco_{item['id']}", "status": "completed",
+                           "call_id": held.get("call_id"), "output": str(held.get("output") or "")})
+            continue
+        shaped.append({"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
+                       "content": [{"type": "input_text", "text": str(item.get("content") or "")}]})
+    return shaped
 
 
 def chat_completion(result: dict[str, Any], created: int) -> dict[str, Any]:
