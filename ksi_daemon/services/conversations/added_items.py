@@ -85,3 +85,15 @@ def added_items(raw: list[dict[str, Any]], start: int, holds_pending: bool) -> A
         else:
             added.pending.append(item["content"])
     return added
+
+
+def check_open_calls(outputs: list[items.Item], made: list[items.Item], first: int) -> None:
+    """Pending call outputs answer calls of `made` (the newest output items), each once; `first`:
+    where the pending items start among the items sent."""
+    open_ids = {str(call["call_id"]) for call in items.function_calls(made)}
+    seen: set[str] = set()
+    for position, output in enumerate(outputs, start=first):
+        call_id = str(output.get("call_id"))
+        if call_id not in open_ids or call_id in seen:
+            raise _invalid(f"{FIELD}.{position}.call_id", f"{call_id!r} answers no open call of the conversation")
+        seen.add(call_id)

@@ -51,7 +51,7 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.added_items import added_items, not_held
+from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
 from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, item_line
@@ -540,6 +540,13 @@ class ConversationService:
         if start == len(raw):
             return None
         added = added_items(raw, start, bool(pending_of(memory.meta)))
+        outputs = [item for item in added.pending if isinstance(item, dict)]
+        if outputs:  # a call's output waits only for a call the conversation's newest items made
+            if added.exchanges:
+                calls = added.exchanges[-1].output_items()
+            else:
+                calls = (await self.cache.texts(memory, entries[-1:]))[0].output if entries else []
+            check_open_calls(outputs, calls, len(raw) - len(added.pending))
         return ConversationAppend(conversation_id=memory.conversation_id, exchanges=added.exchanges,
                                   reply_to_pending=added.reply_to_pending, pending=added.pending)
 

@@ -95,9 +95,14 @@ class Conversations:
         shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
         added = [e for e in shown["exchanges"] if e.get("n") in appended["exchanges"]]
         listed = shapes.conversation_items(conversation_id, added)
-        if isinstance(items[-1], ConversationItem) and items[-1].role == "user":
-            listed += shapes.pending_items(shown["conversation"])
-        return listed
+        waiting = 0  # the items after the last output item: they wait for the next response
+        for item in reversed(items):
+            if isinstance(item, ConversationItem) and item.role == "assistant" or \
+                    isinstance(item, ConversationToolItem) and item.type != "function_call_output":
+                break
+            waiting += 1
+        pending = shapes.pending_items(shown["conversation"])
+        return listed + (pending[max(len(pending) - waiting, 0):] if waiting else [])
 
     async def _summary(self, conversation_id: str) -> dict[str, Any]:
         shown = await call(self.door.handle_request, "conversation:show",
