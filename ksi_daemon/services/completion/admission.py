@@ -160,6 +160,8 @@ class Admission:
         """`data` with the item references of its history or appended items resolved (refused,
         before anything is written, when one names no item of the request's scope)."""
         scope = request_scope(data.agent_id, data.options)
+        if data.previous_by_item and data.previous_response_id is not None:
+            await self.item_references.check_scope(data.previous_response_id, scope)
         changes = {name: await self.item_references.resolved(raw, name, scope)
                    for name, raw in (("history", data.history), ("appended", data.appended)) if raw}
         return data.model_copy(update=changes) if changes else data

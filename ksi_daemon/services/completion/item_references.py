@@ -59,6 +59,18 @@ class ItemReferences:
             out.append(item)
         return out
 
+    async def check_scope(self, response_id: str, scope: Scope) -> None:
+        """A response named by an item's id is one of `scope`'s: else item_not_found (a stored
+        response of another scope is not shown to exist); one in no conversation is left to the
+        continuation, which says previous_response_not_found."""
+        try:
+            found = await locate(self.cache, self.responses, response_id, ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
+        except KsiError:
+            return
+        if found.memory is not None and stored_scope(found.memory.meta) != scope:
+            raise KsiError(ErrorCode.ITEM_NOT_FOUND, f"input: no stored item of response {response_id} this "
+                           "request may refer to", fields={"input": "no such item"}, response_id=response_id)
+
     async def _item(self, reference: dict[str, Any], where: str, scope: Scope) -> items.Item:
         response_id = reference.get("response_id")
         if not isinstance(response_id, str):  # the door reads its ids into this form; a bare id is not it

@@ -44,6 +44,9 @@ class CompletionAsync(EventData):
     conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
     previous_response_id: SafeId | None = Field(
         default=None, description="continue after this response: its conversation, or a fork at it when it is not the newest exchange")
+    previous_by_item: bool = Field(
+        default=False, description="previous_response_id was read from the id of an item the client sent: it "
+                                   "is taken only within the request's scope (else item_not_found)")
     agent_id: SafeId | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
     history: list[dict[str, Any]] | None = Field(
         default=None, max_length=100_000,
