@@ -6,8 +6,7 @@ function tool, the SDK runs it and sends its output back, the model answers):
 - the Vercel AI SDK's `openai.responses(...)` with `store` on (its default), resending the whole
   conversation each turn: the answers it was given come back as `item_reference` items;
 - the same SDK with `previousResponseId` (the previous turn's response) and only the new message:
-  each step resends its own call and the call's output after that same point;
-- the OpenAI Agents SDK for JS with an `OpenAIConversationsSession` and a function tool.
+  each step resends its own call and the call's output after that same point.
 
 Each ends as ONE KSI conversation, every call and output replayed to the provider in later turns
 (read from the stub's log)."""
@@ -29,6 +28,7 @@ from tests.stub_openai import Reply, StubOpenAI
 
 pytestmark = pytest.mark.backends
 
+# the JS clients of the Responses and Conversations APIs, in one cached node_modules
 JS_CLIENTS = ("@openai/agents@0.20.0", "ai@7.0.173", "@ai-sdk/openai@4.0.118")
 CITIES = ("Oslo", "Bergen", "Tromso")
 
@@ -58,29 +58,6 @@ for (const city of JSON.parse(process.env.CITIES)) {
 }
 console.log(JSON.stringify({ finals }));
 """
-
-AGENTS = """
-import OpenAI from "openai";
-import { Agent, OpenAIConversationsSession, OpenAIResponsesModel, run, tool, setTracingDisabled } from "@openai/agents";
-setTracingDisabled(true);
-const client = new OpenAI({ baseURL: process.env.KSI_BASE_URL, apiKey: process.env.KSI_TOKEN, maxRetries: 0 });
-const weather = tool({
-  name: "weather", description: "the weather in a city", strict: false,
-  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"],
-                additionalProperties: false },
-  execute: async ({ city }) => `sunny in ${city}`,
-});
-const agent = new Agent({ name: "Assistant", instructions: "Use the tool.", tools: [weather],
-                          model: new OpenAIResponsesModel(client, "openai/stub-model") });
-const session = new OpenAIConversationsSession({ client });
-const finals = [];
-for (const city of JSON.parse(process.env.CITIES)) {
-  const result = await run(agent, `Weather in ${city}?`, { session });
-  finals.push(result.finalOutput);
-}
-console.log(JSON.stringify({ finals, conversation: await session.getSessionId() }));
-"""
-
 
 @pytest.fixture(scope="session")
 def js_clients() -> Path:
@@ -150,15 +127,3 @@ async def test_the_vercel_ai_sdk_over_three_multi_step_tool_turns_is_one_convers
         assert out["finals"] == [f"It is sunny in {city}." for city in CITIES]
         assert replayed(stub.messages()) == every_turn()
         await one_conversation(http)
-
-
-async def test_the_js_agents_sdk_conversations_session_with_a_tool_is_one_conversation(
-        js_clients: Path, short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
-    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as http:
-        stub.enqueue(*replies())
-        out = await run_node(js_clients, AGENTS, {"KSI_BASE_URL": f"{http.base_url}/v1", "KSI_TOKEN": http.token,
-                                                  "CITIES": json.dumps(CITIES)})
-        assert out["finals"] == [f"It is sunny in {city}." for city in CITIES]
-        assert replayed(stub.messages()) == every_turn()
-        conversation = await one_conversation(http)
-        assert conversation["conversation_id"] == out["conversation"]
