@@ -15,7 +15,7 @@ import pytest
 
 from ksi_daemon.context import EventContext
 from tests.client_venvs import run_client
-from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.conftest import running_http_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_third_party_clients import client_env, clients_python
 

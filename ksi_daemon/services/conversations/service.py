@@ -473,6 +473,10 @@ class ConversationService:
             if written is None:  # every item is held already
                 return {"conversation_id": memory.conversation_id, "response_ids": [], "exchanges": []}
             data = written
+        return await self._append(memory, data, context)
+
+    async def _append(self, memory: ConversationMemory, data: ConversationAppend,
+                      context: EventContext) -> dict[str, Any]:
         count = self.cache.count_tokens
         async with memory.lock:
             now = format_ts(self.clock())
