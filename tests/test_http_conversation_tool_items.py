@@ -81,13 +81,13 @@ async def test_items_held_already_are_not_added_again_and_a_call_output_waits(
         http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_1", "name": "weather", "arguments": {"city": "Oslo"}}]), "It is 12C.")
     conversation = await api.conversations.create()
-    step = await api.responses.create(model="openai/stub-model", conversation=conversation.id,
-                                      input="Weather in Oslo?", tools=[WEATHER])
+    await api.responses.create(model="openai/stub-model", conversation=conversation.id, input="Weather in Oslo?",
+                               tools=[WEATHER])
     # the client adds the call it got (held already) and its output (waiting for the next response)
     added = await api.conversations.items.create(conversation.id, items=[TOOL_TURN[2], TOOL_TURN[3]])
     assert [item.type for item in added.data] == ["function_call_output"]
     assert len((await shown(http, conversation.id))["exchanges"]) == 1
-    await api.responses.create(model="openai/stub-model", previous_response_id=step.id, tools=[WEATHER],
+    await api.responses.create(model="openai/stub-model", conversation=conversation.id, tools=[WEATHER],
                                input=[TOOL_TURN[3]])
     assert sent(stub)[-1] == ("output", "call_1", "12C")  # once: the waiting output is this input
     after = await shown(http, conversation.id)

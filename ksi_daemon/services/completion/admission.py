@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import call_ids_answered
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
@@ -168,13 +169,15 @@ class Admission:
 
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                       enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
-        if data.previous_response_id is not None:
+        continued = data.previous_response_id is not None
+        if continued:
             data = await self._continue_after(data, context)
-            if not takes_pending and data.conversation_id is not None:
-                # a session that added this very input to the conversation (a call's output) before
-                # continuing after its response: the pending input is this input, taken once
-                memory = await self.cache.get(data.conversation_id)
-                takes_pending = pending_taken(memory.meta, data.input_items()) if memory is not None else ()
+        if not takes_pending and data.conversation_id is not None and (
+                continued or call_ids_answered(data.input_items())):
+            # a session that added this very input to the conversation (a call's output) before
+            # asking for the response answering it: the pending input is this input, taken once
+            memory = await self.cache.get(data.conversation_id)
+            takes_pending = pending_taken(memory.meta, data.input_items()) if memory is not None else ()
         key = data.conversation_id or data.agent_id
         if key is None:
             return await self._admit(data, context, from_agent, enqueue, takes_pending)
