@@ -62,6 +62,7 @@ class ErrorCode(StrEnum):
     DUPLICATE_CALL_ID = "duplicate_call_id"  # two calls with one id, or one call answered twice
     ARGUMENTS_NOT_JSON = "arguments_not_json"  # a function_call's arguments are not JSON text
     HISTORY_MISMATCH = "history_mismatch"  # a client-held history contradicts the conversation it names
+    ITEM_NOT_FOUND = "item_not_found"  # an item_reference naming no stored item the request may see
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"  # only a queued or running background response is
     STREAM_NOT_FOUND = "stream_not_found"  # a response whose events are not kept (not background, or long ended)
     STARTING_AFTER_OUT_OF_RANGE = "starting_after_out_of_range"  # past the last event of an ended stream

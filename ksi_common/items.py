@@ -84,6 +84,26 @@ def input_line_fields(item: Item, user_type: str = "user", text: str | None = No
     return {"type": kind, "content": text, "parts": content}
 
 
+_ITEM_TEXT_FIELDS = {"function_call": ("call_id", "name", "arguments"), "function_call_output": ("call_id", "output"),
+                     "reasoning": ("summary",)}
+
+
+def checked_exchange_items(inputs: list[Item], outputs: list[Item]) -> None:
+    """Raise ValueError naming the first item that is not an exchange's input (a user message, a
+    call's output) or output (an assistant message, a call, a reasoning summary) in stored form."""
+    for where, found, kinds, role in (("input", inputs, INPUT_ITEM_TYPES, "user"),
+                                      ("output", outputs, OUTPUT_ITEM_TYPES, "assistant")):
+        for position, item in enumerate(found):
+            kind = item.get("type", "message")
+            if kind not in kinds:
+                raise ValueError(f"{where}.{position}: a {kind} item is not an exchange's {where}")
+            if kind == "message" and (item.get("role") != role or not isinstance(item.get("content"), str | list)):
+                raise ValueError(f"{where}.{position}: a {where} message is a {role} message with content")
+            for key in _ITEM_TEXT_FIELDS.get(kind, ()):
+                if not isinstance(item.get(key), str):
+                    raise ValueError(f"{where}.{position}.{key} must be text")
+
+
 def output_items(outcome: dict[str, Any] | None) -> list[Item]:
     """The output items of a record's outcome line (none for a failure or a missing outcome)."""
     if outcome is None or outcome.get("type") != "assistant":

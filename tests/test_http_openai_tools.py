@@ -388,7 +388,6 @@ async def test_tools_to_a_model_without_tool_support_are_refused_and_nothing_is_
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": "hi", "tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
     ({"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]}, "input.0.type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
 ])
 async def test_hosted_tools_are_refused_by_name(http_daemon: HttpDaemon, stub: StubOpenAI, body: dict[str, Any],
                                                 param: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import call_ids_answered
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
@@ -24,14 +25,17 @@ from ksi_daemon.router import Router
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.services.completion.answerers import Answerers
+from ksi_daemon.services.completion.appended_turns import AppendedTurns
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.client_history import ClientHistory
 from ksi_daemon.services.completion.images import CheckedImage, Images
+from ksi_daemon.services.completion.item_references import ItemReferences
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_FORK
+from ksi_daemon.services.conversations.pending import pending_taken
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import request_scope, scope_extra
 from ksi_daemon.services.conversations.writer import ConversationWriter
@@ -125,6 +129,8 @@ class Admission:
         self._history_admission = asyncio.Lock()  # see submit
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
                                             settings.max_fork_depth)
+        self.appended_turns = AppendedTurns(cache, responses, router, requests.count_live)
+        self.item_references = ItemReferences(cache, responses)
 
     async def submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                      enqueue: Enqueue) -> RequestState:
@@ -134,8 +140,13 @@ class Admission:
         cold conversation or creating a new one suspends, and a later request must not overtake
         an earlier one (or create the same conversation a second time) meanwhile.
         """
+        data = await self._dereferenced(data)
         if data.previous_response_id is not None:
             self._refuse_running(data.previous_response_id)
+        if data.appended:
+            async with self._history_admission:  # as a history: matched and written before its admission
+                data = await self.appended_turns.resolve(data, context, self.check_before_write)
+                return await self._submit(data, context, from_agent, enqueue)
         if data.history or self.client_history.may_take_pending(data):
             # one client-held history (or input some conversation holds pending) at a time, from
             # matching it to admitting its request: two identical ones sent at once must not both
@@ -161,10 +172,27 @@ class Admission:
                        request_id=running.request_id,
                        fields={"previous_response_id": "a response that has completed"})
 
+    async def _dereferenced(self, data: CompletionAsync) -> CompletionAsync:
+        """`data` with the item references of its history or appended items resolved (refused,
+        before anything is written, when one names no item of the request's scope)."""
+        scope = request_scope(data.agent_id, data.options)
+        if data.previous_by_item and data.previous_response_id is not None:
+            await self.item_references.check_scope(data.previous_response_id, scope)
+        changes = {name: await self.item_references.resolved(raw, name, scope)
+                   for name, raw in (("history", data.history), ("appended", data.appended)) if raw}
+        return data.model_copy(update=changes) if changes else data
+
     async def _submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                       enqueue: Enqueue, takes_pending: tuple[str, ...] = ()) -> RequestState:
-        if data.previous_response_id is not None:
+        continued = data.previous_response_id is not None
+        if continued:
             data = await self._continue_after(data, context)
+        if not takes_pending and data.conversation_id is not None and (
+                continued or call_ids_answered(data.input_items())):
+            # a session that added this very input to the conversation (a call's output) before
+            # asking for the response answering it: the pending input is this input, taken once
+            memory = await self.cache.get(data.conversation_id)
+            takes_pending = pending_taken(memory.meta, data.input_items()) if memory is not None else ()
         key = data.conversation_id or data.agent_id
         if key is None:
             return await self._admit(data, context, from_agent, enqueue, takes_pending)

@@ -86,7 +86,7 @@ class ClientTurns:
                 for message in (*input_messages(inputs), output_message(outputs))]
 
 
-def _normalised(raw: Any, where: str) -> items.Item:
+def normalised(raw: Any, where: str) -> items.Item:
     if not isinstance(raw, dict):
         raise _invalid(where, "an item must be an object")
     kind = raw.get("type") or "message"
@@ -122,7 +122,7 @@ def _normalised(raw: Any, where: str) -> items.Item:
                                     "(message, function_call, function_call_output, reasoning)")
 
 
-def split_history(history: list[Any], instructions: str | None = None) -> ClientTurns:
+def split_history(history: list[Any], instructions: str | None = None, name: str = "history") -> ClientTurns:
     """The client's earlier turns as exchanges. System messages opening the history are its system
     prompt; a later one replaces it from the exchange it stands in on (as a system message in a
     request's new input does); `instructions`, when given, is the system prompt of every exchange."""
@@ -139,8 +139,8 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
         turns.systems.append(instructions if instructions is not None else (later if later is not None else opening))
 
     for position, raw in enumerate(history):
-        where = f"history.{position}"
-        item = _normalised(raw, where)
+        where = f"{name}.{position}"
+        item = normalised(raw, where)
         kind, role = item["type"], item.get("role")
         if kind == "message" and role == "system":
             text = items.part_text(item["content"])
@@ -164,10 +164,10 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
         inputs.append(item)
         waiting = None
     if waiting is not None:
-        raise _invalid(f"history.{waiting}.role", "a system message after the last exchange belongs to the new "
+        raise _invalid(f"{name}.{waiting}.role", "a system message after the last exchange belongs to the new "
                                                   "input (messages or input), not to the history")
     if inputs and not outputs:
-        raise _invalid(f"history.{len(history) - 1}", "the history must end with an assistant turn "
+        raise _invalid(f"{name}.{len(history) - 1}", "the history must end with an assistant turn "
                                                       "(what is new goes in prompt, messages or input)")
     if outputs:
         close()

@@ -44,11 +44,19 @@ class CompletionAsync(EventData):
     conversation_id: SafeId | None = Field(default=None, description="continue this conversation; absent starts a new one")
     previous_response_id: SafeId | None = Field(
         default=None, description="continue after this response: its conversation, or a fork at it when it is not the newest exchange")
+    previous_by_item: bool = Field(
+        default=False, description="previous_response_id was read from the id of an item the client sent: it "
+                                   "is taken only within the request's scope (else item_not_found)")
     agent_id: SafeId | None = Field(default=None, description="the agent asking; its profile supplies system prompt and model")
     history: list[dict[str, Any]] | None = Field(
         default=None, max_length=100_000,
         description="the client's own earlier turns as items (messages of role user, assistant or system; "
                     "function_call, function_call_output): matched to the stored conversation they belong to")
+    appended: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=100_000,
+        description="with previous_response_id or conversation_id: the client's own turns after that point, as "
+                    "items (messages, function_call, function_call_output, reasoning, item_reference), before the "
+                    "new input; those the conversation already holds there are continued, the others added")
     create: bool = Field(default=False, description="create conversation_id when it does not exist yet")
     system: Text | None = Field(default=None, description="system prompt; replaces the conversation's from now on")
     instructions: Text | None = Field(default=None, description="system prompt for this request only; the conversation's is kept")
@@ -137,6 +145,9 @@ class CompletionAsync(EventData):
         if self.is_feedback and self.tools:
             raise ValueError("feedback is kept out of history, so its tool calls could never be answered")
         checked_choice(self.tool_choice, self.tools)
+        if self.appended is not None and (self.history or (self.previous_response_id is None
+                                                          and self.conversation_id is None)):
+            raise ValueError("appended items follow previous_response_id or conversation_id (not history)")
         both = sorted(name for name in SAMPLING_FIELDS if getattr(self, name) is not None and name in self.options)
         if both:
             raise ValueError(f"{', '.join(both)} given both as a field and in options: give it once")

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ksi_common.items import Item, checked_exchange_items, message
 from ksi_common.limits import INT64_MAX, MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
 
@@ -126,8 +127,31 @@ class ResponseRef(EventData):
 
 
 class AppendedExchange(EventData):
-    inputs: list[NonBlank] = Field(min_length=1, description="the user inputs of the exchange")
-    reply: Text = Field(description="the assistant's reply to them")
+    """An exchange a client already holds: its user texts and reply, or its items (a client's own
+    tool turns: function calls and their outputs, reasoning)."""
+
+    inputs: list[NonBlank] = Field(default_factory=list, description="the user inputs of the exchange")
+    reply: Text = Field(default="", description="the assistant's reply to them")
+    input: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="its input items instead of inputs: user messages and function_call_output items")
+    output: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="its output items instead of reply: assistant messages, function_call and reasoning items")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AppendedExchange:
+        if (self.input is None) == (not self.inputs) or (self.input is None) != (self.output is None):
+            raise ValueError("give inputs and reply, or input and output items")
+        if self.input is not None and self.output is not None:
+            checked_exchange_items(self.input, self.output)
+        return self
+
+    def input_items(self) -> list[Item]:
+        return list(self.input) if self.input is not None else [message("user", text) for text in self.inputs]
+
+    def output_items(self) -> list[Item]:
+        return list(self.output) if self.output is not None else [message("assistant", self.reply)]
 
 
 class ConversationAppend(ConversationRef):
@@ -136,14 +160,32 @@ class ConversationAppend(ConversationRef):
     reply_to_pending: Text | None = Field(
         default=None, description="the reply to the conversation's pending input: they become one exchange, "
                                   "added before `exchanges`")
-    pending: list[NonBlank] = Field(default_factory=list, max_length=1000,
-                                    description="user messages after the exchanges, without a reply yet: held as "
-                                                "pending input in the same write (all of it, or nothing)")
+    pending: list[NonBlank | dict[str, Any]] = Field(
+        default_factory=list, max_length=1000,
+        description="user messages (text) or function_call_output items after the exchanges, without a reply "
+                    "yet: held as pending input in the same write (all of it, or nothing)")
+    items: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="instead of the fields above, the items a client adds, of any type (user and assistant "
+                    "messages, function_call, function_call_output, reasoning): those repeating the "
+                    "conversation's newest items are already held; the others become exchanges, and user "
+                    "messages after the last output item pending input")
+
+    @field_validator("pending")
+    @classmethod
+    def _pending_outputs(cls, value: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        for item in value:
+            if isinstance(item, dict):
+                if item.get("type") != "function_call_output":
+                    raise ValueError("a pending item is a user message's text or a function_call_output item")
+                checked_exchange_items([item], [])
+        return value
 
     @model_validator(mode="after")
     def _something(self) -> ConversationAppend:
-        if not self.exchanges and self.reply_to_pending is None and not self.pending:
-            raise ValueError("give exchanges, reply_to_pending, pending or several")
+        given = bool(self.exchanges) or self.reply_to_pending is not None or bool(self.pending)
+        if given == (self.items is not None):
+            raise ValueError("give items, or exchanges, reply_to_pending, pending or several")
         return self
 
 

@@ -21,7 +21,7 @@ import orjson
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
-from ksi_daemon.services.conversations.response_lines import message_line
+from ksi_daemon.services.conversations.response_lines import VERSION, message_line
 from ksi_daemon.storage.models import ConversationMeta
 
 PENDING_KEY = "pending_input"  # in the metadata's extra: [{"id", "content", "ts"}], oldest first
@@ -32,17 +32,26 @@ def pending_of(meta: ConversationMeta) -> list[dict[str, Any]]:
     return list(meta.extra.get(PENDING_KEY) or [])
 
 
-def pended(conversation_id: str, extra: dict[str, Any], texts: list[str], now: str, field: str
+def _entry(waiting: str | items.Item, now: str) -> dict[str, Any]:
+    """A pending entry: a user message's text, or a call's output item (with its text beside it,
+    so every reader of `content` shows something)."""
+    if isinstance(waiting, str):
+        return {"id": new_id("pend-"), "content": waiting, "ts": now}
+    return {"id": new_id("pend-"), "content": items.item_text(waiting), "item": dict(waiting), "ts": now}
+
+
+def pended(conversation_id: str, extra: dict[str, Any], texts: list[str | items.Item], now: str, field: str
            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`extra` (a conversation's metadata extras) with `texts` added to its pending input, and the
-    messages added; refused, naming `field`, when it would hold more than `MAX_PENDING`. Checked
-    before anything is written, so the event adding them writes all it was given or nothing."""
+    """`extra` (a conversation's metadata extras) with `texts` (user messages' texts, or
+    function_call_output items) added to its pending input, and the entries added; refused, naming
+    `field`, when it would hold more than `MAX_PENDING`. Checked before anything is written, so
+    the event adding them writes all it was given or nothing."""
     pending = list(extra.get(PENDING_KEY) or [])
     if len(pending) + len(texts) > MAX_PENDING:
         raise KsiError(ErrorCode.VALIDATION_ERROR,
                        f"conversation {conversation_id} would hold more than {MAX_PENDING} messages without a reply",
                        fields={field: f"at most {MAX_PENDING} pending messages"}, pending=len(pending))
-    added = [{"id": new_id("pend-"), "content": text, "ts": now} for text in texts]
+    added = [_entry(text, now) for text in texts]
     return {**extra, PENDING_KEY: [*pending, *added]}, added
 
 
@@ -57,8 +66,13 @@ def waiting_key(after: str | None, inputs: list[items.Item]) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def pending_item(entry: dict[str, Any]) -> items.Item:
+    held = entry.get("item")
+    return dict(held) if isinstance(held, dict) else items.message("user", entry["content"])
+
+
 def pending_items(meta: ConversationMeta) -> list[items.Item]:
-    return [items.message("user", item["content"]) for item in pending_of(meta)]
+    return [pending_item(entry) for entry in pending_of(meta)]
 
 
 def is_pending_input(meta: ConversationMeta, inputs: list[items.Item]) -> bool:
@@ -141,7 +155,10 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pen
     at = next((i for i, line in enumerate(inputs) if line.get("type") != "system"), len(inputs))
     model = next((line for line in inputs if line.get("type") != "system"), inputs[0] if inputs else {})
     shared = {key: model[key] for key in ("request_id", "conversation_id", "agent_id") if key in model}
-    lines = [message_line("user", item["content"], item["ts"], **shared, pending_id=item["id"]) for item in pending]
+    lines = [message_line("user", item["content"], item["ts"], **shared, pending_id=item["id"])
+             if "item" not in item else
+             {"v": VERSION, **items.input_line_fields(pending_item(item)), "ts": item["ts"], **shared,
+              "pending_id": item["id"]} for item in pending]
     return [*inputs[:at], *lines, *inputs[at:]]
 
 

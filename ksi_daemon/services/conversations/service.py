@@ -20,7 +20,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.items import canonical_text, item_text, message
+from ksi_common.items import canonical_text, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -51,15 +51,17 @@ from ksi_daemon.services.conversations.models import (
 from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
 from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.pending import pended, pending_of
+from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
+from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
-from ksi_daemon.services.conversations.response_lines import answer_line, message_line
+from ksi_daemon.services.conversations.response_lines import answer_line, item_line
 from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
 from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
 from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
+from ksi_daemon.services.completion.client_history import normalised
 from ksi_daemon.services.completion.image_tokens import image_tokens
 from ksi_daemon.storage.ports import BlobStore, ConversationExists
 
@@ -467,6 +469,15 @@ class ConversationService:
         if memory.meta.status == "archived":
             raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
                            conversation_id=data.conversation_id)
+        if data.items is not None:
+            written = await self._from_items(memory, data)
+            if written is None:  # every item is held already
+                return {"conversation_id": memory.conversation_id, "response_ids": [], "exchanges": []}
+            data = written
+        return await self._append(memory, data, context)
+
+    async def _append(self, memory: ConversationMemory, data: ConversationAppend,
+                      context: EventContext) -> dict[str, Any]:
         count = self.cache.count_tokens
         async with memory.lock:
             now = format_ts(self.clock())
@@ -482,21 +493,19 @@ class ConversationService:
                                    "and its newest exchange's reply is not this one",
                                    fields={"reply_to_pending": "no pending input to reply to"})
             elif data.reply_to_pending is not None:
-                exchanges.insert(0, AppendedExchange(inputs=[item["content"] for item in held],
-                                                     reply=data.reply_to_pending))
+                exchanges.insert(0, AppendedExchange(input=pending_items(memory.meta), output=[
+                    {"type": "message", "role": "assistant", "content": data.reply_to_pending}]))
             for exchange in exchanges:
-                response_id = new_response_id("appended")
-                lines = [message_line("user", text, now, conversation_id=memory.conversation_id)
-                         for text in exchange.inputs]
-                lines.append(answer_line([message("assistant", exchange.reply)], {
+                inputs, output = exchange.input_items(), exchange.output_items()
+                lines = [item_line(item, "user", None, now, memory.conversation_id) for item in inputs]
+                lines.append(answer_line(output, {
                     "model": None, "usage": {}, "ts": now, "conversation_id": memory.conversation_id,
                     "appended": True}))
                 # numbered and chained by the writer, after the head it finds
-                entry = IndexEntry(n=0, response_id=response_id, ts=now,
-                                   tokens_in=sum(count(text) + 4 for text in exchange.inputs),
-                                   tokens_out=count(exchange.reply) + 4)
-                appended.append(NewExchange(entry, lines, Exchange(input=[message("user", t) for t in exchange.inputs],
-                                                                   output=[message("assistant", exchange.reply)])))
+                entry = IndexEntry(n=0, response_id=new_response_id("appended"), ts=now,
+                                   tokens_in=sum(count(item_text(item)) + 4 for item in inputs),
+                                   tokens_out=sum(count(item_text(item)) + 4 for item in output))
+                appended.append(NewExchange(entry, lines, Exchange(input=inputs, output=output)))
             first = memory.total == 0
             if data.pending:  # checked whole before anything is written
                 pended(memory.conversation_id, memory.meta.extra, data.pending, now, "pending")
@@ -504,7 +513,9 @@ class ConversationService:
             def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
                 if first and meta.preview is None:
-                    changes["preview"] = preview_of(exchanges[0].inputs[0] if exchanges else data.pending[0])
+                    first_pending = data.pending[0] if data.pending else ""
+                    changes["preview"] = preview_of(item_text(exchanges[0].input_items()[0]) if exchanges else (
+                        first_pending if isinstance(first_pending, str) else item_text(first_pending)))
                 # the pending input answered (`held`) leaves with the first exchange, in the writer
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
                     changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
@@ -522,6 +533,27 @@ class ConversationService:
         return {"conversation_id": memory.conversation_id,
                 "response_ids": [e.response_id for e in held_entries] + [x.entry.response_id for x in appended],
                 "exchanges": [e.n for e in held_entries] + [x.entry.n for x in appended]}
+
+    async def _from_items(self, memory: ConversationMemory, data: ConversationAppend) -> ConversationAppend | None:
+        """The append `data.items` make after what the conversation holds (None: nothing new)."""
+        raw = list(data.items or [])
+        await self.cache.load_newest(memory)
+        entries = memory.entries[-min(len(raw), len(memory.entries)):] if memory.entries else []
+        tail = [item for held in await self.cache.texts(memory, entries) for item in (*held.input, *held.output)]
+        tail += pending_items(memory.meta)
+        start = not_held(tail, [normalised(item, f"items.{position}") for position, item in enumerate(raw)])
+        if start == len(raw):
+            return None
+        added = added_items(raw, start, bool(pending_of(memory.meta)))
+        outputs = [item for item in added.pending if isinstance(item, dict)]
+        if outputs:  # a call's output waits only for a call the conversation's newest items made
+            if added.exchanges:
+                calls = added.exchanges[-1].output_items()
+            else:
+                calls = (await self.cache.texts(memory, entries[-1:]))[0].output if entries else []
+            check_open_calls(outputs, calls, len(raw) - len(added.pending))
+        return ConversationAppend(conversation_id=memory.conversation_id, exchanges=added.exchanges,
+                                  reply_to_pending=added.reply_to_pending, pending=added.pending)
 
     async def _newest_replying(self, memory: ConversationMemory, reply: str) -> IndexEntry | None:
         """The newest exchange when its reply is `reply` (as digests compare text): a client that

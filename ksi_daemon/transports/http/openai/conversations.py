@@ -14,8 +14,10 @@ from ksi_daemon.transports.http.door import call
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.schemas import (
+    AnyConversationItem,
     ConversationCreate,
     ConversationItem,
+    ConversationToolItem,
     ConversationUpdate,
     ItemsCreate,
 )
@@ -65,9 +67,42 @@ def items_document(items: list[ConversationItem], *, may_answer_held: bool = Fal
     return Items(document, pending, reply_to_held)
 
 
+def has_tool_items(items: list[AnyConversationItem]) -> bool:
+    return any(isinstance(item, ConversationToolItem) for item in items)
+
+
+def event_items(items: list[AnyConversationItem]) -> list[dict[str, Any]]:
+    """Items of any type as conversation:append's `items` (a developer message is a system one)."""
+    found = []
+    for position, item in enumerate(items):
+        if isinstance(item, ConversationToolItem):
+            found.append(item.event_item(f"items.{position}"))
+        else:
+            role = "system" if item.role == "developer" else item.role
+            found.append({"type": "message", "role": role, "content": item.text(f"items.{position}.content")})
+    return found
+
+
 class Conversations:
     def __init__(self, door: Door) -> None:
         self.door = door
+
+    async def _add_any(self, conversation_id: str, items: list[AnyConversationItem]) -> list[dict[str, Any]]:
+        """Items with tool turns among them: those the conversation holds already (a session adding
+        a run's items its responses stored) are not added again; the added ones are listed."""
+        appended = await call(self.door.handle_request, "conversation:append",
+                              {"conversation_id": conversation_id, "items": event_items(items)})
+        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        added = [e for e in shown["exchanges"] if e.get("n") in appended["exchanges"]]
+        listed = shapes.conversation_items(conversation_id, added)
+        waiting = 0  # the items after the last output item: they wait for the next response
+        for item in reversed(items):
+            if isinstance(item, ConversationItem) and item.role == "assistant" or \
+                    isinstance(item, ConversationToolItem) and item.type != "function_call_output":
+                break
+            waiting += 1
+        pending = shapes.pending_items(shown["conversation"])
+        return listed + (pending[max(len(pending) - waiting, 0):] if waiting else [])
 
     async def _summary(self, conversation_id: str) -> dict[str, Any]:
         shown = await call(self.door.handle_request, "conversation:show",
@@ -76,12 +111,32 @@ class Conversations:
 
     async def create(self, request: Request) -> Response:
         body: ConversationCreate = await self.door.body(request, ConversationCreate)
-        made = items_document(body.items or [])
+        if body.items and has_tool_items(body.items):
+            return await self._create_with_tool_items(body)
+        made = items_document(body.items or [])  # type: ignore[arg-type]
         # one event: its exchanges, the items waiting for a reply and the metadata in one write
         imported = await call(self.door.handle_request, "conversation:import",
                               {"data": made.document, "format": "json", "origin": "http", "pending": made.pending,
                                "metadata": body.metadata or None})
         return JSONResponse(shapes.conversation_object(await self._summary(imported["conversation_id"])))
+
+    async def _create_with_tool_items(self, body: ConversationCreate) -> Response:
+        """A conversation made with tool items: made empty, then given them; refused items leave
+        none behind (it is deleted)."""
+        assert body.items is not None
+        system = [item for item in body.items if isinstance(item, ConversationItem)
+                  and item.role in ("system", "developer")]
+        opening = items_document(system)  # system items first, as without tool items
+        imported = await call(self.door.handle_request, "conversation:import",
+                              {"data": opening.document, "format": "json", "origin": "http",
+                               "metadata": body.metadata or None})
+        conversation_id = imported["conversation_id"]
+        try:
+            await self._add_any(conversation_id, body.items[len(system):])
+        except KsiError:
+            await call(self.door.handle_request, "conversation:delete", {"conversation_id": conversation_id})
+            raise
+        return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
 
     async def retrieve(self, request: Request) -> Response:
         return JSONResponse(shapes.conversation_object(await self._summary(request.path_params["id"])))
@@ -111,7 +166,11 @@ class Conversations:
         """New items are exchanges a client already has (user messages each followed by the reply),
         then user messages that wait for the next response."""
         body: ItemsCreate = await self.door.body(request, ItemsCreate)
-        made = items_document(body.items, may_answer_held=True)
+        if has_tool_items(body.items):
+            listed = await self._add_any(request.path_params["id"], body.items)
+            return JSONResponse({"object": "list", "data": listed, "first_id": listed[0]["id"] if listed else None,
+                                 "last_id": listed[-1]["id"] if listed else None, "has_more": False})
+        made = items_document(body.items, may_answer_held=True)  # type: ignore[arg-type]
         document, pending = made.document, made.pending
         if document["conversation"]["system"] is not None:
             position = next(i for i, item in enumerate(body.items) if item.role in ("system", "developer"))

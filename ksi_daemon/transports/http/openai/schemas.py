@@ -297,10 +297,41 @@ class ConversationItem(Body):
         return part_texts(self.content, where)
 
 
+class SummaryText(Body):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ConversationToolItem(Body):
+    """A conversation item of a tool turn or of reasoning: a function call, its output, or a
+    reasoning item (as a client that keeps its session in a conversation adds them)."""
+
+    type: Literal["function_call", "function_call_output", "reasoning"]
+    call_id: str | None = Field(default=None, min_length=1)
+    name: str | None = Field(default=None, min_length=1)
+    arguments: str | None = None
+    output: str | list[Part] | None = None
+    summary: list[SummaryText] | None = None
+    id: str | None = None
+
+    def event_item(self, where: str) -> dict[str, Any]:
+        """The item as conversation:append takes it (its fields checked there)."""
+        if self.type == "reasoning":
+            return {"type": "reasoning", "summary": "".join(part.text for part in self.summary or [])}
+        if self.type == "function_call":
+            return {"type": "function_call", "call_id": self.call_id, "name": self.name,
+                    "arguments": self.arguments or ""}
+        return {"type": "function_call_output", "call_id": self.call_id,
+                "output": part_texts(self.output, f"{where}.output")}
+
+
+AnyConversationItem = ConversationItem | ConversationToolItem
+
+
 class ConversationCreate(Body):
     """POST /v1/conversations."""
 
-    items: list[ConversationItem] | None = Field(default=None, max_length=1000)
+    items: list[AnyConversationItem] | None = Field(default=None, max_length=1000)
     metadata: Metadata | None = None
 
 
@@ -313,7 +344,7 @@ class ConversationUpdate(Body):
 class ItemsCreate(Body):
     """POST /v1/conversations/{id}/items."""
 
-    items: list[ConversationItem] = Field(min_length=1, max_length=1000)
+    items: list[AnyConversationItem] = Field(min_length=1, max_length=1000)
 
 
 def parse(model: type[Body], body: Any) -> Any:

@@ -34,6 +34,26 @@ def output_item_response(item_id: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+# an item id this door gives, read back: msg_R, msg_R_N, fc_R_N, rs_R, rs_R_N (output items) and
+# msg_R_inN, fco_R_inN (a response's input items)
+_ITEM_ID = re.compile(r"(msg|fc|rs|fco)_([A-Za-z0-9][A-Za-z0-9_-]*?-[0-9a-f]{12})(?:_(in)?([0-9]+))?")
+_KINDS = {"msg": "message", "fc": "function_call", "rs": "reasoning", "fco": "function_call_output"}
+
+
+def item_reference(item_id: str, where: str) -> dict[str, Any]:
+    """An `item_reference` as completion:async takes it: the stored item its id names (the KSI
+    response, input or output side, kind, and number); an id this door never gives names no item."""
+    match = _ITEM_ID.fullmatch(item_id)
+    if match is None or (match.group(1) == "fco") != bool(match.group(3)):
+        raise KsiError(ErrorCode.ITEM_NOT_FOUND, f"{where}: no stored item {item_id!r} (KSI's item ids name the "
+                       "response that holds them, as its answers give them)", fields={where: "no such item"},
+                       item_id=item_id)
+    number = match.group(4)
+    return {"type": "item_reference", "id": item_id, "response_id": match.group(2),
+            "side": "input" if match.group(3) else "output", "kind": _KINDS[match.group(1)],
+            "number": int(number) if number is not None else None}
+
+
 def message_item(response_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [output_text(text)] if text or status == "completed" else []  # a partial answer shows its text
     return {"type": "message", "id": f"msg_{response_id}", "status": status, "role": "assistant", "content": content}
@@ -120,10 +140,17 @@ def conversation_items(conversation_id: str, exchanges: list[dict[str, Any]]) ->
 
 
 def pending_items(conversation: dict[str, Any]) -> list[dict[str, Any]]:
-    """A conversation's pending input (user messages with no reply yet) as user message items."""
-    return [{"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
-             "content": [{"type": "input_text", "text": str(item.get("content") or "")}]}
-            for item in conversation.get("pending_input") or []]
+    """A conversation's pending input (user messages and call outputs with no reply yet) as items."""
+    shaped = []
+    for item in conversation.get("pending_input") or []:
+        held = item.get("item")
+        if isinstance(held, dict) and held.get("type") == "function_call_output":
+            shaped.append({"type": "function_call_output", "id": f"fco_{item['id']}", "status": "completed",
+                           "call_id": held.get("call_id"), "output": str(held.get("output") or "")})
+            continue
+        shaped.append({"type": "message", "id": f"msg_{item['id']}", "status": "completed", "role": "user",
+                       "content": [{"type": "input_text", "text": str(item.get("content") or "")}]})
+    return shaped
 
 
 def chat_completion(result: dict[str, Any], created: int) -> dict[str, Any]:

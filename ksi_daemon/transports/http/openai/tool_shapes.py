@@ -31,6 +31,7 @@ from ksi_daemon.transports.http.openai.schemas import (
     ToolItem,
     part_texts,
 )
+from ksi_daemon.transports.http.openai.shapes import item_reference as shapes_item_reference
 from ksi_daemon.transports.http.openai.shapes import message_item, output_text
 
 NO_CALL_CHOICES = (None, "auto", "none")  # what an SDK sends by default: with no tools it asks for nothing
@@ -86,8 +87,7 @@ def response_input_item(position: int, item: FunctionCallOutput | ToolItem) -> I
                        f"{where} is a function_call item: the history comes from previous_response_id or "
                        "conversation, the input is only what is new (the calls' outputs)",
                        fields={f"{where}.type": "a call is history, not new input"})
-    why = {"reasoning": "reasoning items are kept by KSI with the response that made them, not taken as input",
-           "item_reference": "items are continued by previous_response_id or conversation, not referenced"}
+    why = {"reasoning": "reasoning items are kept by KSI with the response that made them, not taken as input"}
     raise _refuse(f"{where}.type", why.get(item.type, f"a {item.type} item belongs to a hosted tool; {HOSTED}"))
 
 
@@ -95,7 +95,7 @@ def is_output_item(item: InputMessage | FunctionCallOutput | ToolItem) -> bool:
     """An item only a model gives (an assistant message, a call): what ends a client's history."""
     if isinstance(item, InputMessage):
         return item.role == "assistant"
-    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning")
+    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning", "item_reference")
 
 
 def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item | None:
@@ -112,7 +112,20 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolIt
                 "arguments": item.arguments or ""}
     if item.type == "reasoning":
         return None
-    return response_input_item(position, item)  # refused: a hosted tool's item, an item reference
+    if item.type == "item_reference":  # the stored item it names, found by the completion service
+        return shapes_item_reference(item.id or "", f"{where}.id")
+    return response_input_item(position, item)  # refused: a hosted tool's item
+
+
+def appended_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item:
+    """An item before the new input of a request continuing a stored point (previous_response_id or
+    conversation) as completion:async's `appended` takes it: every item keeps its place, so an
+    error names the client's own position."""
+    if isinstance(item, ToolItem) and item.type == "reasoning":
+        return {"type": "reasoning", "summary": ""}
+    found = history_item(position, item)
+    assert found is not None  # only a reasoning item has no history form
+    return found
 
 
 @dataclass(slots=True)

@@ -88,7 +88,8 @@ def new_input_positions(body: ResponseCreate) -> list[int]:
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
-                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input"}
+                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input",
+                   "appended": "input"}
 CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages",
                "input": "messages"}
 
@@ -146,17 +147,28 @@ def response_options(body: ResponseCreate) -> dict[str, Any]:
     return _checked(options, RESPONSE_FIELDS)
 
 
-def continued_response(body: ResponseCreate) -> str | None:
-    """The KSI response a client-held history ends with, when its last output item carries the id
-    this door gave it (an SDK that keeps the items it was sent, ids and all, as the agents SDK
-    does across a handoff). Such an item stands for the stored one, as an item id does for OpenAI:
-    the request continues after that response and only what follows it is new."""
+def continued_at(body: ResponseCreate) -> tuple[int, str] | None:
+    """Where a client-held history names a stored response, and which: its newest output item
+    (an assistant message, a call, a reasoning item or a reference to one) carrying an id this
+    door gave (an SDK keeps the items it was sent, ids and all; the Vercel AI SDK sends references
+    to them). Such an item stands for the stored one, as an item id does for OpenAI: the history
+    up to it is that response's conversation, and what follows it is added after that response."""
     if isinstance(body.input, str) or body.previous_response_id is not None or body.conversation is not None:
         return None
     last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
-    if last_reply < 0 or isinstance(body.input[last_reply], FunctionCallOutput):
-        return None
-    return output_item_response(body.input[last_reply].id)  # type: ignore[union-attr]
+    for position in range(last_reply, -1, -1):
+        item = body.input[position]
+        if tool_shapes.is_output_item(item) and not isinstance(item, FunctionCallOutput):
+            response_id = output_item_response(item.id)  # type: ignore[union-attr]
+            if response_id is not None:
+                return position, response_id
+    return None
+
+
+def continued_response(body: ResponseCreate) -> str | None:
+    """The KSI response a client-held history is continued after (see continued_at)."""
+    found = continued_at(body)
+    return found[1] if found is not None else None
 
 
 def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str, Any]:
@@ -170,13 +182,17 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
         # a list holding assistant items (or calls) carries the client's own history: everything up
         # to the last of them is history (matched to its conversation), what follows is new
         last_reply = max((p for p, m in enumerate(body.input) if tool_shapes.is_output_item(m)), default=-1)
+        # after a stored point, the items before the new input follow it (as OpenAI takes them)
+        anchored = body.previous_response_id is not None or body.conversation is not None or after is not None
+        stands_for = continued_at(body) if after is not None else None
         history: list[Item] = []
         messages: list[Item] = []
         for position, message in enumerate(body.input):
             if position <= last_reply:
-                if after is not None:
+                if stands_for is not None and position <= stands_for[0]:
                     continue  # the stored conversation up to `after` is this history
-                item = tool_shapes.history_item(position, message)
+                item = (tool_shapes.appended_item(position, message) if anchored
+                        else tool_shapes.history_item(position, message))
                 if item is not None:
                     history.append(item)
                 continue
@@ -187,7 +203,7 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
             _not_empty(content, f"input.{position}.content")
             messages.append(message_item("user" if message.role == "user" else "system", content))
         if history:
-            payload["history"] = history
+            payload["appended" if anchored else "history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
             raise KsiError(ErrorCode.VALIDATION_ERROR,
                            "input must end with a user message or a call's output (the new input)",
@@ -196,6 +212,8 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
     payload.update(tool_shapes.tool_fields(body))
     _model_fields(payload, body.model)
     previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
+    if after is not None:
+        payload["previous_by_item"] = True  # an item's id: another scope's response is not continued
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
                        ("conversation_id", body.conversation_id()), ("temperature", body.temperature),
                        ("max_tokens", body.max_output_tokens), ("metadata", body.metadata),
