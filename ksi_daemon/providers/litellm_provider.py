@@ -35,7 +35,7 @@ from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
-from ksi_daemon.providers.options import SAMPLING_OPTIONS, check_options, is_routing_option
+from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
 from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
 from ksi_daemon.redaction import Redactor, known_secrets
 
@@ -330,6 +330,8 @@ class LiteLLMProvider:
             return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
+        for name in self._untaken_kept(litellm, call):
+            del kwargs[name]  # kept with the exchange's request lines (see options.KEPT_OPTIONS)
         if forced := self._undropped(litellm, call):
             kwargs["allowed_openai_params"] = forced
         try:
@@ -413,7 +415,8 @@ class LiteLLMProvider:
         so itself rather than the option vanishing. Routing options are never named (they are
         settings)."""
         openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
-        asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
+        asked = [name for name in call.options
+                 if name in openai_params and not is_routing_option(name) and name not in KEPT_OPTIONS]
         if call.tools:
             asked += [name for name in ("tools", "tool_choice", "parallel_tool_calls")
                       if name == "tools" or getattr(call, name) is not None]
@@ -423,6 +426,15 @@ class LiteLLMProvider:
         if supported is None:
             return []
         return [name for name in asked if name not in supported]
+
+    def _untaken_kept(self, litellm: ModuleType, call: ProviderCall) -> list[str]:
+        """The kept options of `call` its model does not take: litellm does not list them for it (a
+        provider of this daemon's own takes none). The exchange keeps them; the call goes without."""
+        kept = [name for name in call.options if name in KEPT_OPTIONS]
+        if not kept:
+            return []
+        supported = None if call.model.startswith(OWN_PREFIXES) else self._supported_params(litellm, call.model)
+        return [name for name in kept if supported is None or name not in supported]
 
     def _supported_params(self, litellm: ModuleType, model: str) -> frozenset[str] | None:
         """The OpenAI options litellm maps for `model` (None: it maps none, so drops none), asked

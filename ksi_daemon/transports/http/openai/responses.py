@@ -54,7 +54,9 @@ def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
     return Asked(options=dict(payload.get("options") or {}), temperature=body.temperature,
                  max_output_tokens=body.max_output_tokens, instructions=body.instructions,
                  metadata=dict(body.metadata or {}), previous_response_id=body.previous_response_id,
-                 background=body.background, store=body.store, truncation=body.truncation or "auto")
+                 background=body.background, store=body.store, truncation=body.truncation or "auto",
+                 reasoning_summary=body.reasoning.summary or body.reasoning.generate_summary if body.reasoning else None,
+                 encrypted_reasoning="reasoning.encrypted_content" in (body.include or ()))
 
 
 def _starting_after(request: Request) -> int:

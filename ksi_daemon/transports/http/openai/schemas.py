@@ -208,8 +208,9 @@ class Reasoning(Body):
     model_config = ConfigDict(extra="forbid")
 
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    summary: str | None = None  # refused when set (see translate.py): an exchange holds no summary item
-    generate_summary: str | None = None
+    # the answer holds the reasoning a provider returned whatever is asked here (see docs/codex.md)
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponseCreate(CreateBody):
@@ -234,7 +235,7 @@ class ResponseCreate(CreateBody):
     reasoning: Reasoning | None = None
     user: str | None = None
     seed: int | None = None
-    # the answer holds only its output text: nothing more can be included (refused unless empty)
+    # "reasoning.encrypted_content" only (see translate.INCLUDABLE); anything else is refused
     include: list[str] | None = None
     # KSI always chooses the history that fits the model's window ("auto"); "disabled" is accepted
     # because the new input alone never is cut: a request too large fails with context_window_exceeded

@@ -119,13 +119,17 @@ def _refuse(field_name: str, why: str) -> KsiError:
                     fields={field_name: why})
 
 
+# what `include` may ask: the reasoning a provider returned, as the opaque string a client sends back
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
 def response_options(body: ResponseCreate) -> dict[str, Any]:
     """The provider options of a Responses request: its sampling and format fields mapped onto
     completion:async's `options`, what it refuses refused."""
-    if body.include:
-        raise _refuse("include", "a KSI response holds only its output text")
-    if body.reasoning is not None and (body.reasoning.summary is not None or body.reasoning.generate_summary):
-        raise _refuse("reasoning.summary", "a KSI exchange holds no reasoning summary")
+    unknown = sorted(set(body.include or ()) - INCLUDABLE)
+    if unknown:
+        raise _refuse("include", f"{', '.join(unknown)}: a KSI response can include "
+                                 f"{', '.join(sorted(INCLUDABLE))} only")
     if body.text is not None and body.text.verbosity is not None:
         # litellm's chat call has no such parameter and would drop it
         raise _refuse("text.verbosity", "the chat call KSI makes has no verbosity parameter")
