@@ -67,6 +67,9 @@ class ModelSettings(BaseModel):
     supports_response_schema: bool | None = None
     supports_vision: bool | None = None
     supports_function_calling: bool | None = None
+    # hosted tool types (web_search, file_search, ...) the Responses door leaves out of a request to
+    # this model instead of refusing it: Codex sends web_search with every request
+    drop_hosted_tools: list[str] = Field(default_factory=list)
 
 
 class ModelOverrides:

@@ -37,6 +37,7 @@ from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
 from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
+from ksi_daemon.providers.tool_kinds import as_functions, catalog, client_call, streams_as_function
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -304,7 +305,7 @@ class LiteLLMProvider:
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
         if call.tools:
-            kwargs["tools"] = chat_tools(call.tools)
+            kwargs["tools"] = chat_tools(as_functions(call.tools))
             if call.tool_choice is not None:
                 kwargs["tool_choice"] = chat_tool_choice(call.tool_choice)
             if call.parallel_tool_calls is not None:
@@ -353,6 +354,7 @@ class LiteLLMProvider:
         parts: list[str] = []
         reasoning: list[str] = []
         calls = ToolCallDeltas()
+        kinds = catalog(call.tools)
         finish_reason = None
         usage: dict[str, int] = {}
         response_id = None
@@ -375,7 +377,8 @@ class LiteLLMProvider:
                     call.on_chunk(text)
                 if delta is not None and getattr(delta, "tool_calls", None):
                     for piece in calls.add(delta.tool_calls):
-                        call.on_chunk(piece)
+                        if streams_as_function(piece["name"], kinds):
+                            call.on_chunk(piece)
                 if delta is not None and getattr(delta, "reasoning_content", None):
                     reasoning.append(str(delta.reasoning_content))
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
@@ -396,7 +399,7 @@ class LiteLLMProvider:
         output = [{"type": "reasoning", "summary": "".join(reasoning)}] if reasoning else []
         if content or not calls:
             output.append({"type": "message", "role": "assistant", "content": content})
-        output.extend(calls.items())
+        output.extend(client_call(item, kinds) for item in calls.items())
         return ProviderReply(
             content=content, model=call.model, finish_reason="tool_calls" if calls else finish_reason, usage=usage,
             cost=None, provider=provider_of(call.model), provider_response_id=response_id,
@@ -460,7 +463,9 @@ class LiteLLMProvider:
                                   retryable=True, reason="no_choices")
         choice = choices[0]
         content = choice.message.content or ""
-        output = reply_items(choice.message)
+        kinds = catalog(call.tools)
+        output = [client_call(item, kinds) if item["type"] == "function_call" else item
+                  for item in reply_items(choice.message)]
         called = any(item["type"] == "function_call" for item in output)
         size = len(content.encode()) + sum(len(str(item.get("arguments", "")).encode()) for item in output)
         if size > self.settings.max_response_bytes:

@@ -37,7 +37,7 @@ def request_lines(items: list[Item], *, is_feedback: bool, system: str | None, t
     for item in items:
         line: dict[str, Any] = {"v": VERSION}
         if item["type"] == "function_call_output":
-            line.update(type="function_call_output", call_id=item["call_id"], output=item["output"])
+            line.update(input_line_fields(item))  # with the client's form of the output, when it has one
         else:
             line.update(type="feedback" if is_feedback and item["role"] == "user" else item["role"],
                         content=item["content"])

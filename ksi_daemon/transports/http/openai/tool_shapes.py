@@ -18,13 +18,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
 from ksi_daemon.transports.http.openai.image_refs import as_history
+from ksi_daemon.providers.tool_kinds import function_form
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
+    ClientToolOutput,
     CreateBody,
     FunctionCallOutput,
     InputMessage,
@@ -34,28 +38,36 @@ from ksi_daemon.transports.http.openai.schemas import (
 from ksi_daemon.transports.http.openai.shapes import message_item, output_text
 
 NO_CALL_CHOICES = (None, "auto", "none")  # what an SDK sends by default: with no tools it asks for nothing
-HOSTED = "KSI runs function tools only: the client runs each call and sends its output back"
+HOSTED = ("KSI passes on the tools a client runs (function, custom, namespace, local_shell, shell): the client "
+          "runs each call and sends its output back; a model's drop_hosted_tools setting may leave it out instead")
 
 
 def _refuse(name: str, why: str) -> KsiError:
     return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} is not supported: {why}", fields={name: why})
 
 
-def tool_fields(body: CreateBody) -> dict[str, Any]:
+CLIENT_TOOLS = frozenset({"function", "custom", "namespace", "local_shell", "shell"})
+CHOOSABLE = frozenset({"function", "custom"})  # a tool_choice may name one tool of these types
+
+
+def tool_fields(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The completion:async tool fields of a request body. Values that ask for nothing (`tools: []`,
     `tool_choice: "auto"` without tools) are left out, so a client's defaults reach a model without
-    tool support as no tools at all."""
+    tool support as no tools at all. Tools the client runs pass as they are; a hosted tool is
+    refused by name unless its type is among `dropped` (the model's drop_hosted_tools setting),
+    which leaves it out of the call."""
     choice = body.tool_choice
-    if not body.tools:
+    tools = [tool for tool in body.tools or [] if tool.get("type", "function") not in dropped]
+    if not tools:
         return {} if choice in NO_CALL_CHOICES else {"tool_choice": choice}
-    for position, tool in enumerate(body.tools):
-        kind = tool.get("type")
-        if isinstance(kind, str) and kind != "function":
+    for position, tool in enumerate(body.tools or []):
+        kind = tool.get("type", "function")
+        if isinstance(kind, str) and kind not in CLIENT_TOOLS and kind not in dropped:
             raise _refuse(f"tools.{position}.type", f"a {kind} tool is hosted by OpenAI; {HOSTED}")
-    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] != "function":
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] not in CHOOSABLE:
         raise _refuse("tool_choice.type", f"a {choice['type']} tool choice: KSI takes \"auto\", \"none\", "
-                                          f"\"required\" or one named function; {HOSTED}")
-    fields: dict[str, Any] = {"tools": body.tools}
+                                          f"\"required\" or one named function or custom tool; {HOSTED}")
+    fields: dict[str, Any] = {"tools": tools}
     if choice is not None:
         fields["tool_choice"] = choice
     if body.parallel_tool_calls is not None:
@@ -75,15 +87,33 @@ def call_output(call_id: str, output: str) -> Item:
     return {"type": "function_call_output", "call_id": call_id, "output": output}
 
 
-def response_input_item(position: int, item: FunctionCallOutput | ToolItem) -> Item:
+def client_output(item: ClientToolOutput, where: str) -> Item:
+    """A custom tool's or a shell form's output as the function_call_output item KSI keeps (the
+    provider is shown its text), with the client's type and, when not text, its output as sent."""
+    output = item.output
+    kept: Item = {"type": "function_call_output", "call_id": item.answered(), "client_type": item.type}
+    if not kept["call_id"]:
+        raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.call_id is missing: an output answers a call",
+                       fields={f"{where}.call_id": "the id of the call this output answers"})
+    if isinstance(output, str):
+        return {**kept, "output": output}
+    texts = [part.get("text") for part in output if isinstance(part, dict)] if isinstance(output, list) else []
+    if texts and all(isinstance(text, str) for text in texts):
+        return {**kept, "output": "".join(texts), "client_output": output}  # text parts
+    return {**kept, "output": orjson.dumps(output).decode(), "client_output": output}
+
+
+def response_input_item(position: int, item: FunctionCallOutput | ClientToolOutput | ToolItem) -> Item:
     """A Responses input item that is not a message: a call's output is new input; a call is
     history (it comes from `previous_response_id` or `conversation`); other kinds are refused."""
     where = f"input.{position}"
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
-    if item.type == "function_call":
+    if isinstance(item, ClientToolOutput):
+        return client_output(item, where)
+    if item.type in CALL_ITEMS:
         raise KsiError(ErrorCode.VALIDATION_ERROR,
-                       f"{where} is a function_call item: the history comes from previous_response_id or "
+                       f"{where} is a {item.type} item: the history comes from previous_response_id or "
                        "conversation, the input is only what is new (the calls' outputs)",
                        fields={f"{where}.type": "a call is history, not new input"})
     why = {"reasoning": "reasoning items are kept by KSI with the response that made them, not taken as input",
@@ -91,14 +121,17 @@ def response_input_item(position: int, item: FunctionCallOutput | ToolItem) -> I
     raise _refuse(f"{where}.type", why.get(item.type, f"a {item.type} item belongs to a hosted tool; {HOSTED}"))
 
 
-def is_output_item(item: InputMessage | FunctionCallOutput | ToolItem) -> bool:
+CALL_ITEMS = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call"})
+
+
+def is_output_item(item: InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem) -> bool:
     """An item only a model gives (an assistant message, a call): what ends a client's history."""
     if isinstance(item, InputMessage):
         return item.role == "assistant"
-    return isinstance(item, ToolItem) and item.type in ("function_call", "reasoning")
+    return isinstance(item, ToolItem) and (item.type in CALL_ITEMS or item.type == "reasoning")
 
 
-def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolItem) -> Item | None:
+def history_item(position: int, item: InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem) -> Item | None:
     """An item of a client-held Responses history as completion:async's `history` takes it (None:
     a reasoning item, kept by KSI with the response that made it and never matched)."""
     where = f"input.{position}"
@@ -107,9 +140,13 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | ToolIt
                                   item.event_content(f"{where}.content")))
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
-    if item.type == "function_call":
+    if isinstance(item, ClientToolOutput):
+        return client_output(item, where)
+    if item.type == "function_call" and item.namespace is None:
         return {"type": "function_call", "call_id": item.call_id or "", "name": item.name or "",
                 "arguments": item.arguments or ""}
+    if item.type in CALL_ITEMS:
+        return function_form(item.model_dump(exclude_none=True))
     if item.type == "reasoning":
         return None
     return response_input_item(position, item)  # refused: a hosted tool's item, an item reference
@@ -233,8 +270,15 @@ def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
 
 
 def function_call_item(response_id: str, index: int, call: Item, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": f"fc_{response_id}_{index}", "call_id": str(call.get("call_id") or ""),
-            "name": str(call.get("name") or ""), "arguments": str(call.get("arguments") or ""), "status": status}
+    """A call as a Responses output item: in the client's form when it has one (a custom tool's
+    call with its input, a shell call with its action, a namespace's function call), else a
+    function call."""
+    shown = {"id": f"fc_{response_id}_{index}", "call_id": str(call.get("call_id") or "")}
+    client = call.get("client_item")
+    if isinstance(client, dict):
+        return {**client, **shown, "status": status}
+    return {"type": "function_call", **shown, "name": str(call.get("name") or ""),
+            "arguments": str(call.get("arguments") or ""), "status": status}
 
 
 def reasoning_item(response_id: str, item: Item) -> dict[str, Any]:
@@ -254,9 +298,9 @@ def stored_output(shown: dict[str, Any]) -> list[Item]:
     return stored_items(shown.get("outcome")) if shown.get("status") == "completed" else []
 
 
-def request_echo(body: CreateBody) -> dict[str, Any]:
+def request_echo(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What a Response object says about the request's tools (the fields the SDK reads back)."""
-    fields = tool_fields(body)
+    fields = tool_fields(body, dropped)
     echo: dict[str, Any] = {}
     if fields.get("tools"):
         echo["tools"] = [_echoed_tool(tool) for tool in fields["tools"]]
@@ -269,7 +313,9 @@ def request_echo(body: CreateBody) -> dict[str, Any]:
 
 def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A function tool as a Response object lists it: flat, every field of the form present (a
-    chat-form tool nests them under `function`)."""
+    chat-form tool nests them under `function`); a tool of another kind as the client sent it."""
+    if tool.get("type", "function") != "function":
+        return tool
     spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
     return {"type": "function", "name": spec.get("name"), "description": spec.get("description"),
             "parameters": spec.get("parameters"), "strict": spec.get("strict")}
@@ -322,9 +368,17 @@ class ResponseItemEvents:
         text = str(result.get("content") or "")
         calls = function_calls(output)
         for index, call in enumerate(calls):
-            if index not in self.calls:
-                events += self.call_delta({"index": index, "call_id": call.get("call_id"), "name": call.get("name"),
-                                           "arguments": call.get("arguments")})
+            if index in self.calls:
+                continue
+            if isinstance(call.get("client_item"), dict):  # a call in the client's form comes whole
+                self.calls[index] = call
+                self.opened.append(("call", index))
+                events.append(("response.output_item.added", {
+                    "output_index": len(self.opened) - 1,
+                    "item": function_call_item(self.response_id, index, call, status="in_progress")}))
+                continue
+            events += self.call_delta({"index": index, "call_id": call.get("call_id"), "name": call.get("name"),
+                                       "arguments": call.get("arguments")})
         summaries = [item for item in output if item.get("type") == "reasoning"]
         if summaries:  # a summary comes whole with the result: announced at the end
             self.opened.append(("reasoning", 0))
@@ -346,9 +400,7 @@ class ResponseItemEvents:
             else:
                 call = calls[index] if index < len(calls) else self.calls[index]
                 item = function_call_item(self.response_id, index, call)
-                events.append(("response.function_call_arguments.done", {
-                    "item_id": item["id"], "output_index": position, "name": item["name"],
-                    "arguments": item["arguments"]}))
+                events += _call_done(item, position)
             events.append(("response.output_item.done", {"output_index": position, "item": item}))
             items.append(item)
         return events, items
@@ -365,6 +417,17 @@ class ResponseItemEvents:
     def _where(self) -> dict[str, Any]:
         return {"item_id": f"msg_{self.response_id}", "output_index": self._position("message", 0),
                 "content_index": 0}
+
+
+def _call_done(item: dict[str, Any], position: int) -> list[Event]:
+    """The event that closes a call's arguments (a function's) or input (a custom tool's)."""
+    if item["type"] == "function_call":
+        return [("response.function_call_arguments.done", {
+            "item_id": item["id"], "output_index": position, "name": item["name"], "arguments": item["arguments"]})]
+    if item["type"] == "custom_tool_call":
+        return [("response.custom_tool_call_input.done", {
+            "item_id": item["id"], "output_index": position, "input": item["input"]})]
+    return []
 
 
 # -- new input and imported history ----------------------------------------------------------------

@@ -156,9 +156,19 @@ def continued_response(body: ResponseCreate) -> str | None:
     return output_item_response(body.input[last_reply].id)  # type: ignore[union-attr]
 
 
-def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str, Any]:
+def dropped_tools(body: ResponseCreate, settings: Settings) -> frozenset[str]:
+    """The hosted tool types the settings of the request's model leave out (drop_hosted_tools)."""
+    model = body.model or settings.default_model
+    if model.startswith(AGENT_PREFIX):
+        return frozenset()
+    return frozenset(settings.model_settings(model).drop_hosted_tools)
+
+
+def response_payload(body: ResponseCreate, after: str | None = None,
+                     dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
     """POST /v1/responses as completion:async data; `after`: the response its history ends with
-    (see continued_response), whose conversation stands for the history."""
+    (see continued_response), whose conversation stands for the history; `dropped`: the hosted
+    tool types left out (see dropped_tools)."""
     payload: dict[str, Any] = {"origin": "http"}
     options = response_options(body)
     if isinstance(body.input, str):
@@ -190,7 +200,7 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
                            "input must end with a user message or a call's output (the new input)",
                            fields={"input": "no user message or call output after the last assistant item"})
         payload.update(tool_shapes.new_input(messages))
-    payload.update(tool_shapes.tool_fields(body))
+    payload.update(tool_shapes.tool_fields(body, dropped))
     _model_fields(payload, body.model)
     previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
