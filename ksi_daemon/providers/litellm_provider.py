@@ -36,7 +36,14 @@ from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
-from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
+from ksi_daemon.providers.tool_calls import (
+    ReasoningDeltas,
+    ToolCallDeltas,
+    chat_tool_choice,
+    chat_tools,
+    reply_items,
+    without_reasoning,
+)
 from ksi_daemon.providers.tool_kinds import as_functions, catalog, client_call, streams_as_function
 from ksi_daemon.redaction import Redactor, known_secrets
 
@@ -58,6 +65,11 @@ ABILITIES_KEPT = 256  # models whose abilities litellm was asked for, the most r
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
                           re.IGNORECASE)
+
+
+# providers that take their own reasoning back (Anthropic's signed thinking blocks, through litellm):
+# every other call is sent its history without it
+REASONING_REPLAY = frozenset({"anthropic"})
 
 
 def provider_of(model: str) -> str:
@@ -297,7 +309,8 @@ class LiteLLMProvider:
         # (consortium members run under the options of the consortium's request)
         check_options(call.model, call.options, overrides.allow_options)
         kwargs: dict[str, Any] = dict(call.options)
-        kwargs.update(model=call.model, messages=call.messages, max_retries=0)
+        messages = call.messages if provider_of(call.model) in REASONING_REPLAY else without_reasoning(call.messages)
+        kwargs.update(model=call.model, messages=messages, max_retries=0)
         if call.temperature is not None:
             kwargs["temperature"] = call.temperature
         if call.max_tokens is not None:
@@ -352,7 +365,7 @@ class LiteLLMProvider:
         kwargs.setdefault("stream_options", {"include_usage": True})
         stream = await litellm.acompletion(**kwargs)
         parts: list[str] = []
-        reasoning: list[str] = []
+        reasoning = ReasoningDeltas()
         calls = ToolCallDeltas()
         kinds = catalog(call.tools)
         finish_reason = None
@@ -379,8 +392,8 @@ class LiteLLMProvider:
                     for piece in calls.add(delta.tool_calls):
                         if streams_as_function(piece["name"], kinds):
                             call.on_chunk(piece)
-                if delta is not None and getattr(delta, "reasoning_content", None):
-                    reasoning.append(str(delta.reasoning_content))
+                if delta is not None:
+                    reasoning.add(delta)
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage:
@@ -396,7 +409,8 @@ class LiteLLMProvider:
             # only without the finish reason: its text is a fragment, never a whole answer
             raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's stream ended without a finish reason",
                                   retryable=True, reason="truncated", received_bytes=received)
-        output = [{"type": "reasoning", "summary": "".join(reasoning)}] if reasoning else []
+        reasoned = reasoning.item()
+        output = [reasoned] if reasoned is not None else []
         if content or not calls:
             output.append({"type": "message", "role": "assistant", "content": content})
         output.extend(client_call(item, kinds) for item in calls.items())

@@ -110,8 +110,8 @@ class Responses:
             result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],
             finish_reason=result.get("finish_reason"))
-        shaped = tool_shapes.with_output({**shaped, **echo},
-                                         result["response_id"], result.get("output"))
+        shaped = tool_shapes.with_output({**shaped, **echo}, result["response_id"], result.get("output"),
+                                         asked.encrypted_reasoning)
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
@@ -124,7 +124,7 @@ class Responses:
         events are numbered as they are sent (only a background one is read again, from its kept
         chunks: see _replayed); an output item opens when its first delta arrives."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
-        items = tool_shapes.ResponseItemEvents(response_id)
+        items = tool_shapes.ResponseItemEvents(response_id, asked.encrypted_reasoning)
         sequence = itertools.count()
 
         def event(kind: str, **fields: Any) -> bytes:

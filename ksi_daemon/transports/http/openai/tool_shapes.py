@@ -14,6 +14,7 @@ completion service's; the door only translates."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,8 +254,9 @@ class ChatCallDeltas:
 
 # -- Responses -------------------------------------------------------------------------------------
 
-def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
-    """A result's (or a record's) output items as Responses output items, in order."""
+def output_items(response_id: str, output: list[Item], encrypted: bool = False) -> list[dict[str, Any]]:
+    """A result's (or a record's) output items as Responses output items, in order; `encrypted`:
+    reasoning items carry `encrypted_content` (include: ["reasoning.encrypted_content"])."""
     shaped = []
     calls = 0
     for item in output:
@@ -263,7 +265,7 @@ def output_items(response_id: str, output: list[Item]) -> list[dict[str, Any]]:
             shaped.append(function_call_item(response_id, calls, item))
             calls += 1
         elif kind == "reasoning":
-            shaped.append(reasoning_item(response_id, item))
+            shaped.append(reasoning_item(response_id, item, encrypted))
         elif kind == "message":
             shaped.append(message_item(response_id, str(item.get("content") or "")))
     return shaped
@@ -281,16 +283,24 @@ def function_call_item(response_id: str, index: int, call: Item, status: str = "
             "arguments": str(call.get("arguments") or ""), "status": status}
 
 
-def reasoning_item(response_id: str, item: Item) -> dict[str, Any]:
-    return {"type": "reasoning", "id": f"rs_{response_id}",
-            "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}
+def reasoning_item(response_id: str, item: Item, encrypted: bool = False) -> dict[str, Any]:
+    """A reasoning item: the provider's reasoning text as its summary; asked for, `encrypted_content`
+    is the reasoning as KSI keeps it (text and signed thinking blocks), base64 JSON. It is not
+    encrypted: KSI keeps the reasoning itself and never needs it back (a resent one is ignored)."""
+    shaped: dict[str, Any] = {"type": "reasoning", "id": f"rs_{response_id}",
+                              "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}
+    if encrypted:
+        kept = {key: item[key] for key in ("summary", "thinking_blocks") if key in item}
+        shaped["encrypted_content"] = base64.b64encode(orjson.dumps(kept)).decode()
+    return shaped
 
 
-def with_output(shaped: dict[str, Any], response_id: str, output: list[Item] | None) -> dict[str, Any]:
+def with_output(shaped: dict[str, Any], response_id: str, output: list[Item] | None,
+                encrypted: bool = False) -> dict[str, Any]:
     """A Response object whose `output` holds the reply's items, when they are more than its text."""
     if not output or all(item.get("type") == "message" for item in output):
         return shaped  # plain text: the one message already there
-    return {**shaped, "output": output_items(response_id, output)}
+    return {**shaped, "output": output_items(response_id, output, encrypted)}
 
 
 def stored_output(shown: dict[str, Any]) -> list[Item]:
@@ -332,6 +342,7 @@ class ResponseItemEvents:
     before `response.completed` holds them all."""
 
     response_id: str
+    encrypted: bool = False  # reasoning items carry encrypted_content
     # ("message", 0), ("call", index) or ("reasoning", 0), by output index
     opened: list[tuple[str, int]] = field(default_factory=list)
     text: str = ""
@@ -382,8 +393,8 @@ class ResponseItemEvents:
         summaries = [item for item in output if item.get("type") == "reasoning"]
         if summaries:  # a summary comes whole with the result: announced at the end
             self.opened.append(("reasoning", 0))
-            events.append(("response.output_item.added", {"output_index": len(self.opened) - 1,
-                                                          "item": reasoning_item(self.response_id, summaries[0])}))
+            reasoned = reasoning_item(self.response_id, summaries[0], self.encrypted)
+            events.append(("response.output_item.added", {"output_index": len(self.opened) - 1, "item": reasoned}))
         if ("message", 0) not in self.opened and (text or not calls):
             events += self._open_message()  # an empty answer still is one message, as before tools
             if text:
@@ -396,7 +407,7 @@ class ResponseItemEvents:
                 events.append(("response.content_part.done", {**where, "part": output_text(text)}))
                 item = message_item(self.response_id, text)
             elif kind == "reasoning":
-                item = reasoning_item(self.response_id, summaries[0])
+                item = reasoning_item(self.response_id, summaries[0], self.encrypted)
             else:
                 call = calls[index] if index < len(calls) else self.calls[index]
                 item = function_call_item(self.response_id, index, call)
