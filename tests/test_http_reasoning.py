@@ -123,3 +123,16 @@ async def test_a_provider_switch_mid_tool_loop_replays_reasoning_only_where_it_c
     conversations = {r.conversation.id for r in (first, second, third)}
     assert len(conversations) == 1
     assert len(await stored_index(http.daemon, conversations.pop())) == 3
+
+
+async def test_a_streamed_function_call_after_thinking_is_one_item(
+        client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(thinking=("look it up", "sig-9"), text="Looking.",
+                       calls=[{"id": "toolu_w", "name": "weather", "arguments": {"city": "Oslo"}}]))
+    weather: Any = {"type": "function", "name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    async with client.responses.stream(model="anthropic/stub-claude", input="Oslo?", tools=[weather]) as events:
+        answer = await events.get_final_response()
+    assert sorted(item.type for item in answer.output) == ["function_call", "message", "reasoning"]
+    [made] = [item for item in answer.output if item.type == "function_call"]
+    assert (made.call_id, json.loads(made.arguments)) == ("toolu_w", {"city": "Oslo"})

@@ -187,3 +187,18 @@ async def test_malformed_client_tools_are_refused_before_anything_is_written(
     assert reply.json()["error"]["code"] == ErrorCode.VALIDATION_ERROR
     assert reply.json()["error"]["param"].startswith(param)
     assert stored(http.daemon) == [] and stub.requests == []
+
+
+async def test_stored_items_are_listed_in_the_clients_forms(
+        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
+    first = await client.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
+    second = await client.responses.create(
+        model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
+        input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done"}])
+    [listed] = (await client.responses.input_items.list(second.id)).data
+    assert (listed.type, listed.call_id, listed.output) == ("custom_tool_call_output", "call_p1", "Done")  # type: ignore[union-attr]
+    retrieved = await client.responses.retrieve(first.id)
+    assert [(item.type, item.input) for item in retrieved.output] == [("custom_tool_call", PATCH)]  # type: ignore[union-attr]
+    items = (await client.conversations.items.list(first.conversation.id, order="asc")).data  # type: ignore[union-attr]
+    assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
