@@ -59,12 +59,22 @@ def message(role: str, content: str | list[dict[str, Any]]) -> Item:
     return {"type": "message", "role": role, "content": content}
 
 
-CLIENT_FORM_KEYS = ("client_item", "client_type", "client_output")
+CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call"})
+CLIENT_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output",
+                                 "shell_call_output"})
 
 
 def with_client_form(item: Item, source: dict[str, Any]) -> Item:
-    """`item` with the client's form of a call or its output that `source` carries (see above)."""
-    kept = {key: source[key] for key in CLIENT_FORM_KEYS if source.get(key) is not None}
+    """`item` with the client's form of a call or its output that `source` carries (see above);
+    what is not such a form (an unknown type, a form that is not an object) is not kept."""
+    kept: dict[str, Any] = {}
+    client = source.get("client_item")
+    if isinstance(client, dict) and client.get("type") in CLIENT_CALL_TYPES:
+        kept["client_item"] = client
+    if source.get("client_type") in CLIENT_OUTPUT_TYPES:
+        kept["client_type"] = source["client_type"]
+    if isinstance(source.get("client_output"), list | dict):
+        kept["client_output"] = source["client_output"]
     return {**item, **kept} if kept else item
 
 

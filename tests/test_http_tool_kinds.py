@@ -19,7 +19,7 @@ import pytest
 
 from ksi_common.errors import ErrorCode
 from ksi_daemon.providers.tool_kinds import CUSTOM_PARAMETERS
-from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
 from tests.stored import stored_index, stored_response
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_http_openai_tools import tool_turns
@@ -202,3 +202,19 @@ async def test_stored_items_are_listed_in_the_clients_forms(
     assert [(item.type, item.input) for item in retrieved.output] == [("custom_tool_call", PATCH)]  # type: ignore[union-attr]
     items = (await client.conversations.items.list(first.conversation.id, order="asc")).data  # type: ignore[union-attr]
     assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
+
+
+async def test_export_and_import_keep_the_clients_forms(
+        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
+    first = await client.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
+    await client.responses.create(
+        model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
+        input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done"}])
+    async with connected(http.daemon) as socket:
+        exported = await socket.request("conversation:export",
+                                        {"conversation_id": first.conversation.id, "format": "json"})  # type: ignore[union-attr]
+        imported = await socket.request("conversation:import", {"data": exported["content"]})
+    items = (await client.conversations.items.list(imported["conversation_id"], order="asc")).data
+    assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
+    assert items[1].input == PATCH  # type: ignore[union-attr]
