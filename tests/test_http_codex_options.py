@@ -1,6 +1,6 @@
 """What Codex sends with every Responses request, through the official `openai` SDK: options that
 are not secrets (prompt_cache_key, safety_identifier, client_metadata, service_tier, max_tool_calls,
-truncation, parallel_tool_calls), `include: ["reasoning.encrypted_content"]` and
+truncation, parallel_tool_calls, text.verbosity), `include: ["reasoning.encrypted_content"]` and
 `reasoning.summary` are accepted; the options reach a provider that takes them and are kept with
 the exchange whatever the provider, on every storage backend. Credentials stay refused by name."""
 
@@ -32,7 +32,8 @@ TAKEN_BY_OPENAI = ("prompt_cache_key", "safety_identifier", "service_tier")  # l
 
 @pytest.fixture
 async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as running:
+    models = {"openai/gpt-5*": {"api_base": stub.api_base}}  # litellm lists verbosity for GPT-5 models only
+    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), **backend) as running:
         yield running
 
 
@@ -61,6 +62,19 @@ async def test_codex_options_pass_where_taken_and_are_kept(http: HttpDaemon, stu
     assert response.prompt_cache_key == "019a-session" and response.safety_identifier == "user-hash"
     assert response.max_tool_calls == 25 and response.reasoning is not None
     assert response.reasoning.summary == "auto"
+
+
+async def test_text_verbosity_passes_where_taken_and_is_kept(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with sdk(http) as client:
+        response = await client.responses.create(model="openai/gpt-5-stub", input="hi", text={"verbosity": "low"})
+        assert stub.requests[-1]["verbosity"] == "low"
+        assert await kept(http, response) == {"verbosity": "low"}
+        assert response.text is not None and response.text.verbosity == "low"
+        other = await client.responses.create(model="openai/stub-model", input="hi", text={"verbosity": "medium"})
+        assert "verbosity" not in stub.requests[-1]
+        assert await kept(http, other) == {"verbosity": "medium"}
+        echoed = await client.responses.create(model="echo/demo", input="hi", text={"verbosity": "high"})
+        assert await kept(http, echoed) == {"verbosity": "high"}
 
 
 async def test_the_echo_model_takes_none_and_the_exchange_keeps_them(http: HttpDaemon) -> None:

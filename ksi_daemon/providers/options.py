@@ -31,7 +31,7 @@ _ROUTING_PREFIXES = ("aws_", "vertex_", "azure_", "watsonx_", "databricks_", "be
 # (litellm lists them for its model), left out of any other call, and always kept with the exchange's
 # request lines, so what the client asked is never lost
 KEPT_OPTIONS = frozenset({"prompt_cache_key", "safety_identifier", "client_metadata", "service_tier",
-                          "max_tool_calls", "truncation"})
+                          "max_tool_calls", "truncation", "verbosity"})
 
 
 def is_routing_option(name: str) -> bool:

@@ -76,14 +76,15 @@ class Asked:
 
     def text(self) -> dict[str, Any]:
         """`text.format` as Responses gives it (flat), from the chat `response_format` sent."""
+        verbosity = {"verbosity": self.options["verbosity"]} if self.options.get("verbosity") else {}
         fmt = self.options.get("response_format")
         if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
-            return {"format": {"type": "text"}}
+            return {"format": {"type": "text"}, **verbosity}
         if fmt["type"] == "json_object":
-            return {"format": {"type": "json_object"}}
+            return {"format": {"type": "json_object"}, **verbosity}
         spec = dict(fmt.get("json_schema") or {})
         return {"format": {"type": "json_schema", "name": spec.get("name"), "schema": spec.get("schema") or {},
-                           "description": spec.get("description"), "strict": bool(spec.get("strict"))}}
+                           "description": spec.get("description"), "strict": bool(spec.get("strict"))}, **verbosity}
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

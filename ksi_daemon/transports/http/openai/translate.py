@@ -81,7 +81,8 @@ def new_input_positions(body: ResponseCreate) -> list[int]:
 
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
-                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input"}
+                   "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input",
+                   "verbosity": "text.verbosity"}
 CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages",
                "input": "messages"}
 
@@ -130,14 +131,12 @@ def response_options(body: ResponseCreate) -> dict[str, Any]:
     if unknown:
         raise _refuse("include", f"{', '.join(unknown)}: a KSI response can include "
                                  f"{', '.join(sorted(INCLUDABLE))} only")
-    if body.text is not None and body.text.verbosity is not None:
-        # litellm's chat call has no such parameter and would drop it
-        raise _refuse("text.verbosity", "the chat call KSI makes has no verbosity parameter")
     options = _extra_fields(body)
     text_format = body.text.format if body.text is not None else None
     for key, value in (("top_p", body.top_p), ("seed", body.seed), ("user", body.user),
                        ("response_format", text_format.response_format() if text_format else None),
-                       ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None)):
+                       ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None),
+                       ("verbosity", body.text.verbosity if body.text is not None else None)):
         if value is not None:
             options[key] = value
     return _checked(options, RESPONSE_FIELDS)
