@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response
 
 from ksi_common.errors import ErrorCode
 from ksi_daemon.providers.options import is_routing_option
-from openai.types.responses import Response
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_response
 from tests.stub_openai import StubOpenAI

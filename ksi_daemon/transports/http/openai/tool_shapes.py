@@ -25,8 +25,8 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
-from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.providers.tool_kinds import function_form
+from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
     ClientToolOutput,
@@ -98,9 +98,9 @@ def client_output(item: ClientToolOutput, where: str) -> Item:
                        fields={f"{where}.call_id": "the id of the call this output answers"})
     if isinstance(output, str):
         return {**kept, "output": output}
-    texts = [part.get("text") for part in output if isinstance(part, dict)] if isinstance(output, list) else []
-    if texts and all(isinstance(text, str) for text in texts):
-        return {**kept, "output": "".join(texts), "client_output": output}  # text parts
+    parts = output if isinstance(output, list) else []
+    if parts and all(isinstance(part, dict) and isinstance(part.get("text"), str) for part in parts):
+        return {**kept, "output": "".join(str(part["text"]) for part in parts), "client_output": output}
     return {**kept, "output": orjson.dumps(output).decode(), "client_output": output}
 
 
