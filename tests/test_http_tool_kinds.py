@@ -218,3 +218,23 @@ async def test_export_and_import_keep_the_clients_forms(
     items = (await client.conversations.items.list(imported["conversation_id"], order="asc")).data
     assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
     assert items[1].input == PATCH  # type: ignore[union-attr]
+
+
+async def test_chat_completions_custom_tools_in_the_chat_form(
+        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    tool: Any = {"type": "custom", "custom": {"name": "apply_patch", "description": "edit files"}}
+    stub.enqueue(Reply(calls=[{"id": "call_c1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
+    messages: list[Any] = [{"role": "user", "content": "add a.txt"}]
+    first = await client.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
+    assert stub.requests[-1]["tools"][0]["function"]["parameters"] == CUSTOM_PARAMETERS
+    [made] = first.choices[0].message.tool_calls or []
+    assert (made.type, made.id, made.custom.name, made.custom.input) == (  # type: ignore[union-attr]
+        "custom", "call_c1", "apply_patch", PATCH)
+    # the client's own history, resent with the call in its chat form
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": "call_c1", "content": "Done"}]
+    second = await client.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
+    assert second.choices[0].message.content == "stub answer to: add a.txt"
+    assert tool_turns(stub)[-2:] == [("assistant", [("call_c1", "apply_patch", {"input": PATCH})]),
+                                     ("tool", "call_c1", "Done")]
+    assert (first.model_extra or {})["conversation_id"] == (second.model_extra or {})["conversation_id"]

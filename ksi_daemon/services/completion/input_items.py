@@ -148,6 +148,13 @@ class CustomTool(_Shape):
     description: str | None = None
     format: dict[str, Any] | None = None  # {"type": "text"} or {"type": "grammar", "syntax", "definition"}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("custom"), dict):  # the chat-completions form
+            return {"type": "custom", **value["custom"]}
+        return value
+
     def names(self) -> list[str]:
         return [self.name]
 

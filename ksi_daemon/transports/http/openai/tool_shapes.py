@@ -192,16 +192,30 @@ class ChatCalls:
 # -- Chat Completions -------------------------------------------------------------------------------
 
 def chat_tool_calls(output: list[Item]) -> list[dict[str, Any]]:
-    """The function calls among output items, as a chat message's `tool_calls`."""
-    return [{"id": call["call_id"], "type": "function",
-             "function": {"name": call["name"], "arguments": call.get("arguments") or ""}}
-            for call in function_calls(output)]
+    """The calls among output items, as a chat message's `tool_calls`: a custom tool's in the chat
+    API's custom form, every other as a function call."""
+    return [_chat_call(call) for call in function_calls(output)]
+
+
+def _chat_call(call: Item) -> dict[str, Any]:
+    client = call.get("client_item")
+    if isinstance(client, dict) and client.get("type") == "custom_tool_call":
+        return {"id": call["call_id"], "type": "custom",
+                "custom": {"name": client.get("name"), "input": client.get("input")}}
+    return {"id": call["call_id"], "type": "function",
+            "function": {"name": call["name"], "arguments": call.get("arguments") or ""}}
 
 
 def chat_calls_as_items(tool_calls: list[Any], where: str) -> list[Item]:
-    """An assistant message's `tool_calls` as function_call items (a client-held history)."""
+    """An assistant message's `tool_calls` as function_call items (a client-held history); a custom
+    tool's call in the function form KSI keeps it in (see tool_kinds.function_form)."""
     calls = []
     for position, call in enumerate(tool_calls):
+        custom = call.get("custom") if isinstance(call, dict) and call.get("type") == "custom" else None
+        if isinstance(custom, dict) and isinstance(call.get("id"), str) and isinstance(custom.get("name"), str):
+            calls.append(function_form({"type": "custom_tool_call", "call_id": call["id"], "name": custom["name"],
+                                        "input": str(custom.get("input") or "")}))
+            continue
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(call.get("id"), str) \
                 or not isinstance(function.get("name"), str):
