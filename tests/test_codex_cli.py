@@ -26,12 +26,12 @@ from tests.stub_openai import Reply, StubOpenAI
 pytestmark = pytest.mark.backends
 
 CODEX = ("@openai/codex@0.169.0",)
-MODEL = "openai/stub-codex"
+MODELS = ("openai/stub-codex", "anthropic/stub-codex")  # behind KSI: an OpenAI-style and an Anthropic-style API
 
 
-def codex_config(http: HttpDaemon) -> str:
+def codex_config(http: HttpDaemon, model: str) -> str:
     """What docs/codex.md tells a user to write in CODEX_HOME/config.toml."""
-    return f'''model = "{MODEL}"
+    return f'''model = "{model}"
 model_provider = "ksi"
 
 [model_providers.ksi]
@@ -53,8 +53,12 @@ def codex_bin() -> Path:
 
 
 @pytest.fixture
-async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    models = {MODEL: {"api_base": stub.api_base, "drop_hosted_tools": ["web_search"]}}
+async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any],
+               monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HttpDaemon]:
+    monkeypatch.setenv("KSI_TEST_ANTHROPIC_KEY", "sk-ant-stub")
+    models = {"openai/stub-codex": {"api_base": stub.api_base, "drop_hosted_tools": ["web_search"]},
+              "anthropic/stub-codex": {"api_base": f"http://127.0.0.1:{stub.port}", "drop_hosted_tools": ["web_search"],
+                                       "api_key_env": "KSI_TEST_ANTHROPIC_KEY"}}
     async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), **backend) as running:
         yield running
 
@@ -72,14 +76,26 @@ async def run_codex(codex: Path, home: Path, work: Path, token: str, *args: str)
     return said
 
 
-def shell_call(call_id: str, marker: str) -> Reply:
-    return Reply(calls=[{"id": call_id, "name": "exec_command", "arguments": {"cmd": f"echo {marker}"}}])
+def shell_call(call_id: str, marker: str, anthropic: bool) -> Reply:
+    """A call of Codex's shell tool, with reasoning beside it (Codex resends it as a reasoning item)."""
+    thinking = {"thinking": (f"run {marker}", f"sig-{marker}")} if anthropic else {"reasoning": f"run {marker}"}
+    return Reply(calls=[{"id": call_id, "name": "exec_command", "arguments": {"cmd": f"echo {marker}"}}], **thinking)
 
 
-def calls_and_outputs(messages: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
-    calls = [call["id"] for message in messages for call in message.get("tool_calls") or []]
-    outputs = {message["tool_call_id"]: str(message["content"]) for message in messages if message["role"] == "tool"}
-    return calls, outputs
+def calls_and_outputs(stub: StubOpenAI, anthropic: bool, index: int) -> tuple[list[str], dict[str, str]]:
+    """The tool calls and outputs the provider was sent in its request `index`, in either API."""
+    if not anthropic:
+        messages = stub.messages(index)
+        calls = [call["id"] for message in messages for call in message.get("tool_calls") or []]
+        return calls, {m["tool_call_id"]: str(m["content"]) for m in messages if m["role"] == "tool"}
+    blocks = [block for message in stub.anthropic_requests[index]["messages"] if isinstance(message["content"], list)
+              for block in message["content"]]
+    calls = [block["id"] for block in blocks if block["type"] == "tool_use"]
+    return calls, {block["tool_use_id"]: json.dumps(block["content"]) for block in blocks if block["type"] == "tool_result"}
+
+
+def sent(stub: StubOpenAI, anthropic: bool) -> list[dict[str, Any]]:
+    return stub.anthropic_requests if anthropic else stub.requests
 
 
 async def conversations(client: KsiClient) -> list[str]:
@@ -87,18 +103,20 @@ async def conversations(client: KsiClient) -> list[str]:
     return [entry["conversation_id"] for entry in listed["conversations"]]
 
 
+@pytest.mark.parametrize("model", MODELS)
 async def test_codex_exec_and_two_resumes_keep_one_conversation_with_its_shell_calls(
-        codex_bin: Path, http: HttpDaemon, stub: StubOpenAI, tmp_path: Path) -> None:
+        codex_bin: Path, http: HttpDaemon, stub: StubOpenAI, tmp_path: Path, model: str) -> None:
+    anthropic = model.startswith("anthropic/")
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    (home / "config.toml").write_text(codex_config(http))
+    (home / "config.toml").write_text(codex_config(http, model))
 
-    stub.enqueue(shell_call("call_one", "ksi-marker-one"), Reply(text="Ran the first command."))
+    stub.enqueue(shell_call("call_one", "ksi-marker-one", anthropic), Reply(text="Ran the first command."))
     first = await run_codex(codex_bin, home, work, http.token, "--skip-git-repo-check", "-s", "danger-full-access",
                             "Run the first command")
     assert "ksi-marker-one" in first and "Ran the first command." in first
-    stub.enqueue(shell_call("call_two", "ksi-marker-two"), Reply(text="Ran the second command."))
+    stub.enqueue(shell_call("call_two", "ksi-marker-two", anthropic), Reply(text="Ran the second command."))
     second = await run_codex(codex_bin, home, work, http.token, "resume", "--last", "--skip-git-repo-check",
                              "Run the second command")
     assert "ksi-marker-two" in second and "Ran the second command." in second
@@ -107,19 +125,23 @@ async def test_codex_exec_and_two_resumes_keep_one_conversation_with_its_shell_c
                             "What did you run?")
     assert "Both commands ran." in third
 
-    assert len(stub.requests) == 5  # call, answer; call, answer; answer: nothing refused, nothing retried
-    sent = stub.requests[0]
-    assert [tool["function"]["name"] for tool in sent["tools"]][0] == "exec_command"
-    assert "prompt_cache_key" in sent and "client_metadata" not in sent
-    calls, outputs = calls_and_outputs(stub.messages(-1))
+    requests = sent(stub, anthropic)
+    assert len(requests) == 5  # call, answer; call, answer; answer: nothing refused, nothing retried
+    assert [tool.get("name") or tool["function"]["name"] for tool in requests[0]["tools"]][0] == "exec_command"
+    calls, outputs = calls_and_outputs(stub, anthropic, -1)
     assert calls == ["call_one", "call_two"]  # every call replayed on the last turn
     assert "ksi-marker-one" in outputs["call_one"] and "ksi-marker-two" in outputs["call_two"]
-    calls, outputs = calls_and_outputs(stub.messages(2))  # the second exec's first request
+    calls, outputs = calls_and_outputs(stub, anthropic, 2)  # the second exec's first request
     assert calls == ["call_one"] and "ksi-marker-one" in outputs["call_one"]
+    if anthropic:  # its own signed thinking goes back with its calls
+        thinking = [block for message in requests[-1]["messages"] if isinstance(message["content"], list)
+                    for block in message["content"] if block["type"] == "thinking"]
+        assert [block["signature"] for block in thinking] == ["sig-ksi-marker-one", "sig-ksi-marker-two"]
+    else:
+        assert "prompt_cache_key" in requests[0] and "client_metadata" not in requests[0]
+        assert not any("reasoning_content" in message for message in stub.messages(-1))
 
     async with connected(http.daemon) as client:
         [conversation] = await conversations(client)
     index = await stored_index(http.daemon, conversation)
     assert len(index) == 5
-    kept = json.dumps(index)
-    assert "error" not in kept
