@@ -37,7 +37,8 @@ CRM: Any = {"type": "namespace", "name": "crm", "description": "customer records
 
 @pytest.fixture
 async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    models = {"openai/stub-drops": {"api_base": stub.api_base, "drop_hosted_tools": ["web_search"]}}
+    models = {"openai/stub-drops": {"api_base": stub.api_base, "drop_hosted_tools": ["web_search"]},
+              "openai/stub-search": {"api_base": stub.api_base, "supports_web_search": True}}
     async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), **backend) as running:
         yield running
 
@@ -238,3 +239,25 @@ async def test_chat_completions_custom_tools_in_the_chat_form(
     assert tool_turns(stub)[-2:] == [("assistant", [("call_c1", "apply_patch", {"input": PATCH})]),
                                      ("tool", "call_c1", "Done")]
     assert (first.model_extra or {})["conversation_id"] == (second.model_extra or {})["conversation_id"]
+
+
+async def test_a_web_search_goes_to_a_model_that_searches_itself(
+        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    search: Any = {"type": "web_search", "search_context_size": "low",
+                   "user_location": {"type": "approximate", "city": "Oslo", "country": "NO"}}
+    answer = await client.responses.create(model="openai/stub-search", input="news?", tools=[LOOKUP, search])
+    assert answer.output_text == "stub answer to: news?"
+    sent = stub.requests[-1]
+    assert sent["web_search_options"] == {"search_context_size": "low",
+                                          "user_location": {"type": "approximate",
+                                                            "approximate": {"city": "Oslo", "country": "NO"}}}
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["lookup"]
+    count = len(stub.requests)
+    for model, tool, param in (("openai/stub-model", search, "tools.1.type"),  # not known to search
+                               ("openai/stub-search", {"type": "web_search", "external_web_access": False},
+                                "tools.1.external_web_access")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model=model, input="news?", tools=[LOOKUP, tool])
+        assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
+    assert len(stub.requests) == count

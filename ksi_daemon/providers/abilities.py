@@ -1,5 +1,6 @@
 """One rule for every door and every provider: what a request asks of a model that the model's
-abilities say it cannot take is refused (`unsupported_parameter`, naming each field), never dropped."""
+abilities say it cannot take is refused (`unsupported_parameter`, naming each field), never dropped.
+A web search is the exception that must be known: a provider that does not search ignores the ask."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def refuse_unable(model: str, abilities: ModelAbilities, options: Mapping[str, A
     if asks_for_schema(options) and abilities.response_schema is False:
         _refuse(model, abilities, "cannot follow a JSON schema (response_format json_schema); use json_object",
                 {"options.response_format": "this model cannot follow a JSON schema"}, "supports_response_schema")
+    if "web_search_options" in options and abilities.web_search is not True:
+        # a search the model does not run itself would be dropped by the provider without a word
+        _refuse(model, abilities, "is not known to search the web itself (web_search_options; a web_search tool "
+                                  "is left out for a model whose drop_hosted_tools names it)",
+                {"options.web_search_options": "this model is not known to search the web"}, "supports_web_search")
     if tools and abilities.function_calling is False:
         _refuse(model, abilities, "cannot call tools", {"tools": "this model cannot call tools"},
                 "supports_function_calling")

@@ -285,7 +285,7 @@ class LiteLLMProvider:
                     info = {}
             known = ModelAbilities(response_schema=info.get("supports_response_schema"),
                                    function_calling=info.get("supports_function_calling"),
-                                   vision=info.get("supports_vision"))
+                                   vision=info.get("supports_vision"), web_search=info.get("supports_web_search"))
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
@@ -294,7 +294,8 @@ class LiteLLMProvider:
         return ModelAbilities(
             response_schema=_first_known(declared.supports_response_schema, known.response_schema),
             function_calling=_first_known(declared.supports_function_calling, known.function_calling),
-            vision=_first_known(declared.supports_vision, known.vision))
+            vision=_first_known(declared.supports_vision, known.vision),
+            web_search=_first_known(declared.supports_web_search, known.web_search))
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int:
         if max_tokens:

@@ -105,7 +105,8 @@ class Responses:
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
-            raise renamed(error, RESPONSE_FIELDS, new_input_positions(body)) from None
+            raise renamed(error, {**RESPONSE_FIELDS, **tool_shapes.search_field(body)},
+                          new_input_positions(body)) from None
         shaped = response_object(
             result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],

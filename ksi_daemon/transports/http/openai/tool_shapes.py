@@ -48,6 +48,9 @@ def _refuse(name: str, why: str) -> KsiError:
 
 
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace", "local_shell", "shell"})
+# hosted tools a provider may offer itself: a web search, passed as the chat API's web_search_options
+SEARCH_TOOLS = frozenset({"web_search", "web_search_preview"})
+SEARCH_FIELDS = frozenset({"type", "search_context_size", "user_location"})
 CHOOSABLE = frozenset({"function", "custom"})  # a tool_choice may name one tool of these types
 
 
@@ -58,12 +61,12 @@ def tool_fields(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict
     refused by name unless its type is among `dropped` (the model's drop_hosted_tools setting),
     which leaves it out of the call."""
     choice = body.tool_choice
-    tools = [tool for tool in body.tools or [] if tool.get("type", "function") not in dropped]
+    tools = [tool for tool in body.tools or [] if tool.get("type", "function") not in dropped | SEARCH_TOOLS]
     if not tools:
         return {} if choice in NO_CALL_CHOICES else {"tool_choice": choice}
     for position, tool in enumerate(body.tools or []):
         kind = tool.get("type", "function")
-        if isinstance(kind, str) and kind not in CLIENT_TOOLS and kind not in dropped:
+        if isinstance(kind, str) and kind not in CLIENT_TOOLS | SEARCH_TOOLS and kind not in dropped:
             raise _refuse(f"tools.{position}.type", f"a {kind} tool is hosted by OpenAI; {HOSTED}")
     if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] not in CHOOSABLE:
         raise _refuse("tool_choice.type", f"a {choice['type']} tool choice: KSI takes \"auto\", \"none\", "
@@ -74,6 +77,35 @@ def tool_fields(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict
     if body.parallel_tool_calls is not None:
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     return fields
+
+
+def search_options(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A web search tool of the request (not dropped) as the `web_search_options` option a provider
+    that searches itself takes (admission refuses it for a model not known to: see abilities)."""
+    found = [(position, tool) for position, tool in enumerate(body.tools or [])
+             if tool.get("type") in SEARCH_TOOLS and tool["type"] not in dropped]
+    if not found:
+        return {}
+    position, tool = found[0]
+    unknown = sorted(set(tool) - SEARCH_FIELDS)
+    if unknown or len(found) > 1:
+        name = f"tools.{position}.{unknown[0]}" if unknown else f"tools.{found[1][0]}"
+        raise _refuse(name, "a web search is passed to the provider with search_context_size and user_location "
+                            "only, once; a model's drop_hosted_tools setting may leave it out instead")
+    searched: dict[str, Any] = {}
+    if tool.get("search_context_size") is not None:
+        searched["search_context_size"] = tool["search_context_size"]
+    location = tool.get("user_location")
+    if isinstance(location, dict):
+        place = {key: value for key, value in location.items() if key != "type" and value is not None}
+        searched["user_location"] = {"type": "approximate", "approximate": place}
+    return {"web_search_options": searched}
+
+
+def search_field(body: CreateBody) -> dict[str, str]:
+    """The body's field a refused web_search_options names: its web search tool's type."""
+    position = next((n for n, tool in enumerate(body.tools or []) if tool.get("type") in SEARCH_TOOLS), None)
+    return {"web_search_options": f"tools.{position}.type"} if position is not None else {}
 
 
 def check_declared(model: str, function_calling: bool | None) -> None:

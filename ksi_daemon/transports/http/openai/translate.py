@@ -169,7 +169,7 @@ def response_payload(body: ResponseCreate, after: str | None = None,
     (see continued_response), whose conversation stands for the history; `dropped`: the hosted
     tool types left out (see dropped_tools)."""
     payload: dict[str, Any] = {"origin": "http"}
-    options = response_options(body)
+    options = {**response_options(body), **tool_shapes.search_options(body, dropped)}
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
