@@ -58,7 +58,8 @@ async def test_codex_options_pass_where_taken_and_are_kept(http: HttpDaemon, stu
     assert {name: sent.get(name) for name in TAKEN_BY_OPENAI} == {name: CODEX_OPTIONS[name] for name in TAKEN_BY_OPENAI}
     assert "client_metadata" not in sent and "max_tool_calls" not in sent  # no chat provider takes them
     assert sent["reasoning_effort"] == "low"
-    assert await kept(http, response) == CODEX_OPTIONS
+    assert await kept(http, response) == {**CODEX_OPTIONS, "truncation": "auto"}
+    assert "truncation" not in sent
     assert response.prompt_cache_key == "019a-session" and response.safety_identifier == "user-hash"
     assert response.max_tool_calls == 25 and response.reasoning is not None
     assert response.reasoning.summary == "auto"

@@ -256,7 +256,8 @@ class ResponseCreate(CreateBody):
     # "reasoning.encrypted_content" only (see translate.INCLUDABLE); anything else is refused
     include: list[str] | None = None
     # KSI always chooses the history that fits the model's window ("auto"); "disabled" is accepted
-    # because the new input alone never is cut: a request too large fails with context_window_exceeded
+    # because the new input alone never is cut: a request too large fails with context_window_exceeded;
+    # kept with the exchange like Codex's other options (see options.KEPT_OPTIONS)
     truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator("input")

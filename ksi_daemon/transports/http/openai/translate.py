@@ -136,7 +136,8 @@ def response_options(body: ResponseCreate) -> dict[str, Any]:
     for key, value in (("top_p", body.top_p), ("seed", body.seed), ("user", body.user),
                        ("response_format", text_format.response_format() if text_format else None),
                        ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None),
-                       ("verbosity", body.text.verbosity if body.text is not None else None)):
+                       ("verbosity", body.text.verbosity if body.text is not None else None),
+                       ("truncation", body.truncation)):
         if value is not None:
             options[key] = value
     return _checked(options, RESPONSE_FIELDS)
