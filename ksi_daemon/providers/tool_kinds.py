@@ -99,9 +99,11 @@ def client_call(call: Item, kinds: dict[str, ToolKind]) -> Item:
         client = {"type": "function_call", "name": call["name"], "arguments": call.get("arguments") or "{}"}
     elif found.kind == "custom":
         text = arguments.get(INPUT_ARGUMENT) if arguments is not None else None
-        # a model that answered with bare text instead of the argument object: that text is the input
-        client = {"type": "custom_tool_call", "name": call["name"],
-                  "input": text if isinstance(text, str) else str(call.get("arguments") or "")}
+        # a model that answered with bare text instead of the argument object: that text is the input,
+        # and the call is kept with the arguments it stands for (what a resent history reads back)
+        text = text if isinstance(text, str) else str(call.get("arguments") or "")
+        client = {"type": "custom_tool_call", "name": call["name"], "input": text}
+        call = {**call, "arguments": orjson.dumps({INPUT_ARGUMENT: text}).decode()}
     else:
         action = dict(arguments or {})
         if found.kind == "local_shell":
