@@ -124,7 +124,8 @@ def function_form(item: dict[str, Any]) -> Item:
         name, arguments = str(item.get("name") or ""), {INPUT_ARGUMENT: str(item.get("input") or "")}
     elif kind in ("local_shell_call", "shell_call"):
         name = "local_shell" if kind == "local_shell_call" else "shell"
-        action = item.get("action") if isinstance(item.get("action"), dict) else {}
+        given = item.get("action")
+        action: dict[str, Any] = given if isinstance(given, dict) else {}
         # what the model gave, without what the client adds to the action (its type, empty fields)
         arguments = {key: value for key, value in action.items() if key != "type" and value not in (None, {}, [])}
     else:
