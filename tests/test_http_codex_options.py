@@ -20,6 +20,7 @@ from ksi_daemon.providers.options import is_routing_option
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_response
 from tests.stub_openai import StubOpenAI
+from tests.test_cli_provider import fake  # noqa: F401  (a fixture: the fake CLIs on PATH)
 from tests.test_request_options import stored
 
 pytestmark = pytest.mark.backends
@@ -111,3 +112,14 @@ def test_the_credential_rule_names_options_rather_than_suffixes() -> None:
         assert not is_routing_option(name), name
     for name in ("api_key", "api_base", "aws_access_key_id", "vertex_project", "azure_ad_token", "access_token"):
         assert is_routing_option(name), name
+
+
+@pytest.mark.usefixtures("fake")
+async def test_a_cli_model_that_takes_no_options_still_keeps_codex_options(short_tmp: Path, backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **backend) as http, sdk(http) as client:
+        response = await client.responses.create(model="claude-cli/sonnet", input="hi", extra_body=CODEX_OPTIONS)
+        assert response.status == "completed"
+        assert await kept(http, response) == CODEX_OPTIONS
+        with pytest.raises(openai.BadRequestError) as caught:  # an option it would be sent: refused
+            await client.responses.create(model="claude-cli/sonnet", input="hi", top_p=0.5)
+        assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER

@@ -9,16 +9,17 @@ from typing import Any, NoReturn
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.providers.base import ModelAbilities
-from ksi_daemon.providers.options import asks_for_schema
+from ksi_daemon.providers.options import KEPT_OPTIONS, asks_for_schema
 
 
 def refuse_unable(model: str, abilities: ModelAbilities, options: Mapping[str, Any], tools: bool,
                   image_fields: Sequence[str]) -> None:
     """Raise for the first of `options`, tools and images that `model` is known not to take; what
     nobody knows it cannot take is passed on (the provider's own refusal then comes back)."""
-    if options and not abilities.options:
-        _refuse(model, abilities, f"takes no request options ({', '.join(sorted(options))})",
-                {f"options.{name}": "not passed on to this model" for name in options})
+    sent = [name for name in options if name not in KEPT_OPTIONS]  # kept ones are kept whoever answers
+    if sent and not abilities.options:
+        _refuse(model, abilities, f"takes no request options ({', '.join(sorted(sent))})",
+                {f"options.{name}": "not passed on to this model" for name in sent})
     if asks_for_schema(options) and abilities.response_schema is False:
         _refuse(model, abilities, "cannot follow a JSON schema (response_format json_schema); use json_object",
                 {"options.response_format": "this model cannot follow a JSON schema"}, "supports_response_schema")
