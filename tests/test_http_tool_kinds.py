@@ -177,7 +177,8 @@ async def test_hosted_tools_are_dropped_only_where_the_model_settings_say(
 
 @pytest.mark.parametrize(("tools", "param"), [
     ([{"type": "custom", "name": "bad name"}], "tools.0"),
-    ([APPLY_PATCH, {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "apply_patch"}]}], "tools"),
+    ([{"type": "namespace", "name": "ns", "tools": [LOOKUP, {"type": "custom", "name": "lookup"}]}], "tools"),
+    ([CRM, {**CRM, "tools": [{**LOOKUP, "name": "other"}]}], "tools"),  # two namespaces of one name
     ([{"type": "namespace", "name": "ns", "tools": []}], "tools.0"),
 ])
 async def test_malformed_client_tools_are_refused_before_anything_is_written(
@@ -261,3 +262,24 @@ async def test_a_web_search_goes_to_a_model_that_searches_itself(
         assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
     assert len(stub.requests) == count
+
+
+async def test_two_namespaces_may_hold_the_same_name(
+        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    """Each keeps its own name where it is the only one; a name two namespaces share is qualified
+    for the provider, and the call comes back under its own name and namespace."""
+    billing: Any = {"type": "namespace", "name": "billing", "tools": [LOOKUP]}
+    tools = [CRM, billing, APPLY_PATCH]
+    stub.enqueue(Reply(calls=[{"id": "call_b1", "name": "billing__lookup", "arguments": {"name": "Ada"}}]))
+    history: list[Any] = [{"role": "user", "content": "Ada's invoices"}]
+    first = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    assert [tool["function"]["name"] for tool in stub.requests[-1]["tools"]] == [
+        "crm__lookup", "billing__lookup", "apply_patch"]
+    [made] = first.output
+    assert (made.type, made.name, made.namespace) == ("function_call", "lookup", "billing")  # type: ignore[union-attr]
+    history += [made.model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": "call_b1", "output": "2 invoices"}]
+    second = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    assert second.conversation.id == first.conversation.id  # type: ignore[union-attr]
+    assert tool_turns(stub)[-2:] == [("assistant", [("call_b1", "billing__lookup", {"name": "Ada"})]),
+                                     ("tool", "call_b1", "2 invoices")]

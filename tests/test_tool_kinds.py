@@ -16,6 +16,7 @@ from ksi_daemon.providers.tool_kinds import (
     catalog,
     client_call,
     function_form,
+    provider_names,
     streams_as_function,
 )
 
@@ -66,3 +67,14 @@ def test_a_plain_function_call_stays_as_it_is() -> None:
     made = call("lookup", {})
     assert client_call(made, kinds) is made and streams_as_function("lookup", kinds)
     assert streams_as_function("unknown", kinds)
+
+
+def test_a_name_two_namespaces_share_is_qualified_for_the_provider_only() -> None:
+    tools = [*TOOLS, {"type": "namespace", "name": "billing", "tools": [{**LOOKUP, "name": "find"}]}]
+    assert [f["name"] for f in as_functions(tools)] == [
+        "lookup", "apply_patch", "crm__find", "note", "local_shell", "shell", "billing__find"]
+    kinds = catalog(tools)
+    kept = client_call(call("billing__find", {"q": "x"}), kinds)
+    assert (kept["client_item"]["name"], kept["client_item"]["namespace"]) == ("find", "billing")
+    resent = {**kept["client_item"], "id": "fc_1"}
+    assert function_form(resent, provider_names(tools))["name"] == "billing__find"

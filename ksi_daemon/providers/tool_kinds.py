@@ -12,6 +12,7 @@ resends. `client_call` goes one way, `function_form` the other.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,47 +38,66 @@ SHELL_CALLS = {"local_shell": "local_shell_call", "shell": "shell_call"}
 
 @dataclass(frozen=True, slots=True)
 class ToolKind:
-    """How one function given to a provider maps back: the client's tool type and its namespace."""
+    """How one function given to a provider maps back: the client's tool type, its namespace and
+    its own name (the provider's name differs only where two namespaces hold the same name)."""
 
     kind: str  # function, custom, local_shell or shell
     namespace: str | None = None
+    name: str = ""
+
+
+def _entries(tools: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
+    """Every tool the client runs, a namespace's in its place, with its namespace."""
+    found: list[tuple[dict[str, Any], str | None]] = []
+    for tool in tools:
+        inner = tool.get("tools") if tool.get("type") == "namespace" else None
+        if isinstance(inner, list):
+            found.extend((each, str(tool.get("name") or "")) for each in inner if isinstance(each, dict))
+        else:
+            found.append((tool, None))
+    return found
+
+
+def _client_name(tool: dict[str, Any]) -> str:
+    kind = tool.get("type", "function")
+    return kind if kind in SHELL_PARAMETERS else str(tool.get("name") or "")
+
+
+def provider_names(tools: list[dict[str, Any]]) -> dict[tuple[str | None, str], str]:
+    """The function name the provider is given for each (namespace, name): the client's own name,
+    unless another tool has it too (two namespaces, or a namespace and a top-level tool): then
+    `namespace__name`, so every call still names one tool."""
+    entries = [(namespace, _client_name(tool)) for tool, namespace in _entries(tools)]
+    counts = Counter(name for _namespace, name in entries)
+    return {(namespace, name): name if counts[name] == 1 or namespace is None else f"{namespace}__{name}"[:64]
+            for namespace, name in entries}
 
 
 def catalog(tools: list[dict[str, Any]]) -> dict[str, ToolKind]:
     """Each function name a provider is given, with the client tool it stands for."""
-    found: dict[str, ToolKind] = {}
-    for tool in tools:
-        kind = tool.get("type", "function")
-        if kind == "namespace":
-            for inner in tool.get("tools") or []:
-                found[inner["name"]] = ToolKind(inner.get("type", "function"), tool["name"])
-        elif kind in SHELL_PARAMETERS:
-            found[kind] = ToolKind(kind)
-        else:
-            found[tool["name"]] = ToolKind(kind)
-    return found
+    names = provider_names(tools)
+    return {names[(namespace, _client_name(tool))]: ToolKind(tool.get("type", "function"), namespace, _client_name(tool))
+            for tool, namespace in _entries(tools)}
 
 
 def as_functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request's tools as function tools in the Responses form (a namespace's tools in its place)."""
-    functions: list[dict[str, Any]] = []
-    for tool in tools:
-        kind = tool.get("type", "function")
-        if kind == "namespace":
-            functions.extend(as_functions(list(tool.get("tools") or [])))
-        elif kind == "custom":
-            described = tool.get("description") or ""
-            grammar = (tool.get("format") or {}).get("definition")
-            if grammar:  # the provider cannot be held to it: the model is shown it
-                described = f"{described}\n\nThe input follows this grammar:\n{grammar}".strip()
-            functions.append({"type": "function", "name": tool["name"], "description": described or None,
-                              "parameters": CUSTOM_PARAMETERS})
-        elif kind in SHELL_PARAMETERS:
-            functions.append({"type": "function", "name": kind, "description": f"run commands ({kind})",
-                              "parameters": SHELL_PARAMETERS[kind]})
-        else:
-            functions.append(tool)
-    return functions
+    names = provider_names(tools)
+    return [_as_function(tool, names[(namespace, _client_name(tool))]) for tool, namespace in _entries(tools)]
+
+
+def _as_function(tool: dict[str, Any], name: str) -> dict[str, Any]:
+    kind = tool.get("type", "function")
+    if kind == "custom":
+        described = tool.get("description") or ""
+        grammar = (tool.get("format") or {}).get("definition")
+        if grammar:  # the provider cannot be held to it: the model is shown it
+            described = f"{described}\n\nThe input follows this grammar:\n{grammar}".strip()
+        return {"type": "function", "name": name, "description": described or None, "parameters": CUSTOM_PARAMETERS}
+    if kind in SHELL_PARAMETERS:
+        return {"type": "function", "name": name, "description": f"run commands ({kind})",
+                "parameters": SHELL_PARAMETERS[kind]}
+    return tool if tool.get("name") == name else {**tool, "name": name}
 
 
 def _arguments(text: str) -> dict[str, Any] | None:
@@ -96,13 +116,13 @@ def client_call(call: Item, kinds: dict[str, ToolKind]) -> Item:
     arguments = _arguments(str(call.get("arguments") or ""))
     client: dict[str, Any]
     if found.kind == "function":
-        client = {"type": "function_call", "name": call["name"], "arguments": call.get("arguments") or "{}"}
+        client = {"type": "function_call", "name": found.name, "arguments": call.get("arguments") or "{}"}
     elif found.kind == "custom":
         text = arguments.get(INPUT_ARGUMENT) if arguments is not None else None
         # a model that answered with bare text instead of the argument object: that text is the input,
         # and the call is kept with the arguments it stands for (what a resent history reads back)
         text = text if isinstance(text, str) else str(call.get("arguments") or "")
-        client = {"type": "custom_tool_call", "name": call["name"], "input": text}
+        client = {"type": "custom_tool_call", "name": found.name, "input": text}
         call = {**call, "arguments": orjson.dumps({INPUT_ARGUMENT: text}).decode()}
     else:
         action = dict(arguments or {})
@@ -114,22 +134,26 @@ def client_call(call: Item, kinds: dict[str, ToolKind]) -> Item:
     return {**call, "client_item": {"call_id": call.get("call_id"), **client}}
 
 
-def function_form(item: dict[str, Any]) -> Item:
+def function_form(item: dict[str, Any], names: dict[tuple[str | None, str], str] | None = None) -> Item:
     """A call in the client's form (a custom tool, shell or namespaced function call of a history
-    the client resends) as the function_call item KSI keeps for it."""
+    the client resends) as the function_call item KSI keeps for it; `names`: the request's
+    provider_names, for a namespace's tool whose name another tool has too."""
     kind = item.get("type")
     call_id = str(item.get("call_id") or "")
     client = {key: value for key, value in item.items() if key not in ("id", "status")}
+    namespace = item.get("namespace") if isinstance(item.get("namespace"), str) else None
+    own = str(item.get("name") or "")
+    given = (names or {}).get((namespace, own), own)  # the name the provider was given for it
     if kind == "custom_tool_call":
-        name, arguments = str(item.get("name") or ""), {INPUT_ARGUMENT: str(item.get("input") or "")}
+        name, arguments = given, {INPUT_ARGUMENT: str(item.get("input") or "")}
     elif kind in ("local_shell_call", "shell_call"):
         name = "local_shell" if kind == "local_shell_call" else "shell"
-        given = item.get("action")
-        action: dict[str, Any] = given if isinstance(given, dict) else {}
+        sent = item.get("action")
+        action: dict[str, Any] = sent if isinstance(sent, dict) else {}
         # what the model gave, without what the client adds to the action (its type, empty fields)
         arguments = {key: value for key, value in action.items() if key != "type" and value not in (None, {}, [])}
     else:
-        return {"type": "function_call", "call_id": call_id, "name": str(item.get("name") or ""),
+        return {"type": "function_call", "call_id": call_id, "name": given,
                 "arguments": str(item.get("arguments") or ""), "client_item": client}
     return {"type": "function_call", "call_id": call_id, "name": name,
             "arguments": orjson.dumps(arguments).decode(), "client_item": client}

@@ -252,13 +252,15 @@ ToolChoice = Literal["auto", "none", "required"] | NamedFunction
 
 
 def checked_tools(tools: list[Any]) -> list[Any]:
-    """No two tools share a name, inside namespaces too: a call names the tool it runs."""
-    seen: set[str] = set()
-    for tool in tools:
-        for name in tool.names():
-            if name in seen:
-                raise ValueError(f"two tools are named {name!r}")
-            seen.add(name)
+    """No two tools share a name at the top level, nor two namespaces, nor two tools of one
+    namespace: a call names the tool it runs (tools of two namespaces may share a name: see
+    tool_kinds.provider_names)."""
+    scopes: list[list[str]] = [[tool.name for tool in tools],
+                               *([inner.name for inner in tool.tools] for tool in tools if isinstance(tool, NamespaceTool))]
+    for names in scopes:
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two tools are named {twice[0]!r}")
     return tools
 
 

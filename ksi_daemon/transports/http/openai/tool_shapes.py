@@ -25,7 +25,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
 from ksi_common.items import output_text as reply_text
-from ksi_daemon.providers.tool_kinds import function_form
+from ksi_daemon.providers.tool_kinds import function_form, provider_names
 from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
     ChatMessage,
@@ -108,6 +108,13 @@ def search_field(body: CreateBody) -> dict[str, str]:
     return {"web_search_options": f"tools.{position}.type"} if position is not None else {}
 
 
+def tool_names(fields: dict[str, Any]) -> dict[tuple[str | None, str], str]:
+    """The function names a provider is given for the tool fields of a request (see tool_kinds)."""
+    tools = [tool for tool in fields.get("tools") or [] if isinstance(tool, dict) and "function" not in tool]
+    # read before completion:async checks the tools: a malformed one is refused there, by name
+    return provider_names(tools) if tools else {}
+
+
 def check_declared(model: str, function_calling: bool | None) -> None:
     """Tools to a model its settings declare unable to call them: unsupported_parameter."""
     if function_calling is False:
@@ -164,9 +171,11 @@ def is_output_item(item: InputMessage | FunctionCallOutput | ClientToolOutput | 
     return isinstance(item, ToolItem) and (item.type in CALL_ITEMS or item.type == "reasoning")
 
 
-def history_item(position: int, item: InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem) -> Item | None:
+def history_item(position: int, item: InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem,
+                 names: dict[tuple[str | None, str], str] | None = None) -> Item | None:
     """An item of a client-held Responses history as completion:async's `history` takes it (None:
-    a reasoning item, kept by KSI with the response that made it and never matched)."""
+    a reasoning item, kept by KSI with the response that made it and never matched); `names`: the
+    function names the request's tools are given (see tool_kinds.provider_names)."""
     where = f"input.{position}"
     if isinstance(item, InputMessage):
         return as_history(message(item.role if item.role != "developer" else "system",
@@ -179,7 +188,7 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | Client
         return {"type": "function_call", "call_id": item.call_id or "", "name": item.name or "",
                 "arguments": item.arguments or ""}
     if item.type in CALL_ITEMS:
-        return function_form(item.model_dump(exclude_none=True))
+        return function_form(item.model_dump(exclude_none=True), names)
     if item.type == "reasoning":
         return None
     return response_input_item(position, item)  # refused: a hosted tool's item, an item reference

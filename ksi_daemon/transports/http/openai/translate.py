@@ -171,6 +171,8 @@ def response_payload(body: ResponseCreate, after: str | None = None,
     tool types left out (see dropped_tools)."""
     payload: dict[str, Any] = {"origin": "http"}
     options = {**response_options(body), **tool_shapes.search_options(body, dropped)}
+    tools = tool_shapes.tool_fields(body, dropped)
+    names = tool_shapes.tool_names(tools)
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
@@ -183,7 +185,7 @@ def response_payload(body: ResponseCreate, after: str | None = None,
             if position <= last_reply:
                 if after is not None:
                     continue  # the stored conversation up to `after` is this history
-                item = tool_shapes.history_item(position, message)
+                item = tool_shapes.history_item(position, message, names)
                 if item is not None:
                     history.append(item)
                 continue
@@ -200,7 +202,7 @@ def response_payload(body: ResponseCreate, after: str | None = None,
                            "input must end with a user message or a call's output (the new input)",
                            fields={"input": "no user message or call output after the last assistant item"})
         payload.update(tool_shapes.new_input(messages))
-    payload.update(tool_shapes.tool_fields(body, dropped))
+    payload.update(tools)
     _model_fields(payload, body.model)
     previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
     for key, value in (("instructions", body.instructions), ("previous_response_id", previous),
