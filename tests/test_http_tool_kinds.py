@@ -283,3 +283,14 @@ async def test_two_namespaces_may_hold_the_same_name(
     assert second.conversation.id == first.conversation.id  # type: ignore[union-attr]
     assert tool_turns(stub)[-2:] == [("assistant", [("call_b1", "billing__lookup", {"name": "Ada"})]),
                                      ("tool", "call_b1", "2 invoices")]
+
+
+async def test_chat_completions_refuse_a_web_search_tool(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with httpx.AsyncClient(base_url=http.base_url, headers={"Authorization": f"Bearer {http.token}"}) as api:
+        reply = await api.post("/v1/chat/completions", json={
+            "model": "openai/stub-search", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "web_search"}]})
+    assert reply.status_code == 400
+    assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
+        ErrorCode.UNSUPPORTED_PARAMETER, "tools.0.type")
+    assert stored(http.daemon) == [] and stub.requests == []

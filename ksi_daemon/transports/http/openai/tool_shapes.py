@@ -54,19 +54,21 @@ SEARCH_FIELDS = frozenset({"type", "search_context_size", "user_location"})
 CHOOSABLE = frozenset({"function", "custom"})  # a tool_choice may name one tool of these types
 
 
-def tool_fields(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
+def tool_fields(body: CreateBody, dropped: frozenset[str] = frozenset(), searched: bool = False) -> dict[str, Any]:
     """The completion:async tool fields of a request body. Values that ask for nothing (`tools: []`,
     `tool_choice: "auto"` without tools) are left out, so a client's defaults reach a model without
     tool support as no tools at all. Tools the client runs pass as they are; a hosted tool is
     refused by name unless its type is among `dropped` (the model's drop_hosted_tools setting),
-    which leaves it out of the call."""
+    which leaves it out of the call, or is a web search and `searched` (the caller passes it on as
+    search_options gives it)."""
     choice = body.tool_choice
-    tools = [tool for tool in body.tools or [] if tool.get("type", "function") not in dropped | SEARCH_TOOLS]
+    apart = dropped | SEARCH_TOOLS if searched else dropped
+    tools = [tool for tool in body.tools or [] if tool.get("type", "function") not in apart]
     if not tools:
         return {} if choice in NO_CALL_CHOICES else {"tool_choice": choice}
     for position, tool in enumerate(body.tools or []):
         kind = tool.get("type", "function")
-        if isinstance(kind, str) and kind not in CLIENT_TOOLS | SEARCH_TOOLS and kind not in dropped:
+        if isinstance(kind, str) and kind not in CLIENT_TOOLS and kind not in apart:
             raise _refuse(f"tools.{position}.type", f"a {kind} tool is hosted by OpenAI; {HOSTED}")
     if isinstance(choice, dict) and isinstance(choice.get("type"), str) and choice["type"] not in CHOOSABLE:
         raise _refuse("tool_choice.type", f"a {choice['type']} tool choice: KSI takes \"auto\", \"none\", "
@@ -365,7 +367,7 @@ def stored_output(shown: dict[str, Any]) -> list[Item]:
 
 def request_echo(body: CreateBody, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What a Response object says about the request's tools (the fields the SDK reads back)."""
-    fields = tool_fields(body, dropped)
+    fields = tool_fields(body, dropped, searched=True)
     echo: dict[str, Any] = {}
     if fields.get("tools"):
         echo["tools"] = [_echoed_tool(tool) for tool in fields["tools"]]

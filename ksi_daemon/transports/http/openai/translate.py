@@ -171,7 +171,7 @@ def response_payload(body: ResponseCreate, after: str | None = None,
     tool types left out (see dropped_tools)."""
     payload: dict[str, Any] = {"origin": "http"}
     options = {**response_options(body), **tool_shapes.search_options(body, dropped)}
-    tools = tool_shapes.tool_fields(body, dropped)
+    tools = tool_shapes.tool_fields(body, dropped, searched=True)
     names = tool_shapes.tool_names(tools)
     if isinstance(body.input, str):
         payload["prompt"] = body.input
