@@ -10,8 +10,14 @@ plain dict (it is stored, exported and sent as JSON as it is):
   ``"detail"`` and ``"name"`` (a file's own name, never its directories) where given; a stored image adds its ``"width"`` and ``"height"``,
   read from its header, and an image kept as its URL has only ``"url"`` and ``"detail"``).
   An assistant message's content is its text.
-- ``{"type": "function_call", "call_id": str, "name": str, "arguments": str}`` (arguments: JSON text)
-- ``{"type": "function_call_output", "call_id": str, "output": str}``
+- ``{"type": "function_call", "call_id": str, "name": str, "arguments": str}`` (arguments: JSON text);
+  a call of a tool the client runs that is not a plain function (a custom tool, a shell form, a
+  namespace's function) adds ``"client_item"``: the call in the client's form (``custom_tool_call``
+  with ``input``, ``local_shell_call`` or ``shell_call`` with ``action``, a ``namespace``), while
+  name and arguments are the function the provider was given (see ksi_daemon.providers.tool_kinds)
+- ``{"type": "function_call_output", "call_id": str, "output": str}``; the output of such a call
+  adds ``"client_type"`` (``custom_tool_call_output``, ``local_shell_call_output``, ...) and, when the
+  client's output was not text, ``"client_output"`` as it was sent
 - ``{"type": "reasoning", "summary": str}`` (a provider's reasoning summary, when it returns one)
 
 In a response record these are lines (see ``ksi_common.records``), and records written before
@@ -53,6 +59,25 @@ def message(role: str, content: str | list[dict[str, Any]]) -> Item:
     return {"type": "message", "role": role, "content": content}
 
 
+CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call"})
+CLIENT_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output",
+                                 "shell_call_output"})
+
+
+def with_client_form(item: Item, source: dict[str, Any]) -> Item:
+    """`item` with the client's form of a call or its output that `source` carries (see above);
+    what is not such a form (an unknown type, a form that is not an object) is not kept."""
+    kept: dict[str, Any] = {}
+    client = source.get("client_item")
+    if isinstance(client, dict) and client.get("type") in CLIENT_CALL_TYPES:
+        kept["client_item"] = client
+    if source.get("client_type") in CLIENT_OUTPUT_TYPES:
+        kept["client_type"] = source["client_type"]
+    if isinstance(source.get("client_output"), list | dict):
+        kept["client_output"] = source["client_output"]
+    return {**item, **kept} if kept else item
+
+
 def input_items(lines: list[dict[str, Any]]) -> list[Item]:
     """A record's input lines as items (system lines included: callers that keep the system prompt
     elsewhere drop them)."""
@@ -60,8 +85,8 @@ def input_items(lines: list[dict[str, Any]]) -> list[Item]:
     for line in lines:
         kind = line.get("type")
         if kind == "function_call_output":
-            items.append({"type": "function_call_output", "call_id": str(line.get("call_id") or ""),
-                          "output": str(line.get("output") or "")})
+            items.append(with_client_form({"type": "function_call_output", "call_id": str(line.get("call_id") or ""),
+                                           "output": str(line.get("output") or "")}, line))
         elif kind in ("user", "feedback", "system"):
             parts = line.get("parts")
             role = "system" if kind == "system" else "user"
@@ -74,7 +99,8 @@ def input_line_fields(item: Item, user_type: str = "user", text: str | None = No
     message's line is `user_type` (user or feedback); one with parts keeps them beside `text`
     (its text parts joined when not given)."""
     if item.get("type") == "function_call_output":
-        return {"type": "function_call_output", "call_id": item.get("call_id"), "output": item.get("output")}
+        return with_client_form({"type": "function_call_output", "call_id": item.get("call_id"),
+                                 "output": item.get("output")}, item)
     kind = "system" if item.get("role") == "system" else user_type
     content = item.get("content")
     if not isinstance(content, list):

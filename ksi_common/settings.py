@@ -82,6 +82,12 @@ class ModelSettings(BaseModel):
     supports_response_schema: bool | None = None
     supports_vision: bool | None = None
     supports_function_calling: bool | None = None
+    # searches the web itself when asked (web_search_options): a Responses web_search tool is then
+    # passed on to it; None: as litellm's model list says, and refused when it does not say so
+    supports_web_search: bool | None = None
+    # hosted tool types (web_search, file_search, ...) the Responses door leaves out of a request to
+    # this model instead of refusing it: Codex sends web_search with every request
+    drop_hosted_tools: list[str] = Field(default_factory=list)
 
 
 class ModelOverrides:

@@ -36,6 +36,8 @@ class Reply:
     # tool calls the answer makes: {"name", "arguments" (JSON text or an object), "id" (made up when left out)}
     calls: list[dict[str, Any]] = field(default_factory=list)
     reasoning: str | None = None  # a reasoning summary given beside the answer (reasoning_content)
+    # Anthropic only: a thinking block (its text, its signature) before the answer's blocks
+    thinking: tuple[str, str] | None = None
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """The calls with their ids and JSON arguments settled (the same ids in every format)."""
@@ -297,6 +299,8 @@ class StubOpenAI:
             last = " ".join(str(block.get("text", "")) for block in last if isinstance(block, dict))
         text = reply.text if reply.text is not None else "" if reply.calls else f"stub answer to: {last}"
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        if reply.thinking is not None:
+            content.insert(0, {"type": "thinking", "thinking": reply.thinking[0], "signature": reply.thinking[1]})
         content += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": json.loads(c["arguments"] or "{}")}
                     for c in reply.tool_calls()]
         answer = {"id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant",
@@ -322,6 +326,13 @@ class StubOpenAI:
             if block["type"] == "text":
                 await send("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
                 await send("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": block["text"]}})
+            elif block["type"] == "thinking":
+                await send("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "thinking_delta", "thinking": block["thinking"]}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "signature_delta", "signature": block["signature"]}})
             else:
                 await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
                 await send("content_block_delta", {"index": index, "delta": {

@@ -47,10 +47,8 @@ def bounded_payloads(draw: st.DrawFn) -> tuple[str, dict[str, Any], str]:
         return "completion:async", {"prompt": "p", "model": OFFLINE_MODEL, "files": ["/" + path]}, "files.0"
     name = draw(st.one_of(
         st.sampled_from(sorted(ROUTING_OPTIONS - {"api_key", "api_base"})),
-        st.builds(lambda a, b: a + b, st.sampled_from(["aws_", "vertex_", "azure_", "my_"]),
+        st.builds(lambda a, b: a + b, st.sampled_from(["aws_", "vertex_", "azure_"]),
                   st.sampled_from(["region_name", "api_base", "base_url", "token", "x_url"]))))
-    if name.startswith("my_") and not name.endswith(("_base", "_url", "_token")):
-        name = "my_api_base"
     return ("completion:async", {"prompt": "p", "model": OFFLINE_MODEL, "options": {name: draw(json_values)}},
             f"options.{name}")
 

@@ -129,8 +129,6 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
 @pytest.mark.parametrize(("extra", "field"), [
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
-    ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
-    ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
                                              {"type": "input_image", "file_id": "file-1"}]}]},
      "input.0.content.1.file_id"),

@@ -68,6 +68,7 @@ class ModelAbilities:
     response_schema: bool | None = None
     function_calling: bool | None = None
     vision: bool | None = None
+    web_search: bool | None = None  # searches the web itself (litellm's web_search_options)
     options: bool = True  # takes request options at all (a CLI keeps its own sampling)
     # what the provider is, when that (not the model) is why it cannot ("runs the claude CLI", "is a
     # consortium"): said in each refusal; None: the model cannot, and the settings may declare it can

@@ -36,8 +36,16 @@ from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
-from ksi_daemon.providers.options import SAMPLING_OPTIONS, check_options, is_routing_option
-from ksi_daemon.providers.tool_calls import ToolCallDeltas, chat_tool_choice, chat_tools, reply_items
+from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
+from ksi_daemon.providers.tool_calls import (
+    ReasoningDeltas,
+    ToolCallDeltas,
+    chat_tool_choice,
+    chat_tools,
+    reply_items,
+    without_reasoning,
+)
+from ksi_daemon.providers.tool_kinds import as_functions, catalog, client_call, streams_as_function
 from ksi_daemon.redaction import Redactor, known_secrets
 
 log = structlog.get_logger("ksi.providers.litellm")
@@ -58,6 +66,11 @@ ABILITIES_KEPT = 256  # models whose abilities litellm was asked for, the most r
 # how providers say a key is missing (litellm passes their words on): OpenAI's SDK, Anthropic, ...
 _MISSING_KEY = re.compile(r"missing (credentials|[\w ]{0,20}api[ _-]?key)|no key is set|api_key client option must be set",
                           re.IGNORECASE)
+
+
+# providers that take their own reasoning back (Anthropic's signed thinking blocks, through litellm):
+# every other call is sent its history without it
+REASONING_REPLAY = frozenset({"anthropic"})
 
 
 def provider_of(model: str) -> str:
@@ -294,7 +307,7 @@ class LiteLLMProvider:
                     info = {}
             known = ModelAbilities(response_schema=info.get("supports_response_schema"),
                                    function_calling=info.get("supports_function_calling"),
-                                   vision=info.get("supports_vision"))
+                                   vision=info.get("supports_vision"), web_search=info.get("supports_web_search"))
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
@@ -303,7 +316,8 @@ class LiteLLMProvider:
         return ModelAbilities(
             response_schema=_first_known(declared.supports_response_schema, known.response_schema),
             function_calling=_first_known(declared.supports_function_calling, known.function_calling),
-            vision=_first_known(declared.supports_vision, known.vision))
+            vision=_first_known(declared.supports_vision, known.vision),
+            web_search=_first_known(declared.supports_web_search, known.web_search))
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int:
         if max_tokens:
@@ -318,7 +332,8 @@ class LiteLLMProvider:
         # (consortium members run under the options of the consortium's request)
         check_options(call.model, call.options, overrides.allow_options)
         kwargs: dict[str, Any] = dict(call.options)
-        kwargs.update(model=call.model, messages=call.messages, max_retries=0)
+        messages = call.messages if provider_of(call.model) in REASONING_REPLAY else without_reasoning(call.messages)
+        kwargs.update(model=call.model, messages=messages, max_retries=0)
         if call.temperature is not None:
             kwargs["temperature"] = call.temperature
         if call.max_tokens is not None:
@@ -326,7 +341,7 @@ class LiteLLMProvider:
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
         if call.tools:
-            kwargs["tools"] = chat_tools(call.tools)
+            kwargs["tools"] = chat_tools(as_functions(call.tools))
             if call.tool_choice is not None:
                 kwargs["tool_choice"] = chat_tool_choice(call.tool_choice)
             if call.parallel_tool_calls is not None:
@@ -352,6 +367,8 @@ class LiteLLMProvider:
             return answer_without_litellm(call)
         litellm = await self.ensure_loaded()
         kwargs = self._call_kwargs(call)
+        for name in self._untaken_kept(litellm, call):
+            del kwargs[name]  # kept with the exchange's request lines (see options.KEPT_OPTIONS)
         if forced := self._undropped(litellm, call):
             kwargs["allowed_openai_params"] = forced
         try:
@@ -371,8 +388,9 @@ class LiteLLMProvider:
         kwargs.setdefault("stream_options", {"include_usage": True})
         stream = await litellm.acompletion(**kwargs)
         parts: list[str] = []
-        reasoning: list[str] = []
+        reasoning = ReasoningDeltas()
         calls = ToolCallDeltas()
+        kinds = catalog(call.tools)
         finish_reason = None
         usage: dict[str, int] = {}
         response_id = None
@@ -395,9 +413,10 @@ class LiteLLMProvider:
                     call.on_chunk(text)
                 if delta is not None and getattr(delta, "tool_calls", None):
                     for piece in calls.add(delta.tool_calls):
-                        call.on_chunk(piece)
-                if delta is not None and getattr(delta, "reasoning_content", None):
-                    reasoning.append(str(delta.reasoning_content))
+                        if streams_as_function(piece["name"], kinds):
+                            call.on_chunk(piece)
+                if delta is not None:
+                    reasoning.add(delta)
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage:
@@ -413,10 +432,11 @@ class LiteLLMProvider:
             # only without the finish reason: its text is a fragment, never a whole answer
             raise ProviderFailure(ErrorCode.PROVIDER_ERROR, "the provider's stream ended without a finish reason",
                                   retryable=True, reason="truncated", received_bytes=received)
-        output = [{"type": "reasoning", "summary": "".join(reasoning)}] if reasoning else []
+        reasoned = reasoning.item()
+        output = [reasoned] if reasoned is not None else []
         if content or not calls:
             output.append({"type": "message", "role": "assistant", "content": content})
-        output.extend(calls.items())
+        output.extend(client_call(item, kinds) for item in calls.items())
         return ProviderReply(
             content=content, model=call.model, finish_reason="tool_calls" if calls else finish_reason, usage=usage,
             cost=None, provider=provider_of(call.model), provider_response_id=response_id,
@@ -435,7 +455,8 @@ class LiteLLMProvider:
         so itself rather than the option vanishing. Routing options are never named (they are
         settings)."""
         openai_params = set(getattr(litellm, "OPENAI_CHAT_COMPLETION_PARAMS", ())) | SAMPLING_OPTIONS
-        asked = [name for name in call.options if name in openai_params and not is_routing_option(name)]
+        asked = [name for name in call.options
+                 if name in openai_params and not is_routing_option(name) and name not in KEPT_OPTIONS]
         if call.tools:
             asked += [name for name in ("tools", "tool_choice", "parallel_tool_calls")
                       if name == "tools" or getattr(call, name) is not None]
@@ -445,6 +466,15 @@ class LiteLLMProvider:
         if supported is None:
             return []
         return [name for name in asked if name not in supported]
+
+    def _untaken_kept(self, litellm: ModuleType, call: ProviderCall) -> list[str]:
+        """The kept options of `call` its model does not take: litellm does not list them for it (a
+        provider of this daemon's own takes none). The exchange keeps them; the call goes without."""
+        kept = [name for name in call.options if name in KEPT_OPTIONS]
+        if not kept:
+            return []
+        supported = None if call.model.startswith(OWN_PREFIXES) else self._supported_params(litellm, call.model)
+        return [name for name in kept if supported is None or name not in supported]
 
     def _supported_params(self, litellm: ModuleType, model: str) -> frozenset[str] | None:
         """The OpenAI options litellm maps for `model` (None: it maps none, so drops none), asked
@@ -470,7 +500,9 @@ class LiteLLMProvider:
                                   retryable=True, reason="no_choices")
         choice = choices[0]
         content = choice.message.content or ""
-        output = reply_items(choice.message)
+        kinds = catalog(call.tools)
+        output = [client_call(item, kinds) if item["type"] == "function_call" else item
+                  for item in reply_items(choice.message)]
         called = any(item["type"] == "function_call" for item in output)
         size = len(content.encode()) + sum(len(str(item.get("arguments", "")).encode()) for item in output)
         if size > self.settings.max_response_bytes:

@@ -13,23 +13,35 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from ksi_common.errors import ErrorCode, KsiError
 
 # litellm options that pick the host, the provider or the credentials of a call; a request that
-# set one could send the key configured for a model to a host the settings never named
+# set one could send the key configured for a model to a host the settings never named. Named one by
+# one (and by the prefixes of litellm's provider-specific settings), never by a suffix: a name such
+# as `prompt_cache_key` or `max_tokens` says nothing about credentials
 ROUTING_OPTIONS = frozenset({
-    "api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "extra_headers", "headers",
-    "organization", "deployment_id", "model_list", "client", "litellm_params", "proxy", "proxies",
-    "http_client", "tenant_id", "client_id", "client_secret", "azure_ad_token", "azure_ad_token_provider",
-    "azure_username", "azure_password", "region_name", "credentials",
-    "ssl_verify", "cert", "verify",
+    "api_base", "base_url", "api_key", "api_version", "api_type", "custom_llm_provider", "extra_headers",
+    "headers", "organization", "deployment_id", "model_list", "client", "litellm_params", "proxy", "proxies",
+    "http_client", "shared_session", "tenant_id", "client_id", "client_secret", "azure_ad_token",
+    "azure_ad_token_provider", "azure_username", "azure_password", "region_name", "credentials",
+    "token", "access_token", "api_token", "refresh_token", "password", "secret", "endpoint", "url",
+    "project_id", "space_id", "ssl_verify", "cert", "verify",
 })
 _ROUTING_PREFIXES = ("aws_", "vertex_", "azure_", "watsonx_", "databricks_", "bedrock_", "sagemaker_", "litellm_")
-_ROUTING_SUFFIXES = ("_base", "_url", "_endpoint", "_key", "_token", "_secret", "_credentials", "_headers",
-                     "_password", "_host")
+
+# options that choose no host and carry no secret, sent by Responses clients (Codex sends
+# prompt_cache_key and client_metadata with every request): passed to a provider that takes them
+# (litellm lists them for its model), left out of any other call, and always kept with the exchange's
+# request lines, so what the client asked is never lost
+KEPT_OPTIONS = frozenset({"prompt_cache_key", "safety_identifier", "client_metadata", "service_tier",
+                          "max_tool_calls", "truncation", "verbosity"})
 
 
 def is_routing_option(name: str) -> bool:
     lowered = name.lower()
-    return (lowered in ROUTING_OPTIONS or lowered.startswith(_ROUTING_PREFIXES)
-            or lowered.endswith(_ROUTING_SUFFIXES))
+    return lowered in ROUTING_OPTIONS or lowered.startswith(_ROUTING_PREFIXES)
+
+
+def kept_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of `options` that are kept with the exchange whether or not a provider takes them."""
+    return {name: value for name, value in options.items() if name in KEPT_OPTIONS}
 
 
 def check_options(model: str, options: Mapping[str, Any], allowed: Iterable[str]) -> None:

@@ -49,21 +49,47 @@ def input_messages(items: Iterable[Item]) -> list[dict[str, Any]]:
     return [*results, *users]
 
 
+def replayable_blocks(item: Item) -> list[dict[str, Any]]:
+    """A reasoning item's thinking blocks that a provider can be sent back: signed ones, redacted ones."""
+    blocks = item.get("thinking_blocks")
+    return [block for block in blocks if isinstance(block, dict)
+            and (block.get("signature") or block.get("type") == "redacted_thinking")] if isinstance(blocks, list) else []
+
+
 def output_message(items: Iterable[Item]) -> dict[str, Any]:
-    """One exchange's output items as the assistant message (a reasoning summary is not sent back)."""
+    """One exchange's output items as the assistant message. Reasoning goes with it only as signed
+    thinking blocks (`thinking_blocks`, which litellm gives Anthropic as they came); the provider
+    adapter takes them out for a provider that cannot take them back (see without_reasoning)."""
     text = []
     calls = []
+    thinking: list[dict[str, Any]] = []
     for item in items:
         kind = item.get("type")
-        if kind == "message":
+        if kind == "reasoning":
+            thinking.extend(replayable_blocks(item))
+        elif kind == "message":
             text.append(str(item.get("content") or ""))
         elif kind == "function_call":
             calls.append({"id": str(item["call_id"]), "type": "function",
                           "function": {"name": str(item["name"]), "arguments": str(item.get("arguments") or "{}")}})
     content = "".join(text)
-    if not calls:
-        return {"role": "assistant", "content": content}
-    return {"role": "assistant", "content": content or None, "tool_calls": calls}
+    shown: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        shown.update(content=content or None, tool_calls=calls)
+    if thinking:
+        shown["thinking_blocks"] = thinking
+    return shown
+
+
+REASONING_KEYS = ("thinking_blocks",)
+
+
+def without_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` without the reasoning replayed on assistant messages (the same list when there is none)."""
+    if not any(key in message for message in messages for key in REASONING_KEYS):
+        return messages
+    return [{key: value for key, value in message.items() if key not in REASONING_KEYS}
+            if any(key in message for key in REASONING_KEYS) else message for message in messages]
 
 
 def with_calls_answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,11 +134,13 @@ def _tool_as_text(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def reply_items(reply_message: Any) -> list[Item]:
-    """A litellm reply message as output items: its reasoning summary, its text, its tool calls."""
+    """A litellm reply message as output items: its reasoning (its text, and the provider's own
+    thinking blocks, signatures and all, when it gave them), its text, its tool calls."""
     items: list[Item] = []
-    reasoning = getattr(reply_message, "reasoning_content", None)
-    if reasoning:
-        items.append({"type": "reasoning", "summary": str(reasoning)})
+    reasoning = reasoning_item(getattr(reply_message, "reasoning_content", None),
+                               getattr(reply_message, "thinking_blocks", None))
+    if reasoning is not None:
+        items.append(reasoning)
     text = getattr(reply_message, "content", None) or ""
     calls = getattr(reply_message, "tool_calls", None) or []
     if text or not calls:
@@ -123,6 +151,47 @@ def reply_items(reply_message: Any) -> list[Item]:
                       "name": str(getattr(function, "name", "") or ""),
                       "arguments": str(getattr(function, "arguments", "") or "{}")})
     return items
+
+
+def reasoning_item(text: Any, blocks: Any) -> Item | None:
+    """The reasoning item of a reply (None when the provider returned no reasoning)."""
+    kept = [dict(block) for block in blocks if isinstance(block, dict)] if isinstance(blocks, list) else []
+    if not text and not kept:
+        return None
+    item: Item = {"type": "reasoning", "summary": str(text or "".join(str(b.get("thinking") or "") for b in kept))}
+    if kept:
+        item["thinking_blocks"] = kept
+    return item
+
+
+class ReasoningDeltas:
+    """A reply's reasoning arriving in pieces over a stream: its text, and thinking blocks as text
+    pieces followed by the block's signature (a redacted block comes whole)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.blocks: list[dict[str, Any]] = []
+
+    def add(self, delta: Any) -> None:
+        text = getattr(delta, "reasoning_content", None)
+        if text:
+            self.text.append(str(text))
+        for piece in getattr(delta, "thinking_blocks", None) or []:
+            if not isinstance(piece, dict):
+                continue
+            if piece.get("type") != "thinking":
+                self.blocks.append(dict(piece))
+                continue
+            last = self.blocks[-1] if self.blocks else None
+            if last is None or last.get("type") != "thinking" or last.get("signature"):
+                last = {"type": "thinking", "thinking": ""}
+                self.blocks.append(last)
+            last["thinking"] += str(piece.get("thinking") or "")
+            if piece.get("signature"):
+                last["signature"] = piece["signature"]
+
+    def item(self) -> Item | None:
+        return reasoning_item("".join(self.text), self.blocks)
 
 
 class ToolCallDeltas:

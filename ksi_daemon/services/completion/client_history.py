@@ -111,11 +111,12 @@ def normalised(raw: Any, where: str) -> items.Item:
         for key in ("call_id", "name"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise _invalid(f"{where}.{key}", "must be a non-empty string")
-        return {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
+        call = {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
+        return items.with_client_form(call, raw)
     if kind == "function_call_output":
         if not isinstance(raw.get("call_id"), str) or not raw.get("call_id"):
             raise _invalid(f"{where}.call_id", "must be a non-empty string")
-        return {"type": kind, "call_id": raw["call_id"], "output": str(raw.get("output") or "")}
+        return items.with_client_form({"type": kind, "call_id": raw["call_id"], "output": str(raw.get("output") or "")}, raw)
     if kind == "reasoning":
         return {"type": kind, "summary": str(raw.get("summary") or "")}
     raise _invalid(f"{where}.type", f"{kind} items cannot be part of a history "

@@ -9,6 +9,7 @@ from ksi_common.items import Item, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import ProviderReply
+from ksi_daemon.providers.options import kept_options
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.services.conversations import response_lines
@@ -26,7 +27,8 @@ def input_lines(state: RequestState) -> list[dict[str, Any]]:
         ids["from_agent"] = state.from_agent
     return response_lines.request_lines(data.input_items(), is_feedback=data.is_feedback, system=data.system,
                                         ts=state.created, ids=ids, metadata=data.metadata,
-                                        files=data.files, images=state.images)
+                                        files=data.files, images=state.images,
+                                        options=kept_options(data.provider_options()))
 
 
 def first_input_preview(data: CompletionAsync) -> str | None:

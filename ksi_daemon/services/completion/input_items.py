@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.items import Item, message
+from ksi_common.items import Item, message, with_client_form
 from ksi_daemon.events import NonBlank, Text
 
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -53,6 +53,11 @@ class FunctionCallOutputItem(_Shape):
     output: Text = Field(description="the tool's result, as text (JSON text for structured results)")
     id: str | None = None
     status: str | None = None
+    client_type: Literal["function_call_output", "custom_tool_call_output", "local_shell_call_output",
+                         "shell_call_output"] | None = Field(
+        default=None, description="the type of the output item the client sent, kept with it")
+    client_output: list[Any] | dict[str, Any] | None = Field(
+        default=None, description="the client's output when it was not text (a shell call's list), kept with it")
 
 
 def _item_kind(value: Any) -> str:
@@ -73,7 +78,8 @@ def items_of(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[Item]:
     out: list[Item] = []
     for position, item in enumerate(inputs):
         if isinstance(item, FunctionCallOutputItem):
-            out.append({"type": "function_call_output", "call_id": item.call_id, "output": item.output})
+            out.append(with_client_form({"type": "function_call_output", "call_id": item.call_id,
+                                         "output": item.output}, item.model_dump(exclude_none=True)))
         else:
             out.append(message(item.role, resolve_parts(item.content, f"input.{position}.content")))
     return out
@@ -114,10 +120,6 @@ class FunctionTool(_Shape):
     @model_validator(mode="before")
     @classmethod
     def _flatten(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("type", "function") != "function":
-            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           f"tools of type {value.get('type')!r} are not supported: only function tools",
-                           fields={"tools": f"type {value.get('type')!r} is not a function tool"})
         if isinstance(value, dict) and isinstance(value.get("function"), dict):
             return {"type": "function", **value["function"]}
         return value
@@ -131,12 +133,109 @@ class FunctionTool(_Shape):
             raise ValueError("properties must be an object")
         return value
 
+    def names(self) -> list[str]:
+        return [self.name]
+
     def stored(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
 
 
+class CustomTool(_Shape):
+    """A tool taking free text (Codex's apply_patch), with or without a grammar; the client runs it."""
+
+    type: Literal["custom"]
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    description: str | None = None
+    format: dict[str, Any] | None = None  # {"type": "text"} or {"type": "grammar", "syntax", "definition"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("custom"), dict):  # the chat-completions form
+            return {"type": "custom", **value["custom"]}
+        return value
+
+    def names(self) -> list[str]:
+        return [self.name]
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class NamespaceTool(_Shape):
+    """A group of function and custom tools the client runs, under one name; each keeps its own name."""
+
+    type: Literal["namespace"]
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(min_length=1, max_length=MAX_TOOLS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("tools"), list):
+            inner = [{"type": "function", **tool} if isinstance(tool, dict) and "type" not in tool else tool
+                     for tool in value["tools"]]
+            return {**value, "tools": inner}
+        return value
+
+    def names(self) -> list[str]:
+        return [tool.name for tool in self.tools]
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class ShellTool(_Shape):
+    """Codex's shell forms, run by the client: `local_shell` (one command as argv) and `shell`
+    (several commands); a provider is given a function of the same name."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # an environment the client describes
+    type: Literal["local_shell", "shell"]
+
+    @property
+    def name(self) -> str:
+        return self.type
+
+    def names(self) -> list[str]:
+        return [self.type]
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "local_shell", "shell"})
+ClientTool = FunctionTool | CustomTool | NamespaceTool | ShellTool
+_TOOL_MODELS: dict[str, type[BaseModel]] = {"function": FunctionTool, "custom": CustomTool,
+                                            "namespace": NamespaceTool, "local_shell": ShellTool, "shell": ShellTool}
+
+
+def client_tools(value: Any) -> Any:
+    """Each tool as the model of its type, errors naming `tools.N.field` (a tagged union would put
+    its tag in the path); a type no client runs is refused by name (unsupported_parameter)."""
+    if not isinstance(value, list):
+        return value
+    parsed = []
+    for position, tool in enumerate(value):
+        kind = tool.get("type", "function") if isinstance(tool, dict) else getattr(tool, "type", "function")
+        model = _TOOL_MODELS.get(str(kind))
+        if model is None:
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                           f"tools of type {kind!r} are not supported: the client runs every tool KSI passes on "
+                           f"({', '.join(sorted(CLIENT_TOOL_TYPES))})",
+                           fields={f"tools.{position}.type": f"type {kind!r} is not a tool the client runs"})
+        try:
+            parsed.append(model.model_validate(tool))
+        except ValidationError as exc:
+            fields = {".".join(str(p) for p in ("tools", position, *error["loc"])): error["msg"]
+                      for error in exc.errors(include_url=False)}
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "invalid data: " + "; ".join(f"{k}: {v}" for k, v in fields.items()),
+                           fields=fields) from None
+    return parsed
+
+
 class NamedFunction(_Shape):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: Annotated[str, Field(pattern=TOOL_NAME)]
 
     @model_validator(mode="before")
@@ -144,25 +243,31 @@ class NamedFunction(_Shape):
     def _flatten(cls, value: Any) -> Any:
         if isinstance(value, dict) and isinstance(value.get("function"), dict):
             return {"type": value.get("type"), **value["function"]}
+        if isinstance(value, dict) and isinstance(value.get("custom"), dict):
+            return {"type": value.get("type"), **value["custom"]}
         return value
 
 
 ToolChoice = Literal["auto", "none", "required"] | NamedFunction
 
 
-def checked_tools(tools: list[FunctionTool]) -> list[FunctionTool]:
-    seen: set[str] = set()
-    for tool in tools:
-        if tool.name in seen:
-            raise ValueError(f"two tools are named {tool.name!r}")
-        seen.add(tool.name)
+def checked_tools(tools: list[Any]) -> list[Any]:
+    """No two tools share a name at the top level, nor two namespaces, nor two tools of one
+    namespace: a call names the tool it runs (tools of two namespaces may share a name: see
+    tool_kinds.provider_names)."""
+    scopes: list[list[str]] = [[tool.name for tool in tools],
+                               *([inner.name for inner in tool.tools] for tool in tools if isinstance(tool, NamespaceTool))]
+    for names in scopes:
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two tools are named {twice[0]!r}")
     return tools
 
 
-def checked_choice(choice: ToolChoice | None, tools: list[FunctionTool]) -> None:
+def checked_choice(choice: ToolChoice | None, tools: list[Any]) -> None:
     """`tool_choice` must name one of the tools; "required" needs some."""
     why = None
-    if isinstance(choice, NamedFunction) and choice.name not in {tool.name for tool in tools}:
+    if isinstance(choice, NamedFunction) and choice.name not in {name for tool in tools for name in tool.names()}:
         why = f"names {choice.name!r}, which is not among the tools"
     elif choice == "required" and not tools:
         why = '"required" needs tools'

@@ -13,11 +13,12 @@ from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, Sa
 from ksi_daemon.providers.options import REFUSED_OPTIONS, Penalty, ResponseFormat, check_request_options
 from ksi_daemon.services.completion.input_items import (
     MAX_TOOLS,
-    FunctionTool,
+    ClientTool,
     InputItem,
     ToolChoice,
     checked_choice,
     checked_tools,
+    client_tools,
     image_parts,
     items_of,
 )
@@ -71,12 +72,14 @@ class CompletionAsync(EventData):
     is_feedback: bool = Field(default=False, description="logged and indexed, but kept out of later history")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, stored with the request")
     extra_body: dict[str, Any] | None = Field(default=None, description="passed to the provider as extra_body")
-    tools: list[FunctionTool] = Field(
+    tools: list[ClientTool] = Field(
         default_factory=list, max_length=MAX_TOOLS,
-        description='function tools: {"type": "function", "name", "description", "parameters" (a JSON schema '
-                    'object), "strict"}; the chat-completions form {"type": "function", "function": {...}} is taken too')
+        description='tools the client runs: {"type": "function", "name", "description", "parameters" (a JSON schema '
+                    'object), "strict"} (the chat-completions form {"type": "function", "function": {...}} is taken '
+                    'too), {"type": "custom", "name", "description", "format"} (free text input), {"type": '
+                    '"namespace", "name", "tools": [function or custom tools]}, {"type": "local_shell"}, {"type": "shell"}')
     tool_choice: ToolChoice | None = Field(
-        default=None, description='"auto", "none", "required", or {"type": "function", "name": NAME}')
+        default=None, description='"auto", "none", "required", or {"type": "function" or "custom", "name": NAME}')
     parallel_tool_calls: bool | None = Field(default=None, description="whether the model may call several tools at once")
     response_format: ResponseFormat | None = Field(
         default=None, description='{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}')
@@ -125,9 +128,14 @@ class CompletionAsync(EventData):
             raise ValueError("give conversation_id or previous_response_id, not both")
         return value
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _typed_tools(cls, value: Any) -> Any:
+        return client_tools(value)
+
     @field_validator("tools")
     @classmethod
-    def _distinct_tools(cls, value: list[FunctionTool]) -> list[FunctionTool]:
+    def _distinct_tools(cls, value: list[Any]) -> list[Any]:
         return checked_tools(value)
 
     @model_validator(mode="after")

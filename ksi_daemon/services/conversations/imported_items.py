@@ -164,7 +164,7 @@ def _input_item(item: Any, where: str, calls: _Calls) -> Item:
     if kind == "function_call_output":
         call_id = _text(item, "call_id", where, blank=False)
         calls.answer(call_id, where)
-        return {"type": kind, "call_id": call_id, "output": _text(item, "output", where)}
+        return items.with_client_form({"type": kind, "call_id": call_id, "output": _text(item, "output", where)}, item)
     role = item.get("role", "user")
     if role not in ("user", "system"):
         raise _invalid(f"{where}.role", "an input message is the user's or the system's")
@@ -184,10 +184,13 @@ def _output_item(item: Any, where: str, calls: _Calls) -> Item:
             raise _fault(ErrorCode.ARGUMENTS_NOT_JSON, f"{where}.arguments",
                          "must be text (a string holding the arguments as the model sent them)")
         calls.make(call_id, where)
-        return {"type": kind, "call_id": call_id, "name": _text(item, "name", where, blank=False),
-                "arguments": arguments}
+        return items.with_client_form({"type": kind, "call_id": call_id, "name": _text(item, "name", where, blank=False),
+                                       "arguments": arguments}, item)
     if kind == "reasoning":
-        return {"type": kind, "summary": _text(item, "summary", where)}
+        reasoning: Item = {"type": kind, "summary": _text(item, "summary", where)}
+        if isinstance(item.get("thinking_blocks"), list):  # a provider's own, signed: replayed to it as they came
+            reasoning["thinking_blocks"] = item["thinking_blocks"]
+        return reasoning
     if item.get("role", "assistant") != "assistant":
         raise _invalid(f"{where}.role", "an output message is the assistant's")
     return items.message("assistant", _text(item, "content", where))

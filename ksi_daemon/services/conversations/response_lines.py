@@ -28,7 +28,7 @@ def item_line(item: Item, user_type: str, text: str | None, ts: str | None, conv
 
 def request_lines(items: list[Item], *, is_feedback: bool, system: str | None, ts: str,
                   ids: dict[str, Any], metadata: dict[str, Any] | None, files: list[str],
-                  images: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                  images: list[dict[str, Any]], options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """A request's raw inputs as lines: each item, marked with `ids` (request, conversation, then
     agent and sender when set) and the request's metadata; its files on the last user line
     (size and sha256 are added when they are read), its stored images as that line's parts, and a
@@ -37,13 +37,15 @@ def request_lines(items: list[Item], *, is_feedback: bool, system: str | None, t
     for item in items:
         line: dict[str, Any] = {"v": VERSION}
         if item["type"] == "function_call_output":
-            line.update(type="function_call_output", call_id=item["call_id"], output=item["output"])
+            line.update(input_line_fields(item))  # with the client's form of the output, when it has one
         else:
             line.update(type="feedback" if is_feedback and item["role"] == "user" else item["role"],
                         content=item["content"])
         line.update(ts=ts, **ids)
         if metadata:
             line["metadata"] = metadata
+        if options:  # what the client asked that no provider may take (see options.KEPT_OPTIONS)
+            line["options"] = options
         lines.append(line)
     if files:
         for line in reversed(lines):

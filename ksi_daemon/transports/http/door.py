@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon.context import INTERNAL, EventContext, Origin
+from ksi_daemon.transports.http.body_encoding import decoded
 from ksi_daemon.transports.http.errors import error_body, error_headers, status_of
 
 MAX_FORM_FIELDS = 32  # the console's forms have three
@@ -98,12 +99,13 @@ def _require_type(request: Request, wanted: str) -> None:
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The request body parsed as JSON; `payload_too_large` past `limit` bytes, `invalid_json` when unparsable.
+    """The request body parsed as JSON; `payload_too_large` past `limit` bytes (sent, and once
+    decompressed: see body_encoding), `invalid_json` when unparsable.
     A browser session must say `application/json`: any other type is one a page of another site
     could post without asking the browser first (415 `unsupported_media_type`)."""
     if request.scope.get("ksi.auth") == "session":
         _require_type(request, "application/json")
-    body = await read_body(request, limit)
+    body = decoded(await read_body(request, limit), request.headers.get("content-encoding"), limit)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -59,6 +59,9 @@ class Asked:
     background: bool = False
     store: bool = True
     truncation: str = "auto"  # KSI always fits the history to the model's window
+    reasoning_summary: str | None = None
+    # `include: ["reasoning.encrypted_content"]`: reasoning items carry the string a client sends back
+    encrypted_reasoning: bool = False
 
     @classmethod
     def of_request(cls, request: dict[str, Any], background: bool) -> Asked:
@@ -73,14 +76,15 @@ class Asked:
 
     def text(self) -> dict[str, Any]:
         """`text.format` as Responses gives it (flat), from the chat `response_format` sent."""
+        verbosity = {"verbosity": self.options["verbosity"]} if self.options.get("verbosity") else {}
         fmt = self.options.get("response_format")
         if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
-            return {"format": {"type": "text"}}
+            return {"format": {"type": "text"}, **verbosity}
         if fmt["type"] == "json_object":
-            return {"format": {"type": "json_object"}}
+            return {"format": {"type": "json_object"}, **verbosity}
         spec = dict(fmt.get("json_schema") or {})
         return {"format": {"type": "json_schema", "name": spec.get("name"), "schema": spec.get("schema") or {},
-                           "description": spec.get("description"), "strict": bool(spec.get("strict"))}}
+                           "description": spec.get("description"), "strict": bool(spec.get("strict"))}, **verbosity}
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -130,11 +134,12 @@ def response_object(
         "presence_penalty": asked.sampling("presence_penalty"),
         "frequency_penalty": asked.sampling("frequency_penalty"),
         "top_logprobs": 0,  # logprobs are refused: none are returned
-        "max_output_tokens": asked.max_output_tokens, "max_tool_calls": None,
+        "max_output_tokens": asked.max_output_tokens, "max_tool_calls": options.get("max_tool_calls"),
         "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
-        "reasoning": {"effort": effort, "summary": None} if effort else None,
+        "reasoning": {"effort": effort, "summary": asked.reasoning_summary}
+        if effort or asked.reasoning_summary else None,
         "text": asked.text(), "truncation": asked.truncation, "store": asked.store, "background": asked.background,
-        "service_tier": "default", "user": options.get("user"), "safety_identifier": options.get("safety_identifier"),
+        "service_tier": options.get("service_tier") or "default", "user": options.get("user"), "safety_identifier": options.get("safety_identifier"),
         "prompt_cache_key": options.get("prompt_cache_key"),
     }
 

@@ -39,6 +39,7 @@ from ksi_daemon.transports.http.openai.translate import (
     RESPONSE_FIELDS,
     Door,
     continued_response,
+    dropped_tools,
     history_used,
     new_input_positions,
     renamed,
@@ -54,7 +55,9 @@ def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
     return Asked(options=dict(payload.get("options") or {}), temperature=body.temperature,
                  max_output_tokens=body.max_output_tokens, instructions=body.instructions,
                  metadata=dict(body.metadata or {}), previous_response_id=body.previous_response_id,
-                 background=body.background, store=body.store, truncation=body.truncation or "auto")
+                 background=body.background, store=body.store, truncation=body.truncation or "auto",
+                 reasoning_summary=body.reasoning.summary or body.reasoning.generate_summary if body.reasoning else None,
+                 encrypted_reasoning="reasoning.encrypted_content" in (body.include or ()))
 
 
 def _starting_after(request: Request) -> int:
@@ -73,18 +76,20 @@ class Responses:
 
     async def create(self, request: Request) -> Response:
         body: ResponseCreate = await self.door.body(request, ResponseCreate)
+        dropped = dropped_tools(body, self.door.settings)
         after = continued_response(body)
         if after is not None:
             try:
-                return await self._create(body, response_payload(body, after))
+                return await self._create(body, response_payload(body, after, dropped), dropped)
             except KsiError as error:
                 if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
                     raise
                 # an id of this door's form that names no stored response: the history is matched
-        return await self._create(body, response_payload(body))
+        return await self._create(body, response_payload(body, dropped=dropped), dropped)
 
-    async def _create(self, body: ResponseCreate, payload: dict[str, Any]) -> Response:
+    async def _create(self, body: ResponseCreate, payload: dict[str, Any], dropped: frozenset[str]) -> Response:
         asked = _asked(body, payload)
+        echo = tool_shapes.request_echo(body, dropped)
         created_at = int(time.time())
         try:
             if body.background:  # runs in the daemon whatever this client does; its chunks are kept
@@ -96,30 +101,31 @@ class Responses:
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
                 ack = await stream.start(payload)
-                return StreamingResponse(self._events(stream, ack, asked, body, created_at),
+                return StreamingResponse(self._events(stream, ack, asked, echo, created_at),
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
-            raise renamed(error, RESPONSE_FIELDS, new_input_positions(body)) from None
+            raise renamed(error, {**RESPONSE_FIELDS, **tool_shapes.search_field(body)},
+                          new_input_positions(body)) from None
         shaped = response_object(
             result["response_id"], asked, model=result["model"], status="completed", created_at=created_at,
             text=result["content"], usage=result.get("usage"), conversation_id=result["conversation_id"],
             finish_reason=result.get("finish_reason"))
-        shaped = tool_shapes.with_output({**shaped, **tool_shapes.request_echo(body)},
-                                         result["response_id"], result.get("output"))
+        shaped = tool_shapes.with_output({**shaped, **echo}, result["response_id"], result.get("output"),
+                                         asked.encrypted_reasoning)
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
         shaped["metadata"] = {**(shaped.get("metadata") or {}), "ksi_history": used}
         return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
-    async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
+    async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, echo: dict[str, Any],
                       created_at: int) -> AsyncIterator[bytes]:
         """A foreground stream: followed through pushed events; a client that leaves cancels it. Its
         events are numbered as they are sent (only a background one is read again, from its kept
         chunks: see _replayed); an output item opens when its first delta arrives."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
-        items = tool_shapes.ResponseItemEvents(response_id)
+        items = tool_shapes.ResponseItemEvents(response_id, asked.encrypted_reasoning)
         sequence = itertools.count()
 
         def event(kind: str, **fields: Any) -> bytes:
@@ -127,7 +133,7 @@ class Responses:
 
         def snapshot(status: str, **fields: Any) -> dict[str, Any]:
             return {**response_object(response_id, asked, model=model, status=status, created_at=created_at,
-                                      conversation_id=conversation_id, **fields), **tool_shapes.request_echo(body)}
+                                      conversation_id=conversation_id, **fields), **echo}
 
         try:
             yield event("response.created", response=snapshot("in_progress"))

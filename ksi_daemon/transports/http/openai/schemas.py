@@ -143,17 +143,35 @@ class FunctionCallOutput(Body):
     output: str | list[Part]
 
 
+class ClientToolOutput(Body):
+    """The output of a client-run tool that is not a plain function: a custom tool's (text), a
+    shell form's (`local_shell_call_output` names its call by `id`; `shell_call_output` holds a list)."""
+
+    type: Literal["custom_tool_call_output", "local_shell_call_output", "shell_call_output"]
+    call_id: str | None = None
+    id: str | None = None
+    output: str | list[Any] | dict[str, Any]
+
+    def answered(self) -> str:
+        return self.call_id or (self.id if self.type == "local_shell_call_output" else None) or ""
+
+
 class ToolItem(Body):
     """An input item of a call (history, see tool_shapes.response_input_item) or of a hosted tool: refused."""
 
-    type: Literal["function_call", "custom_tool_call", "custom_tool_call_output",
-                  "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
-                  "mcp_call", "mcp_approval_response", "reasoning", "item_reference"]
-    # a function_call's own fields (a client-held history resends the calls the model made)
+    model_config = ConfigDict(extra="allow")  # a call's fields are kept as the client sent them
+
+    type: Literal["function_call", "custom_tool_call", "local_shell_call", "shell_call",
+                  "computer_call", "computer_call_output", "mcp_call", "mcp_approval_response",
+                  "reasoning", "item_reference"]
+    # a call's own fields (a client-held history resends the calls the model made)
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
     id: str | None = None
+    namespace: str | None = None
+    input: str | None = None  # a custom tool call's
+    action: dict[str, Any] | None = None  # a shell call's
 
 
 class ConversationRef(Body):
@@ -208,14 +226,15 @@ class Reasoning(Body):
     model_config = ConfigDict(extra="forbid")
 
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    summary: str | None = None  # refused when set (see translate.py): an exchange holds no summary item
-    generate_summary: str | None = None
+    # the answer holds the reasoning a provider returned whatever is asked here (see docs/codex.md)
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponseCreate(CreateBody):
     """POST /v1/responses."""
 
-    input: str | list[InputMessage | FunctionCallOutput | ToolItem]
+    input: str | list[InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem]
     model: str | None = None
     instructions: str | None = None
     previous_response_id: Id | None = None
@@ -234,16 +253,17 @@ class ResponseCreate(CreateBody):
     reasoning: Reasoning | None = None
     user: str | None = None
     seed: int | None = None
-    # the answer holds only its output text: nothing more can be included (refused unless empty)
+    # "reasoning.encrypted_content" only (see translate.INCLUDABLE); anything else is refused
     include: list[str] | None = None
     # KSI always chooses the history that fits the model's window ("auto"); "disabled" is accepted
-    # because the new input alone never is cut: a request too large fails with context_window_exceeded
+    # because the new input alone never is cut: a request too large fails with context_window_exceeded;
+    # kept with the exchange like Codex's other options (see options.KEPT_OPTIONS)
     truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[InputMessage | FunctionCallOutput | ToolItem]
-                    ) -> str | list[InputMessage | FunctionCallOutput | ToolItem]:
+    def _some_input(cls, value: str | list[InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem]
+                    ) -> str | list[InputMessage | FunctionCallOutput | ClientToolOutput | ToolItem]:
         if isinstance(value, list) and not value:
             raise ValueError("must hold at least one message")
         return value

@@ -105,9 +105,10 @@ def _content_part(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def _input_item(item: dict[str, Any], response_id: str, position: int) -> dict[str, Any]:
-    if item.get("type") == "function_call_output":
-        return {"type": "function_call_output", "id": f"fco_{response_id}_in{position}", "status": "completed",
-                "call_id": item.get("call_id"), "output": str(item.get("output") or "")}
+    if item.get("type") == "function_call_output":  # in the client's form when it sent another (a custom tool's)
+        output = item.get("client_output") if item.get("client_output") is not None else str(item.get("output") or "")
+        return {"type": item.get("client_type") or "function_call_output", "id": f"fco_{response_id}_in{position}",
+                "status": "completed", "call_id": item.get("call_id"), "output": output}
     content = item.get("content")
     parts = [_content_part(part) for part in content] if isinstance(content, list) else [
         {"type": "input_text", "text": str(content or "")}]
@@ -118,8 +119,10 @@ def _input_item(item: dict[str, Any], response_id: str, position: int) -> dict[s
 def _output_item(item: dict[str, Any], response_id: str, position: int) -> dict[str, Any]:
     kind = item.get("type")
     if kind == "function_call":
-        return {"type": "function_call", "id": f"fc_{response_id}_{position}", "status": "completed",
-                "call_id": item.get("call_id"), "name": item.get("name"), "arguments": item.get("arguments")}
+        shown = {"id": f"fc_{response_id}_{position}", "status": "completed", "call_id": item.get("call_id")}
+        if isinstance(item.get("client_item"), dict):  # a custom tool's or a shell call, as the client knows it
+            return {**item["client_item"], **shown}
+        return {"type": "function_call", **shown, "name": item.get("name"), "arguments": item.get("arguments")}
     if kind == "reasoning":
         return {"type": "reasoning", "id": f"rs_{response_id}_{position}",
                 "summary": [{"type": "summary_text", "text": str(item.get("summary") or "")}]}

@@ -89,7 +89,7 @@ def new_input_positions(body: ResponseCreate) -> list[int]:
 RESPONSE_FIELDS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
                    "conversation_id": "conversation", "agent_id": "model", "data": "input",
                    "response_format": "text.format", "reasoning_effort": "reasoning.effort", "history": "input",
-                   "appended": "input"}
+                   "appended": "input", "verbosity": "text.verbosity"}
 CHAT_FIELDS = {"prompt": "messages", "max_tokens": "max_tokens", "data": "messages", "history": "messages",
                "input": "messages"}
 
@@ -127,21 +127,24 @@ def _refuse(field_name: str, why: str) -> KsiError:
                     fields={field_name: why})
 
 
+# what `include` may ask: the reasoning a provider returned, as the opaque string a client sends back
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
 def response_options(body: ResponseCreate) -> dict[str, Any]:
     """The provider options of a Responses request: its sampling and format fields mapped onto
     completion:async's `options`, what it refuses refused."""
-    if body.include:
-        raise _refuse("include", "a KSI response holds only its output text")
-    if body.reasoning is not None and (body.reasoning.summary is not None or body.reasoning.generate_summary):
-        raise _refuse("reasoning.summary", "a KSI exchange holds no reasoning summary")
-    if body.text is not None and body.text.verbosity is not None:
-        # litellm's chat call has no such parameter and would drop it
-        raise _refuse("text.verbosity", "the chat call KSI makes has no verbosity parameter")
+    unknown = sorted(set(body.include or ()) - INCLUDABLE)
+    if unknown:
+        raise _refuse("include", f"{', '.join(unknown)}: a KSI response can include "
+                                 f"{', '.join(sorted(INCLUDABLE))} only")
     options = _extra_fields(body)
     text_format = body.text.format if body.text is not None else None
     for key, value in (("top_p", body.top_p), ("seed", body.seed), ("user", body.user),
                        ("response_format", text_format.response_format() if text_format else None),
-                       ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None)):
+                       ("reasoning_effort", body.reasoning.effort if body.reasoning is not None else None),
+                       ("verbosity", body.text.verbosity if body.text is not None else None),
+                       ("truncation", body.truncation)):
         if value is not None:
             options[key] = value
     return _checked(options, RESPONSE_FIELDS)
@@ -171,11 +174,23 @@ def continued_response(body: ResponseCreate) -> str | None:
     return found[1] if found is not None else None
 
 
-def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str, Any]:
+def dropped_tools(body: ResponseCreate, settings: Settings) -> frozenset[str]:
+    """The hosted tool types the settings of the request's model leave out (drop_hosted_tools)."""
+    model = body.model or settings.default_model
+    if model.startswith(AGENT_PREFIX):
+        return frozenset()
+    return frozenset(settings.model_settings(model).drop_hosted_tools)
+
+
+def response_payload(body: ResponseCreate, after: str | None = None,
+                     dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
     """POST /v1/responses as completion:async data; `after`: the response its history ends with
-    (see continued_response), whose conversation stands for the history."""
+    (see continued_response), whose conversation stands for the history; `dropped`: the hosted
+    tool types left out (see dropped_tools)."""
     payload: dict[str, Any] = {"origin": "http"}
-    options = response_options(body)
+    options = {**response_options(body), **tool_shapes.search_options(body, dropped)}
+    tools = tool_shapes.tool_fields(body, dropped, searched=True)
+    names = tool_shapes.tool_names(tools)
     if isinstance(body.input, str):
         payload["prompt"] = body.input
     else:
@@ -191,8 +206,8 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
             if position <= last_reply:
                 if stands_for is not None and position <= stands_for[0]:
                     continue  # the stored conversation up to `after` is this history
-                item = (tool_shapes.appended_item(position, message) if anchored
-                        else tool_shapes.history_item(position, message))
+                item = (tool_shapes.appended_item(position, message, names) if anchored
+                        else tool_shapes.history_item(position, message, names))
                 if item is not None:
                     history.append(item)
                 continue
@@ -209,7 +224,7 @@ def response_payload(body: ResponseCreate, after: str | None = None) -> dict[str
                            "input must end with a user message or a call's output (the new input)",
                            fields={"input": "no user message or call output after the last assistant item"})
         payload.update(tool_shapes.new_input(messages))
-    payload.update(tool_shapes.tool_fields(body))
+    payload.update(tools)
     _model_fields(payload, body.model)
     previous = ksi_id(body.previous_response_id) if body.previous_response_id is not None else after
     if after is not None:
