@@ -81,3 +81,10 @@ def conforming_input_items(data: dict[str, Any]) -> list[Any]:
     """A page of a response's input items as sent, each checked against the SDK's item union."""
     assert data["object"] == "list"
     return [RESPONSE_ITEM.validate_python(item) for item in data["data"]]
+
+
+def conforming_ws_error(data: dict[str, Any]) -> dict[str, Any]:
+    """A WebSocket `error` frame as sent, checked against the specification's WebSocketErrorEvent."""
+    spec.WebSocketErrorEvent.model_validate(data)
+    assert isinstance(data["error"]["code"], str) and data["status"] >= 400
+    return data

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -48,9 +48,24 @@ from ksi_daemon.transports.http.openai.translate import (
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POLL_SLICE = 15.0  # seconds one completion:chunks waits for more of a background response
 FINISHED = ("done", "failed", "cancelled")
+T = TypeVar("T")
 
 
-def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
+async def submitted(body: ResponseCreate, submit: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
+    """`submit` called with the body as completion:async data. A history whose last output item
+    carries this door's id continues after that response; when the id names no stored response,
+    the history is matched instead (see continued_response)."""
+    after = continued_response(body)
+    if after is not None:
+        try:
+            return await submit(response_payload(body, after))
+        except KsiError as error:
+            if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
+                raise
+    return await submit(response_payload(body))
+
+
+def asked_of(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
     return Asked(options=dict(payload.get("options") or {}), temperature=body.temperature,
                  max_output_tokens=body.max_output_tokens, instructions=body.instructions,
                  metadata=dict(body.metadata or {}), previous_response_id=body.previous_response_id,
@@ -73,18 +88,10 @@ class Responses:
 
     async def create(self, request: Request) -> Response:
         body: ResponseCreate = await self.door.body(request, ResponseCreate)
-        after = continued_response(body)
-        if after is not None:
-            try:
-                return await self._create(body, response_payload(body, after))
-            except KsiError as error:
-                if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
-                    raise
-                # an id of this door's form that names no stored response: the history is matched
-        return await self._create(body, response_payload(body))
+        return await submitted(body, lambda payload: self._create(body, payload))
 
     async def _create(self, body: ResponseCreate, payload: dict[str, Any]) -> Response:
-        asked = _asked(body, payload)
+        asked = asked_of(body, payload)
         created_at = int(time.time())
         try:
             if body.background:  # runs in the daemon whatever this client does; its chunks are kept
@@ -115,15 +122,21 @@ class Responses:
 
     async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
                       created_at: int) -> AsyncIterator[bytes]:
-        """A foreground stream: followed through pushed events; a client that leaves cancels it. Its
-        events are numbered as they are sent (only a background one is read again, from its kept
-        chunks: see _replayed); an output item opens when its first delta arrives."""
+        async for event in self.stream_events(stream, ack, asked, body, created_at):
+            yield sse(event)
+
+    async def stream_events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
+                            created_at: int) -> AsyncIterator[dict[str, Any]]:
+        """A foreground stream's events (SSE or WebSocket frames): followed through pushed events; a
+        client that leaves cancels it. Its events are numbered as they are sent (only a background
+        one is read again, from its kept chunks: see _replayed); an output item opens when its first
+        delta arrives."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
         items = tool_shapes.ResponseItemEvents(response_id)
         sequence = itertools.count()
 
-        def event(kind: str, **fields: Any) -> bytes:
-            return sse({"type": kind, "sequence_number": next(sequence), **fields})
+        def event(kind: str, **fields: Any) -> dict[str, Any]:
+            return {"type": kind, "sequence_number": next(sequence), **fields}
 
         def snapshot(status: str, **fields: Any) -> dict[str, Any]:
             return {**response_object(response_id, asked, model=model, status=status, created_at=created_at,
