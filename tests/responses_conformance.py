@@ -88,3 +88,9 @@ def conforming_ws_error(data: dict[str, Any]) -> dict[str, Any]:
     spec.WebSocketErrorEvent.model_validate(data)
     assert isinstance(data["error"]["code"], str) and data["status"] >= 400
     return data
+
+
+def conforming_compacted(data: dict[str, Any]) -> dict[str, Any]:
+    """A POST /v1/responses/compact answer as sent, checked against the specification's CompactResource."""
+    spec.CompactResource.model_validate(data)
+    return data

@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.transports.http.door import call
+from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
+from ksi_daemon.transports.http.openai.compaction import Checkpoint, Compaction, unfold
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.response_object import (
     Asked,
@@ -33,7 +34,7 @@ from ksi_daemon.transports.http.openai.response_stream import (
     sse,
 )
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
-from ksi_daemon.transports.http.openai.schemas import ResponseCreate
+from ksi_daemon.transports.http.openai.schemas import ResponseCreate, parse
 from ksi_daemon.transports.http.openai.translate import (
     HISTORY_HEADER,
     RESPONSE_FIELDS,
@@ -85,15 +86,23 @@ def _starting_after(request: Request) -> int:
 class Responses:
     def __init__(self, door: Door) -> None:
         self.door = door
+        self.compaction = Compaction(door)
 
     async def create(self, request: Request) -> Response:
-        body: ResponseCreate = await self.door.body(request, ResponseCreate)
-        return await submitted(body, lambda payload: self._create(body, payload))
+        unfolded = unfold(await read_json(request, self.door.settings.line_limit))
+        if unfolded.trigger:  # answered by a compaction item alone: no model call, nothing stored
+            return await self.compaction.answer_trigger(unfolded)
+        body: ResponseCreate = parse(ResponseCreate, unfolded.fields)
+        return await submitted(body, lambda payload: self._create(body, payload, unfolded.threshold))
 
-    async def _create(self, body: ResponseCreate, payload: dict[str, Any]) -> Response:
+    async def _create(self, body: ResponseCreate, payload: dict[str, Any], threshold: int | None) -> Response:
         asked = asked_of(body, payload)
         created_at = int(time.time())
         try:
+            if body.background and threshold is not None:
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, "context_management is not supported with "
+                               "background: compact the response once it ended (POST /v1/responses/compact)",
+                               fields={"context_management": "not with background"})
             if body.background:  # runs in the daemon whatever this client does; its chunks are kept
                 ack = await call(self.door.handle_request, "completion:async", {**payload, "background": True})
                 if body.stream:
@@ -103,7 +112,7 @@ class Responses:
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
                 ack = await stream.start(payload)
-                return StreamingResponse(self._events(stream, ack, asked, body, created_at),
+                return StreamingResponse(self._events(stream, ack, asked, body, created_at, threshold),
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
@@ -114,6 +123,9 @@ class Responses:
             finish_reason=result.get("finish_reason"))
         shaped = tool_shapes.with_output({**shaped, **tool_shapes.request_echo(body)},
                                          result["response_id"], result.get("output"))
+        if threshold is not None and (shaped.get("usage") or {}).get("input_tokens", 0) >= threshold:
+            after = await self.compaction.item(Checkpoint(result["response_id"]))
+            shaped["output"] = [*shaped["output"], after]
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
@@ -121,8 +133,9 @@ class Responses:
         return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
     async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
-                      created_at: int) -> AsyncIterator[bytes]:
-        async for event in self.stream_events(stream, ack, asked, body, created_at):
+                      created_at: int, threshold: int | None) -> AsyncIterator[bytes]:
+        async for event in self.compaction.crossed(self.stream_events(stream, ack, asked, body, created_at),
+                                                   threshold):
             yield sse(event)
 
     async def stream_events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,

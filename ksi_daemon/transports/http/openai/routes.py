@@ -50,6 +50,7 @@ def build_routes(handle_request: RequestHandler, settings: Settings) -> list[Bas
         Route("/v1/models", models.list, methods=["GET"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         WebSocketRoute("/v1/responses", ResponsesSocket(responses).serve),
+        Route("/v1/responses/compact", responses.compaction.compact, methods=["POST"]),
         Route("/v1/responses/{id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{id}", responses.delete, methods=["DELETE"]),
         Route("/v1/responses/{id}/input_items", responses.input_items, methods=["GET"]),

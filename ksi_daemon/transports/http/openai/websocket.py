@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
 from ksi_daemon.transports.http.errors import error_body, status_of
+from ksi_daemon.transports.http.openai.compaction import unfold
 from ksi_daemon.transports.http.openai.response_object import ksi_id, response_object
 from ksi_daemon.transports.http.openai.responses import Responses, asked_of, submitted
 from ksi_daemon.transports.http.openai.runs import CompletionStream
@@ -175,7 +176,13 @@ class ResponsesSocket:
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, "background is not supported on a WebSocket: a response "
                            "runs while its socket is open", fields={"background": "not on a WebSocket"})
         chained_from = fields.get("previous_response_id")
-        fields = connection.resolved(fields)
+        unfolded = unfold(connection.resolved(fields))
+        fields = unfolded.fields
+        compaction = self.responses.compaction
+        if unfolded.trigger:  # answered by a compaction item alone: no model call, nothing stored
+            async for event in compaction.trigger_events(unfolded):
+                await _send(websocket, event)
+            return
         if generate is False:
             await self._warm_up(websocket, connection, fields)
             return
@@ -190,8 +197,8 @@ class ResponsesSocket:
         except KsiError as error:
             raise renamed(error, RESPONSE_FIELDS, new_input_positions(body)) from None
         ended = "response.failed"
-        async for event in self.responses.stream_events(stream, ack, asked_of(body, payload), body,
-                                                        int(time.time())):
+        events = self.responses.stream_events(stream, ack, asked_of(body, payload), body, int(time.time()))
+        async for event in compaction.crossed(events, unfolded.threshold):
             await _send(websocket, event)
             ended = event["type"]
         if ended == "response.failed":
