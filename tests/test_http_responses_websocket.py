@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.responses_conformance import conforming_event, conforming_ws_error
@@ -95,6 +95,9 @@ async def test_warm_up_returns_a_chainable_id_and_calls_no_model(http: HttpDaemo
     sent = stub.messages()
     assert sent[0] == {"role": "system", "content": "be brief"}
     assert [m["content"] for m in sent[1:]] == ["context first", "now ask"]
+    async with socket(http) as ws:  # a warm-up is held by its socket only
+        refused = await turn(ws, previous_response_id=warm[-1]["response"]["id"], input=[user("elsewhere")])
+    assert refused[-1]["error"]["code"] == "previous_response_not_found"
 
 
 async def test_store_false_is_held_for_the_connection_only(http: HttpDaemon, stub: StubOpenAI) -> None:
@@ -199,3 +202,37 @@ async def test_sockets_past_the_budget_are_refused(short_tmp: Path, stub: StubOp
             assert final(await turn(ws, input=[user("in again")]))["status"] == "completed"
         for ws in open_sockets:
             await ws.close()
+
+
+async def test_a_compaction_trigger_on_the_socket_is_answered_by_one_item(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        first = final(await turn(ws, input=[user("remember 5")]))
+        calls = len(stub.requests)
+        frames = await turn(ws, previous_response_id=first["id"], input=[{"type": "compaction_trigger"}])
+        (item,) = final(frames)["output"]
+        assert item["type"] == "compaction" and json.loads(item["encrypted_content"])["response_id"] == first["id"]
+        replayed = final(await turn(ws, input=[item, user("what number?")]))
+    assert len(stub.requests) == calls + 1
+    assert replayed["conversation"]["id"] == first["conversation"]["id"]
+    assert len(await stored_index(http.daemon, first["conversation"]["id"])) == 2
+
+
+async def test_a_frame_past_the_size_limit_closes_the_socket(short_tmp: Path, stub: StubOpenAI,
+                                                            backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend, line_limit=4096) as http:
+        async with socket(http) as ws:
+            await ws.send(json.dumps({"type": "response.create", "input": "x" * 8192}))
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        assert stub.requests == []
+        async with socket(http) as ws:
+            assert final(await turn(ws, input=[user("small")]))["status"] == "completed"
+
+
+async def test_the_daemon_stops_with_a_socket_open(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as http:
+        ws = await socket(http)
+        assert final(await turn(ws, input=[user("hello")]))["status"] == "completed"
+    with pytest.raises(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 10)
