@@ -236,3 +236,17 @@ async def test_the_daemon_stops_with_a_socket_open(short_tmp: Path, stub: StubOp
         assert final(await turn(ws, input=[user("hello")]))["status"] == "completed"
     with pytest.raises(ConnectionClosed):
         await asyncio.wait_for(ws.recv(), 10)
+
+
+async def test_a_socket_that_never_waits_for_answers_is_closed(http: HttpDaemon, stub: StubOpenAI) -> None:
+    gate = asyncio.Event()
+    stub.enqueue(Reply(text="slow", gate=gate))
+    async with socket(http) as ws:
+        for n in range(70):
+            await ws.send(json.dumps({"type": "response.create", "model": "openai/stub-model", "input": f"n{n}"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+    gate.set()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    assert len(stub.requests) <= 1  # the turn that ran was cancelled with its socket; none other started

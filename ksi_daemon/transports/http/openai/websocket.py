@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import structlog
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
@@ -37,7 +37,9 @@ PROCESSED = "response.processed"
 REMEMBERED_LOCAL = 100_000
 # connection-local responses one socket may chain from (warm-ups hold their request in memory)
 HELD_PER_CONNECTION = 1_000
-ENDINGS = ("response.completed", "response.incomplete", "response.failed")
+# frames one socket may send ahead of the turn that runs (turns run one at a time): past this the
+# client is not waiting for answers, and its socket is closed rather than its frames kept
+WAITING_FRAMES = 64
 
 
 class LocalResponses:
@@ -141,6 +143,9 @@ class ResponsesSocket:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                if frames.qsize() >= WAITING_FRAMES:
+                    await websocket.close(1013, f"more than {WAITING_FRAMES} frames wait for their turn")
+                    return
                 frames.put_nowait(message["text"] if message.get("text") is not None else message.get("bytes") or b"")
         except WebSocketDisconnect:
             return
@@ -152,22 +157,28 @@ class ResponsesSocket:
     async def _turns(self, websocket: WebSocket, connection: Connection, frames: asyncio.Queue[str | bytes]) -> None:
         while True:
             frame = await frames.get()
-            previous = None
             try:
-                fields = _frame_fields(frame)
-                if fields is None:
-                    continue
-                previous = fields.get("previous_response_id")
-                await self._turn(websocket, connection, fields)
-            except KsiError as error:
-                connection.evict(previous if isinstance(previous, str) else None)
-                await _send(websocket, error_frame(error))
-            except (WebSocketDisconnect, RuntimeError):
+                await self._answer(websocket, connection, frame)
+            except (WebSocketDisconnect, WebSocketDisconnected):
                 return  # the socket closed while a frame was sent: the reader ends the connection
-            except Exception:
-                log.exception("websocket_turn_failed")
-                await _send(websocket, error_frame(KsiError(ErrorCode.INTERNAL_ERROR,
-                                                            "internal error; see the daemon log")))
+
+    async def _answer(self, websocket: WebSocket, connection: Connection, frame: str | bytes) -> None:
+        """One frame's turn; a refusal or a fault is an error frame, and the socket goes on."""
+        previous = None
+        try:
+            fields = _frame_fields(frame)
+            if fields is None:
+                return
+            previous = fields.get("previous_response_id")
+            await self._turn(websocket, connection, fields)
+        except KsiError as error:
+            connection.evict(previous if isinstance(previous, str) else None)
+            await _send(websocket, error_frame(error))
+        except (WebSocketDisconnect, WebSocketDisconnected):
+            raise
+        except Exception:
+            log.exception("websocket_turn_failed")
+            await _send(websocket, error_frame(KsiError(ErrorCode.INTERNAL_ERROR, "internal error; see the daemon log")))
 
     async def _turn(self, websocket: WebSocket, connection: Connection, fields: dict[str, Any]) -> None:
         generate = fields.pop("generate", True)
