@@ -136,7 +136,8 @@ def checkpoint_of(fields: dict[str, Any]) -> Checkpoint:
         return Checkpoint(ksi_id(previous), items)
     for position in range(len(items) - 1, -1, -1):
         item = items[position]
-        found = output_item_response(item.get("id")) if isinstance(item, dict) else None
+        item_id = item.get("id") if isinstance(item, dict) else None
+        found = output_item_response(item_id) if isinstance(item_id, str) else None
         if found is not None:
             return Checkpoint(found, items[position + 1:])
     return Checkpoint(None, items)
