@@ -250,3 +250,14 @@ async def test_a_socket_that_never_waits_for_answers_is_closed(http: HttpDaemon,
     gate.set()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     assert len(stub.requests) <= 1  # the turn that ran was cancelled with its socket; none other started
+
+
+async def test_a_socket_holds_its_newest_warm_ups(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        kept = final(await turn(ws, store=False, input=[user("kept")]))
+        warm = [final(await turn(ws, generate=False, input=[user(f"warm {n}")]))["id"] for n in range(9)]
+        forgotten = await turn(ws, previous_response_id=warm[0], input=[user("from the oldest")])
+        assert forgotten[-1]["error"]["code"] == "previous_response_not_found"
+        assert final(await turn(ws, previous_response_id=warm[1], input=[user("from the next")]))
+        assert final(await turn(ws, store=False, previous_response_id=kept["id"], input=[user("still kept")]))
+    assert stub.requests and len(stub.requests) == 3

@@ -35,8 +35,10 @@ PROCESSED = "response.processed"
 # ids of connection-local responses remembered after their socket closed, so that a reconnect is
 # told previous_response_not_found for them; the oldest are forgotten first
 REMEMBERED_LOCAL = 100_000
-# connection-local responses one socket may chain from (warm-ups hold their request in memory)
+# connection-local responses one socket may chain from, the oldest forgotten first; warm-ups hold
+# their whole request in memory, so fewer of them (a client warms up the turn it is about to send)
 HELD_PER_CONNECTION = 1_000
+WARM_UPS_PER_CONNECTION = 8
 # frames one socket may send ahead of the turn that runs (turns run one at a time): past this the
 # client is not waiting for answers, and its socket is closed rather than its frames kept
 WAITING_FRAMES = 64
@@ -73,17 +75,25 @@ class Connection:
 
     local: LocalResponses
     held: OrderedDict[str, WarmUp | None] = field(default_factory=OrderedDict)
+    warm_ups: int = 0
 
     def hold(self, response_id: str, warm_up: WarmUp | None = None) -> None:
         self.local.add(response_id)
         self.held[response_id] = warm_up
-        while len(self.held) > HELD_PER_CONNECTION:
-            self.held.popitem(last=False)
+        self.warm_ups += warm_up is not None
+        if self.warm_ups > WARM_UPS_PER_CONNECTION:
+            self._forget(next(key for key, held in self.held.items() if held is not None))
+        if len(self.held) > HELD_PER_CONNECTION:
+            self._forget(next(iter(self.held)))
+
+    def _forget(self, response_id: str) -> None:
+        if self.held.pop(response_id, None) is not None:
+            self.warm_ups -= 1
 
     def evict(self, response_id: str | None) -> None:
         """A continuation from `response_id` failed: it is no longer held here (OpenAI's rule)."""
         if response_id is not None:
-            self.held.pop(ksi_id(response_id), None)
+            self._forget(ksi_id(response_id))
 
     def resolved(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The request fields with a warm-up it chains from replayed under them; a
@@ -95,8 +105,9 @@ class Connection:
         if key not in self.held:
             if key in self.local:
                 raise KsiError(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-                               f"previous response {previous} was held by another WebSocket connection (store: "
-                               "false or a warm-up) and is not found on this one: send the full context instead",
+                               f"previous response {previous} was connection-local (store: false or a warm-up) "
+                               "and this connection does not hold it (another made it, or a failed continuation "
+                               "evicted it): send the full context instead",
                                fields={"previous_response_id": "not held by this connection"})
             return fields  # a stored response: the daemon resolves it
         warm_up = self.held[key]
