@@ -136,6 +136,15 @@ async def test_compact_threshold_adds_a_compaction_item(http: HttpDaemon) -> Non
     high = await post(http, {"model": MODEL, "input": "hello", "context_management": [
         {"type": "compaction", "compact_threshold": 10**6}]})
     assert [item["type"] for item in high.json()["output"]] == ["message"]
+    # a conversation is compacted when its input crosses the threshold, not again at every turn above it
+    below = {"type": "compaction", "compact_threshold": 40}
+    turn = (await post(http, {"model": MODEL, "input": "short", "context_management": [below]})).json()
+    kinds = []
+    for n in range(4):
+        turn = (await post(http, {"model": MODEL, "previous_response_id": turn["id"], "context_management": [below],
+                                  "input": f"turn {n}: a longer message that makes the history grow past forty"})).json()
+        kinds.append([item["type"] for item in turn["output"]])
+    assert kinds.count(["message", "compaction"]) == 1 and kinds[0] == ["message"]
 
 
 async def test_bad_compaction_input_is_refused_and_nothing_is_written(http: HttpDaemon, stub: StubOpenAI) -> None:

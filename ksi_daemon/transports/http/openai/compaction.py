@@ -224,14 +224,28 @@ class Compaction:
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         return JSONResponse(await self.triggered(unfolded))
 
+    async def due(self, response_id: str, tokens: int, threshold: int | None) -> bool:
+        """The input of response `response_id` crossed `threshold` tokens: it reached it and the
+        exchange before it did not. KSI keeps every later turn within the model's window itself,
+        so a conversation is compacted once per crossing, not again at every turn above it."""
+        if threshold is None or tokens < threshold:
+            return False
+        shown = await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        previous = shown.get("previous_response_id")
+        if not previous:
+            return True
+        before = await call(self.door.handle_request, "response:show", {"response_id": previous})
+        usage = (before.get("outcome") or {}).get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0) < threshold
+
     async def crossed(self, events: AsyncIterator[dict[str, Any]], threshold: int | None
                       ) -> AsyncIterator[dict[str, Any]]:
-        """`events` of one response; when its input reached `threshold` tokens, a compaction item
-        taken after it closes its output (context_management)."""
+        """`events` of one response; when its input crossed `threshold` tokens (see due), a
+        compaction item taken after it closes its output (context_management)."""
         async for event in events:
             response = event.get("response") if event["type"] == "response.completed" else None
             tokens = ((response or {}).get("usage") or {}).get("input_tokens") or 0
-            if response is None or threshold is None or tokens < threshold:
+            if response is None or not await self.due(ksi_id(response["id"]), tokens, threshold):
                 yield event
                 continue
             item = await self.item(Checkpoint(ksi_id(response["id"])))

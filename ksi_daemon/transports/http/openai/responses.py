@@ -123,7 +123,8 @@ class Responses:
             finish_reason=result.get("finish_reason"))
         shaped = tool_shapes.with_output({**shaped, **tool_shapes.request_echo(body)},
                                          result["response_id"], result.get("output"))
-        if threshold is not None and (shaped.get("usage") or {}).get("input_tokens", 0) >= threshold:
+        if await self.compaction.due(result["response_id"], (shaped.get("usage") or {}).get("input_tokens", 0),
+                                     threshold):
             after = await self.compaction.item(Checkpoint(result["response_id"]))
             shaped["output"] = [*shaped["output"], after]
         used = history_used(result)
