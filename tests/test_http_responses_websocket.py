@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from ksi_common.console_login import make_code
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.responses_conformance import conforming_event, conforming_ws_error
 from tests.stored import stored_index
@@ -261,3 +263,21 @@ async def test_a_socket_holds_its_newest_warm_ups(http: HttpDaemon, stub: StubOp
         assert final(await turn(ws, previous_response_id=warm[1], input=[user("from the next")]))
         assert final(await turn(ws, store=False, previous_response_id=kept["id"], input=[user("still kept")]))
     assert stub.requests and len(stub.requests) == 3
+
+
+async def test_a_browser_session_opens_a_socket_only_from_the_daemons_pages(http: HttpDaemon) -> None:
+    root = http.daemon.http.sessions.root
+    async with httpx.AsyncClient(base_url=http.base_url, timeout=30.0) as browser:
+        assert (await browser.get("/login", params={"code": make_code(http.token)})).status_code == 303
+        cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    url = ws_url(http).replace("/v1/responses", root + "/v1/responses")
+    for origin in ("http://evil.example", None):
+        headers = {"Cookie": cookie, **({"Origin": origin} if origin else {})}
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(url, additional_headers=headers, open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403
+        assert json.loads(refused.value.response.body)["error"]["code"] == "cross_site_request"
+    async with connect(url, additional_headers={"Cookie": cookie}, origin=http.base_url,  # type: ignore[arg-type]
+                       open_timeout=10) as ws:
+        assert final(await turn(ws, input=[user("from the console")]))["status"] == "completed"
