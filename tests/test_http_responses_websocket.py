@@ -123,6 +123,20 @@ async def test_store_false_is_held_for_the_connection_only(http: HttpDaemon, stu
     assert len(await stored_index(http.daemon, first["conversation"]["id"])) == 3
 
 
+async def test_a_connection_local_response_is_not_chained_from_over_http(http: HttpDaemon) -> None:
+    async with socket(http) as ws:
+        local = final(await turn(ws, store=False, input=[user("only here")]))
+        stored = final(await turn(ws, input=[user("everywhere")]))
+    async with httpx.AsyncClient(base_url=http.base_url, headers={"Authorization": f"Bearer {http.token}"},
+                                 timeout=30) as client:
+        refused = await client.post("/v1/responses", json={"model": "openai/stub-model", "input": "next",
+                                                           "previous_response_id": local["id"]})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "previous_response_not_found"
+        chained = await client.post("/v1/responses", json={"model": "openai/stub-model", "input": "next",
+                                                           "previous_response_id": stored["id"]})
+    assert chained.status_code == 200 and chained.json()["conversation"]["id"] == stored["conversation"]["id"]
+
+
 async def test_a_missing_previous_response_is_an_error_and_the_socket_goes_on(http: HttpDaemon) -> None:
     async with socket(http) as ws:
         refused = await turn(ws, previous_response_id="resp_openai-stub-model-000000000000", input=[user("hi")])

@@ -16,6 +16,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.compaction import Checkpoint, Compaction, unfold
+from ksi_daemon.transports.http.openai.connection_local import LocalResponses
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.response_object import (
     Asked,
@@ -87,9 +88,12 @@ class Responses:
     def __init__(self, door: Door) -> None:
         self.door = door
         self.compaction = Compaction(door)
+        self.local = LocalResponses()  # shared with the WebSocket route: see connection_local
 
     async def create(self, request: Request) -> Response:
         unfolded = unfold(await read_json(request, self.door.settings.line_limit))
+        if isinstance(unfolded.fields, dict):
+            self.local.check(unfolded.fields.get("previous_response_id"))
         if unfolded.trigger:  # answered by a compaction item alone: no model call, nothing stored
             return await self.compaction.answer_trigger(unfolded)
         body: ResponseCreate = parse(ResponseCreate, unfolded.fields)

@@ -21,6 +21,7 @@ from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
 from ksi_daemon.transports.http.errors import error_body, status_of
 from ksi_daemon.transports.http.openai.compaction import unfold
+from ksi_daemon.transports.http.openai.connection_local import LocalResponses
 from ksi_daemon.transports.http.openai.response_object import ksi_id, response_object
 from ksi_daemon.transports.http.openai.responses import Responses, asked_of, submitted
 from ksi_daemon.transports.http.openai.runs import CompletionStream
@@ -32,9 +33,6 @@ log = structlog.get_logger("ksi.http")
 CREATE = "response.create"
 # Codex tells the server it has read a response; nothing in KSI waits for that, so it is taken silently
 PROCESSED = "response.processed"
-# ids of connection-local responses remembered after their socket closed, so that a reconnect is
-# told previous_response_not_found for them; the oldest are forgotten first
-REMEMBERED_LOCAL = 100_000
 # connection-local responses one socket may chain from, the oldest forgotten first; warm-ups hold
 # their whole request in memory, so fewer of them (a client warms up the turn it is about to send)
 HELD_PER_CONNECTION = 1_000
@@ -42,23 +40,6 @@ WARM_UPS_PER_CONNECTION = 8
 # frames one socket may send ahead of the turn that runs (turns run one at a time): past this the
 # client is not waiting for answers, and its socket is closed rather than its frames kept
 WAITING_FRAMES = 64
-
-
-class LocalResponses:
-    """Which response ids were connection-local (made with `store: false`, or warm-ups), across
-    every socket of this door: one of them named on another socket is not found, as on OpenAI."""
-
-    def __init__(self, limit: int = REMEMBERED_LOCAL) -> None:
-        self.limit = limit
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, response_id: str) -> None:
-        self._ids[response_id] = None
-        while len(self._ids) > self.limit:
-            self._ids.popitem(last=False)
-
-    def __contains__(self, response_id: object) -> bool:
-        return response_id in self._ids
 
 
 @dataclass(slots=True)
@@ -104,11 +85,8 @@ class Connection:
         key = ksi_id(previous)
         if key not in self.held:
             if key in self.local:
-                raise KsiError(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-                               f"previous response {previous} was connection-local (store: false or a warm-up) "
-                               "and this connection does not hold it (another made it, or a failed continuation "
-                               "evicted it): send the full context instead",
-                               fields={"previous_response_id": "not held by this connection"})
+                raise self.local.refuse(previous, "this connection does not hold it (another made it, or a failed "
+                                                  "continuation evicted it)")
             return fields  # a stored response: the daemon resolves it
         warm_up = self.held[key]
         if warm_up is None:
@@ -140,7 +118,7 @@ class ResponsesSocket:
 
     def __init__(self, responses: Responses) -> None:
         self.responses = responses
-        self.local = LocalResponses()
+        self.local = responses.local
 
     async def serve(self, websocket: WebSocket) -> None:
         """Read frames while the turns they ask for run one after another; a socket that closes
