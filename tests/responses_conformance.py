@@ -94,3 +94,10 @@ def conforming_compacted(data: dict[str, Any]) -> dict[str, Any]:
     """A POST /v1/responses/compact answer as sent, checked against the specification's CompactResource."""
     spec.CompactResource.model_validate(data)
     return data
+
+
+def conforming_ws_request(frame: dict[str, Any]) -> dict[str, Any]:
+    """A client's `response.create` frame checked against the specification's
+    WebSocketResponseCreateEvent (so the scenarios speak as a conforming client does)."""
+    spec.WebSocketResponseCreateEvent.model_validate(frame)
+    return frame

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ksi_common.console_login import make_code
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
-from tests.responses_conformance import conforming_event, conforming_ws_error
+from tests.responses_conformance import conforming_event, conforming_ws_error, conforming_ws_request
 from tests.stored import stored_index
 from tests.stub_openai import Reply, StubOpenAI
 
@@ -52,7 +52,10 @@ def user(text: str) -> dict[str, Any]:
 
 async def turn(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
     """One response.create and every frame answering it, up to its last; each one validated."""
-    await ws.send(json.dumps({"type": "response.create", "model": "openai/stub-model", **fields}))
+    frame = {"type": "response.create", "model": "openai/stub-model", **fields}
+    if not any(isinstance(item, dict) and item.get("type") == "compaction_trigger" for item in fields.get("input") or []):
+        conforming_ws_request(frame)  # Codex's trigger is no item of the specification
+    await ws.send(json.dumps(frame))
     frames: list[dict[str, Any]] = []
     while True:
         frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
