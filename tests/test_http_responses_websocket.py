@@ -165,7 +165,8 @@ async def test_bad_frames_get_error_events(http: HttpDaemon) -> None:
         assert frame["error"]["code"] == "invalid_json"
         for bad, code in (({"type": "response.cancel"}, "invalid_request"),
                           ({"type": "response.create", "input": []}, "validation_error"),
-                          ({"type": "response.create", "input": "x", "background": True}, "unsupported_parameter")):
+                          ({"type": "response.create", "input": "x", "background": True}, "unsupported_parameter"),
+                          ({"type": "response.create", "input": "x", "generate": "false"}, "validation_error")):
             await ws.send(json.dumps(bad))
             frame = json.loads(await ws.recv())
             conforming_ws_error(frame)

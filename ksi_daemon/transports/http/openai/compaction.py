@@ -12,8 +12,9 @@ on create, whose `compact_threshold` adds a compaction item to a response whose 
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,21 +239,27 @@ class Compaction:
         usage = (before.get("outcome") or {}).get("usage") or {}
         return int(usage.get("prompt_tokens") or 0) < threshold
 
-    async def crossed(self, events: AsyncIterator[dict[str, Any]], threshold: int | None
-                      ) -> AsyncIterator[dict[str, Any]]:
+    async def crossed(self, events: AsyncGenerator[dict[str, Any], None], threshold: int | None
+                      ) -> AsyncGenerator[dict[str, Any], None]:
         """`events` of one response; when its input crossed `threshold` tokens (see due), a
         compaction item taken after it closes its output (context_management)."""
-        async for event in events:
-            response = event.get("response") if event["type"] == "response.completed" else None
-            tokens = ((response or {}).get("usage") or {}).get("input_tokens") or 0
-            if response is None or not await self.due(ksi_id(response["id"]), tokens, threshold):
-                yield event
-                continue
-            item = await self.item(Checkpoint(ksi_id(response["id"])))
-            index, number = len(response["output"]), event["sequence_number"]
-            yield {"type": "response.output_item.added", "sequence_number": number, "output_index": index,
-                   "item": item}
-            yield {"type": "response.output_item.done", "sequence_number": number + 1, "output_index": index,
-                   "item": item}
-            yield {**event, "sequence_number": number + 2,
-                   "response": {**response, "output": [*response["output"], item]}}
+        async with contextlib.aclosing(events):  # a client that leaves ends the stream inside at once
+            async for event in events:
+                if threshold is None or event["type"] != "response.completed":
+                    yield event
+                    continue
+                async for shown in self._with_item(event, threshold):
+                    yield shown
+
+    async def _with_item(self, event: dict[str, Any], threshold: int) -> AsyncIterator[dict[str, Any]]:
+        """The closing event of a response, with a compaction item before it when it crossed `threshold`."""
+        response = event["response"]
+        tokens = (response.get("usage") or {}).get("input_tokens") or 0
+        if not await self.due(ksi_id(response["id"]), tokens, threshold):
+            yield event
+            return
+        item = await self.item(Checkpoint(ksi_id(response["id"])))
+        index, number = len(response["output"]), event["sequence_number"]
+        yield {"type": "response.output_item.added", "sequence_number": number, "output_index": index, "item": item}
+        yield {"type": "response.output_item.done", "sequence_number": number + 1, "output_index": index, "item": item}
+        yield {**event, "sequence_number": number + 2, "response": {**response, "output": [*response["output"], item]}}

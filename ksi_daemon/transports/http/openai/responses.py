@@ -4,9 +4,10 @@ KSI response id; either form is taken."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -139,12 +140,13 @@ class Responses:
 
     async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
                       created_at: int, threshold: int | None) -> AsyncIterator[bytes]:
-        async for event in self.compaction.crossed(self.stream_events(stream, ack, asked, body, created_at),
-                                                   threshold):
-            yield sse(event)
+        events = self.compaction.crossed(self.stream_events(stream, ack, asked, body, created_at), threshold)
+        async with contextlib.aclosing(events):  # a client that leaves ends the stream at once
+            async for event in events:
+                yield sse(event)
 
     async def stream_events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, body: ResponseCreate,
-                            created_at: int) -> AsyncIterator[dict[str, Any]]:
+                            created_at: int) -> AsyncGenerator[dict[str, Any], None]:
         """A foreground stream's events (SSE or WebSocket frames): followed through pushed events; a
         client that leaves cancels it. Its events are numbered as they are sent (only a background
         one is read again, from its kept chunks: see _replayed); an output item opens when its first

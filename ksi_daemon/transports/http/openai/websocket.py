@@ -171,6 +171,9 @@ class ResponsesSocket:
 
     async def _turn(self, websocket: WebSocket, connection: Connection, fields: dict[str, Any]) -> None:
         generate = fields.pop("generate", True)
+        if not isinstance(generate, bool):
+            raise KsiError(ErrorCode.VALIDATION_ERROR, "invalid request: generate: true or false",
+                           fields={"generate": "true or false"})
         fields.pop("stream", None)  # every response on a socket streams: the field has nothing to choose
         if fields.get("background"):
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, "background is not supported on a WebSocket: a response "
@@ -198,9 +201,10 @@ class ResponsesSocket:
             raise renamed(error, RESPONSE_FIELDS, new_input_positions(body)) from None
         ended = "response.failed"
         events = self.responses.stream_events(stream, ack, asked_of(body, payload), body, int(time.time()))
-        async for event in compaction.crossed(events, unfolded.threshold):
-            await _send(websocket, event)
-            ended = event["type"]
+        async with contextlib.aclosing(compaction.crossed(events, unfolded.threshold)) as shown:
+            async for event in shown:  # a socket that closes cancels this turn: its stream ends at once
+                await _send(websocket, event)
+                ended = event["type"]
         if ended == "response.failed":
             connection.evict(chained_from)
         elif not body.store:
