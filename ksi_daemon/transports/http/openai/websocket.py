@@ -220,8 +220,8 @@ class ResponsesSocket:
         connection.hold(response_id, WarmUp(fields))
         created_at = int(time.time())
         asked = asked_of(body, {})
-        shaped = {**response_object(response_id, asked, model=model, status="in_progress", created_at=created_at)}
-        await _send(websocket, {"type": "response.created", "sequence_number": 0, "response": shaped})
+        opened = response_object(response_id, asked, model=model, status="in_progress", created_at=created_at)
+        await _send(websocket, {"type": "response.created", "sequence_number": 0, "response": opened})
         done = response_object(response_id, asked, model=model, status="completed", created_at=created_at,
                                usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
         await _send(websocket, {"type": "response.completed", "sequence_number": 1, "response": done})
