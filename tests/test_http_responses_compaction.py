@@ -93,6 +93,23 @@ async def test_compact_carries_the_items_kept_after_the_stored_response(http: Ht
     assert stub.messages() == [{"role": "user", "content": "start"}, {"role": "assistant", "content": first.output_text},
                                {"role": "user", "content": "later"}, {"role": "user", "content": "now"}]
     assert replayed.conversation is not None and replayed.conversation.id == held["conversation_id"]
+    # a compacted history compacted again: the same stored point, the items added since carried
+    again = await client.responses.compact(model=MODEL, input=[  # type: ignore[arg-type]
+        compacted.output[0].to_dict(), {"role": "user", "content": "more"}])
+    held_again = content(again.output[0].to_dict())
+    assert held_again["response_id"] == first.id
+    assert held_again["carried"] == [{"role": "user", "content": "later"}, {"role": "user", "content": "more"}]
+
+
+async def test_the_item_shows_the_pinned_exchanges(http: HttpDaemon) -> None:
+    client = sdk(http)
+    first = await client.responses.create(model=MODEL, input="pin this one")
+    second = await client.responses.create(model=MODEL, input="not this", previous_response_id=first.id)
+    async with connected(http.daemon) as socket_client:
+        await socket_client.request("conversation:pin", {"conversation_id": first.conversation.id,  # type: ignore[union-attr]
+                                                         "n": 1})
+    held = content((await client.responses.compact(model=MODEL, previous_response_id=second.id)).output[0].to_dict())
+    assert held["pinned"] == [1] and held["exchanges"] == 2
 
 
 async def test_a_trigger_is_answered_by_one_compaction_item_and_never_stored(
