@@ -81,3 +81,23 @@ def conforming_input_items(data: dict[str, Any]) -> list[Any]:
     """A page of a response's input items as sent, each checked against the SDK's item union."""
     assert data["object"] == "list"
     return [RESPONSE_ITEM.validate_python(item) for item in data["data"]]
+
+
+def conforming_ws_error(data: dict[str, Any]) -> dict[str, Any]:
+    """A WebSocket `error` frame as sent, checked against the specification's WebSocketErrorEvent."""
+    spec.WebSocketErrorEvent.model_validate(data)
+    assert isinstance(data["error"]["code"], str) and data["status"] >= 400
+    return data
+
+
+def conforming_compacted(data: dict[str, Any]) -> dict[str, Any]:
+    """A POST /v1/responses/compact answer as sent, checked against the specification's CompactResource."""
+    spec.CompactResource.model_validate(data)
+    return data
+
+
+def conforming_ws_request(frame: dict[str, Any]) -> dict[str, Any]:
+    """A client's `response.create` frame checked against the specification's
+    WebSocketResponseCreateEvent (so the scenarios speak as a conforming client does)."""
+    spec.WebSocketResponseCreateEvent.model_validate(frame)
+    return frame

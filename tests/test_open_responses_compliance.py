@@ -1,5 +1,8 @@
 """The Open Responses compliance scenarios (basic, streaming, system prompt, tool calling, tool
-calling streamed, image input, multi-turn), sent as the specification's published test templates
+calling streamed, image input, multi-turn, assistant phase, the compaction endpoint, and the
+WebSocket ones: a response, sequential responses on one socket, a store: false continuation on
+the connection, a reconnect answered previous_response_not_found then recovering, a missing
+previous response, a failed continuation evicting the connection's cache), sent as the specification's published test templates
 send them (plain JSON bodies to POST /v1/responses, `stream` set for the streamed ones), against a
 real daemon, real litellm and the stub. Every response object and every streaming event is
 validated against the specification's types (`openresponses-types`) and the openai SDK's, then
@@ -18,9 +21,10 @@ import pytest
 
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.image_bytes import png
-from tests.responses_conformance import conforming_event, conforming_response
+from tests.responses_conformance import conforming_compacted, conforming_event, conforming_response
 from tests.stored import stored_index
 from tests.stub_openai import Reply, StubOpenAI
+from tests.test_http_responses_websocket import final, socket, turn, user
 from tests.test_image_files import data_url, vision_models
 
 MODEL = "openai/stub-vision"
@@ -152,3 +156,87 @@ async def test_multi_turn(http: HttpDaemon, stub: StubOpenAI) -> None:
     # the client's history was kept as the conversation's first exchange, the answer as its second
     conversation = response["conversation"]["id"]
     assert len(await stored_index(http.daemon, conversation)) == 2
+
+
+async def test_assistant_phase_on_input_and_output(http: HttpDaemon, stub: StubOpenAI) -> None:
+    stub.enqueue("Your name is Alice.")
+    assistant = {**message("assistant", [{"type": "output_text", "text": "Checking my notes."}]),
+                 "phase": "commentary"}
+    response = await create(http, {"model": MODEL, "input": [
+        message("user", "My name is Alice."), assistant, message("user", "What is my name?")]})
+    assert output_types(response) == ["message"] and response["output"][0].get("phase") in (None, "final_answer")
+    assert [(m["role"], m["content"]) for m in stub.messages()] == [
+        ("user", "My name is Alice."), ("assistant", "Checking my notes."), ("user", "What is my name?")]
+    async with httpx.AsyncClient(base_url=http.base_url, headers={"Authorization": f"Bearer {http.token}"}) as client:
+        reply = await client.post("/v1/responses", json={"model": MODEL, "input": [
+            message("user", "hi"), {**assistant, "phase": "thinking"}, message("user", "again")]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input.1.phase"
+
+
+async def test_compaction_endpoint(http: HttpDaemon, stub: StubOpenAI) -> None:
+    first = await create(http, {"model": MODEL, "input": [message("user", "Remember the number 31.")]})
+    async with httpx.AsyncClient(base_url=http.base_url, headers={"Authorization": f"Bearer {http.token}"}) as client:
+        reply = await client.post("/v1/responses/compact", json={
+            "model": MODEL, "prompt_cache_key": "compaction-scenario", "input": [
+                message("user", "Remember the number 31."), first["output"][0], message("user", "And 32.")]})
+    assert reply.status_code == 200, reply.text
+    compacted = conforming_compacted(reply.json())
+    assert compacted["object"] == "response.compaction"
+    assert [item["type"] for item in compacted["output"]] == ["compaction"]
+    stub.enqueue("31 and 32.")
+    answer = await create(http, {"model": MODEL, "input": [compacted["output"][0], message("user", "Which numbers?")]})
+    assert answer["conversation"]["id"] == first["conversation"]["id"]
+    assert [m["content"] for m in stub.messages()][-2:] == ["And 32.", "Which numbers?"]
+
+
+async def test_websocket_response(http: HttpDaemon, stub: StubOpenAI) -> None:
+    stub.enqueue("Hello there, friend.")
+    async with socket(http) as ws:
+        frames = await turn(ws, model=MODEL, input=[user("Say hello in exactly 3 words.")])
+    assert [f["type"] for f in frames][:2] == ["response.created", "response.in_progress"]
+    assert final(frames)["output"][0]["content"][0]["text"] == "Hello there, friend."
+
+
+async def test_websocket_sequential_responses(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        ids = [final(await turn(ws, model=MODEL, input=[user(f"turn {n}")]))["id"] for n in range(3)]
+    assert len(set(ids)) == 3 and len(stub.requests) == 3
+
+
+async def test_websocket_store_false_continuation(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        first = final(await turn(ws, model=MODEL, store=False, input=[user("My name is Alice.")]))
+        second = final(await turn(ws, model=MODEL, store=False, previous_response_id=first["id"],
+                                  input=[user("What is my name?")]))
+    assert second["previous_response_id"] == first["id"]
+    assert [m["content"] for m in stub.messages()][::2] == ["My name is Alice.", "What is my name?"]
+
+
+async def test_websocket_reconnect_then_recover(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        first = final(await turn(ws, model=MODEL, store=False, input=[user("My name is Alice.")]))
+    async with socket(http) as ws:
+        refused = await turn(ws, model=MODEL, store=False, previous_response_id=first["id"],
+                             input=[user("What is my name?")])
+        assert refused[-1]["error"]["code"] == "previous_response_not_found"
+        again = final(await turn(ws, model=MODEL, store=False, input=[
+            user("My name is Alice."), message("assistant", [{"type": "output_text", "text":
+                                                               first["output"][0]["content"][0]["text"]}]),
+            user("What is my name?")]))
+    assert again["conversation"]["id"] == first["conversation"]["id"]
+
+
+async def test_websocket_missing_previous_response(http: HttpDaemon) -> None:
+    async with socket(http) as ws:
+        refused = await turn(ws, model=MODEL, previous_response_id="resp_does-not-exist", input=[user("hi")])
+    assert refused[-1]["status"] == 404 and refused[-1]["error"]["code"] == "previous_response_not_found"
+
+
+async def test_websocket_failed_continuation_evicts_the_cache(http: HttpDaemon, stub: StubOpenAI) -> None:
+    async with socket(http) as ws:
+        first = final(await turn(ws, model=MODEL, store=False, input=[user("start")]))
+        bad = await turn(ws, model=MODEL, store=False, previous_response_id=first["id"],
+                         input=[user("x")], temperature=9)
+        assert bad[-1]["type"] == "error" and bad[-1]["error"]["code"] == "validation_error"
+        refused = await turn(ws, model=MODEL, store=False, previous_response_id=first["id"], input=[user("y")])
+    assert refused[-1]["error"]["code"] == "previous_response_not_found"

@@ -142,17 +142,16 @@ class TokenAuth:
             await self.app({**scope, "ksi.auth": "bearer"}, receive, send)
             return
         if under_root and any(self.sessions.valid(value) for value in _session_cookies(scope)):
-            if scope.get("method", "GET") not in SAFE_METHODS and not self._same_origin(scope):
-                await _reply(send, 403, error_body(KsiError(
+            # a WebSocket handshake is a GET that changes things: it must come from this daemon's pages too
+            changes = scope["type"] == "websocket" or scope.get("method", "GET") not in SAFE_METHODS
+            if changes and not self._same_origin(scope):
+                await _reply(_answering(scope, send), 403, error_body(KsiError(
                     ErrorCode.CROSS_SITE_REQUEST, "refused: a browser session changes things only from this "
                                                   "daemon's own pages")))
                 return
             await self.app({**scope, "ksi.auth": "session"}, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await self._unauthorized(scope, send, "This KSI daemon needs a login")
+        await self._unauthorized(scope, _answering(scope, send), "This KSI daemon needs a login")
 
     def _same_origin(self, scope: Scope) -> bool:
         """The request comes from a page of this daemon: its Origin is this host and port, and the
@@ -214,6 +213,18 @@ class TokenAuth:
             await send({"type": "http.response.body", "body": page})
             return
         await _reply(send, 401, error_body(KsiError(ErrorCode.UNAUTHORIZED, message)), headers)
+
+
+def _answering(scope: Scope, send: Send) -> Send:
+    """`send` for an HTTP answer: a WebSocket handshake is refused with one (ASGI's
+    websocket.http.response extension), so its client reads the same error as an HTTP one."""
+    if scope["type"] != "websocket":
+        return send
+
+    async def refuse_handshake(message: Message) -> None:
+        await send({**message, "type": "websocket." + message["type"]})
+
+    return refuse_handshake
 
 
 async def _reply(send: Send, status: int, body: dict[str, Any],

@@ -12,6 +12,7 @@ from typing import Any
 import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.budget import ConnectionBudget
@@ -99,6 +100,12 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float, body_timeou
             else:
                 self._body_arrived()
 
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            # the WebSocket protocol takes the transport over, and this connection's place with it
+            self.holds_budget = False
+            self._head_arrived()
+            super().handle_websocket_upgrade(event)
+
         def eof_received(self) -> bool | None:  # type: ignore[override]
             if not self.holds_budget:
                 return False  # the client read the refusal and left: close now
@@ -143,3 +150,23 @@ def budgeted_protocol(budget: ConnectionBudget, head_timeout: float, body_timeou
             self.transport.close()
 
     return BudgetedH11Protocol
+
+
+def budgeted_ws_protocol(budget: ConnectionBudget) -> type[WebSocketsSansIOProtocol]:
+    """uvicorn's WebSocket protocol for connections upgraded from budgeted HTTP ones: each holds its
+    HTTP connection's place in `budget` and gives it back when the socket closes."""
+
+    class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.holds_budget = True  # made only by an upgrade, which handed the place over
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            try:
+                super().connection_lost(exc)
+            finally:
+                if self.holds_budget:
+                    self.holds_budget = False
+                    budget.give_back()
+
+    return BudgetedWebSocketProtocol

@@ -42,13 +42,28 @@ _CALL_OUTPUT = {"type": "object", "required": ["type", "id", "call_id", "output"
                 "properties": {"type": {"const": "function_call_output"}, "id": {"type": "string"},
                                "call_id": {"type": "string"}, "output": {"type": "string"},
                                "status": {"type": "string"}}}
+_COMPACTION = {"type": "object", "required": ["type", "id", "encrypted_content"],
+               "properties": {"type": {"const": "compaction"}, "id": {"type": "string"},
+                              "encrypted_content": {"type": "string", "description": "readable JSON: the "
+                                                    "conversation and response it stands for, KSI's summaries "
+                                                    "and pins, the items carried after them"},
+                              "created_by": {"type": ["string", "null"]}}}
+_COMPACT_BODY = {"type": "object", "required": ["model"],
+                 "properties": {"model": {"type": "string", "minLength": 1},
+                                "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+                                "previous_response_id": {"type": "string"}, "instructions": {"type": "string"},
+                                "prompt_cache_key": {"type": "string"}}}
+_COMPACTED = {"type": "object", "required": ["id", "object", "created_at", "output", "usage"],
+              "properties": {"id": {"type": "string"}, "object": {"const": "response.compaction"},
+                             "created_at": {"type": "integer"}, "output": {"type": "array", "items": _COMPACTION},
+                             "usage": {"type": "object"}}}
 _RESPONSE = {
     "type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
     "properties": {
         "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
         "status": {"enum": ["completed", "incomplete", "failed", "cancelled", "in_progress", "queued"]},
         "model": {"type": "string"}, "background": {"type": "boolean"},
-        "output": {"type": "array", "items": {"anyOf": [_MESSAGE, _FUNCTION_CALL, _REASONING]}},
+        "output": {"type": "array", "items": {"anyOf": [_MESSAGE, _FUNCTION_CALL, _REASONING, _COMPACTION]}},
         "usage": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
         "previous_response_id": {"type": ["string", "null"]}, "instructions": {"type": ["string", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -132,6 +147,12 @@ def openapi_document() -> dict[str, Any]:
             "responses": {"200": {"description": "the response; server-sent events with stream: true",
                                   "content": {"application/json": {"schema": response_ref}, **stream}},
                           **_errors(*_COMPLETION_ERRORS)}}},
+        "/v1/responses/compact": {"post": {
+            "operationId": "compactResponse", "requestBody": {"required": True, "content": {
+                "application/json": {"schema": _COMPACT_BODY}}},
+            "description": "The context (previous_response_id, or the items this door returned) as one compaction "
+                           "item; no model is called and nothing is stored.",
+            "responses": {"200": _json(_COMPACTED), **_errors(404, 413)}}},
         "/v1/responses/{id}": {
             "parameters": _ID,
             "get": {"operationId": "getResponse", "parameters": _RESUME,

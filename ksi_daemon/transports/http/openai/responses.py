@@ -4,17 +4,20 @@ KSI response id; either form is taken."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.transports.http.door import call
+from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
+from ksi_daemon.transports.http.openai.compaction import Checkpoint, Compaction, unfold
+from ksi_daemon.transports.http.openai.connection_local import LocalResponses
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.response_object import (
     Asked,
@@ -33,7 +36,7 @@ from ksi_daemon.transports.http.openai.response_stream import (
     sse,
 )
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
-from ksi_daemon.transports.http.openai.schemas import ResponseCreate
+from ksi_daemon.transports.http.openai.schemas import ResponseCreate, parse
 from ksi_daemon.transports.http.openai.translate import (
     HISTORY_HEADER,
     RESPONSE_FIELDS,
@@ -49,9 +52,25 @@ from ksi_daemon.transports.http.openai.translate import (
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POLL_SLICE = 15.0  # seconds one completion:chunks waits for more of a background response
 FINISHED = ("done", "failed", "cancelled")
+T = TypeVar("T")
 
 
-def _asked(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
+async def submitted(body: ResponseCreate, dropped: frozenset[str],
+                    submit: Callable[[dict[str, Any]], Awaitable[T]]) -> T:
+    """`submit` called with the body as completion:async data, less the `dropped` hosted tools. A
+    history whose last output item carries this door's id continues after that response; when the
+    id names no stored response, the history is matched instead (see continued_response)."""
+    after = continued_response(body)
+    if after is not None:
+        try:
+            return await submit(response_payload(body, after, dropped))
+        except KsiError as error:
+            if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
+                raise
+    return await submit(response_payload(body, dropped=dropped))
+
+
+def asked_of(body: ResponseCreate, payload: dict[str, Any]) -> Asked:
     return Asked(options=dict(payload.get("options") or {}), temperature=body.temperature,
                  max_output_tokens=body.max_output_tokens, instructions=body.instructions,
                  metadata=dict(body.metadata or {}), previous_response_id=body.previous_response_id,
@@ -73,25 +92,30 @@ def _starting_after(request: Request) -> int:
 class Responses:
     def __init__(self, door: Door) -> None:
         self.door = door
+        self.compaction = Compaction(door)
+        self.local = LocalResponses()  # shared with the WebSocket route: see connection_local
 
     async def create(self, request: Request) -> Response:
-        body: ResponseCreate = await self.door.body(request, ResponseCreate)
+        unfolded = unfold(await read_json(request, self.door.settings.line_limit))
+        if isinstance(unfolded.fields, dict):
+            self.local.check(unfolded.fields.get("previous_response_id"))
+        if unfolded.trigger:  # answered by a compaction item alone: no model call, nothing stored
+            return await self.compaction.answer_trigger(unfolded)
+        body: ResponseCreate = parse(ResponseCreate, unfolded.fields)
         dropped = dropped_tools(body, self.door.settings)
-        after = continued_response(body)
-        if after is not None:
-            try:
-                return await self._create(body, response_payload(body, after, dropped), dropped)
-            except KsiError as error:
-                if error.code != ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND:
-                    raise
-                # an id of this door's form that names no stored response: the history is matched
-        return await self._create(body, response_payload(body, dropped=dropped), dropped)
+        return await submitted(body, dropped,
+                               lambda payload: self._create(body, payload, dropped, unfolded.threshold))
 
-    async def _create(self, body: ResponseCreate, payload: dict[str, Any], dropped: frozenset[str]) -> Response:
-        asked = _asked(body, payload)
+    async def _create(self, body: ResponseCreate, payload: dict[str, Any], dropped: frozenset[str],
+                      threshold: int | None) -> Response:
+        asked = asked_of(body, payload)
         echo = tool_shapes.request_echo(body, dropped)
         created_at = int(time.time())
         try:
+            if body.background and threshold is not None:
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, "context_management is not supported with "
+                               "background: compact the response once it ended (POST /v1/responses/compact)",
+                               fields={"context_management": "not with background"})
             if body.background:  # runs in the daemon whatever this client does; its chunks are kept
                 ack = await call(self.door.handle_request, "completion:async", {**payload, "background": True})
                 if body.stream:
@@ -101,7 +125,7 @@ class Responses:
             if body.stream:
                 stream = CompletionStream(self.door.handle_request, self.door.background)
                 ack = await stream.start(payload)
-                return StreamingResponse(self._events(stream, ack, asked, echo, created_at),
+                return StreamingResponse(self._events(stream, ack, asked, echo, created_at, threshold),
                                          media_type="text/event-stream", headers=SSE_HEADERS)
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
@@ -113,6 +137,10 @@ class Responses:
             finish_reason=result.get("finish_reason"))
         shaped = tool_shapes.with_output({**shaped, **echo}, result["response_id"], result.get("output"),
                                          asked.encrypted_reasoning)
+        if await self.compaction.due(result["response_id"], (shaped.get("usage") or {}).get("input_tokens", 0),
+                                     threshold):
+            after = await self.compaction.item(Checkpoint(result["response_id"]))
+            shaped["output"] = [*shaped["output"], after]
         used = history_used(result)
         if used is None:
             return JSONResponse(shaped)
@@ -120,16 +148,24 @@ class Responses:
         return JSONResponse(shaped, headers={HISTORY_HEADER: used})
 
     async def _events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, echo: dict[str, Any],
-                      created_at: int) -> AsyncIterator[bytes]:
-        """A foreground stream: followed through pushed events; a client that leaves cancels it. Its
-        events are numbered as they are sent (only a background one is read again, from its kept
-        chunks: see _replayed); an output item opens when its first delta arrives."""
+                      created_at: int, threshold: int | None) -> AsyncIterator[bytes]:
+        events = self.compaction.crossed(self.stream_events(stream, ack, asked, echo, created_at), threshold)
+        async with contextlib.aclosing(events):  # a client that leaves ends the stream at once
+            async for event in events:
+                yield sse(event)
+
+    async def stream_events(self, stream: CompletionStream, ack: dict[str, Any], asked: Asked, echo: dict[str, Any],
+                            created_at: int) -> AsyncGenerator[dict[str, Any], None]:
+        """A foreground stream's events (SSE or WebSocket frames): followed through pushed events; a
+        client that leaves cancels it. Its events are numbered as they are sent (only a background
+        one is read again, from its kept chunks: see _replayed); an output item opens when its first
+        delta arrives."""
         response_id, model, conversation_id = ack["response_id"], ack["model"], ack["conversation_id"]
         items = tool_shapes.ResponseItemEvents(response_id, asked.encrypted_reasoning)
         sequence = itertools.count()
 
-        def event(kind: str, **fields: Any) -> bytes:
-            return sse({"type": kind, "sequence_number": next(sequence), **fields})
+        def event(kind: str, **fields: Any) -> dict[str, Any]:
+            return {"type": kind, "sequence_number": next(sequence), **fields}
 
         def snapshot(status: str, **fields: Any) -> dict[str, Any]:
             return {**response_object(response_id, asked, model=model, status=status, created_at=created_at,

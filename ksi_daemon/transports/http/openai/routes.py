@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.door import RequestHandler, call
@@ -16,6 +16,7 @@ from ksi_daemon.transports.http.openai.conversations import Conversations
 from ksi_daemon.transports.http.openai.openapi import openapi_document
 from ksi_daemon.transports.http.openai.responses import Responses
 from ksi_daemon.transports.http.openai.translate import AGENT_PREFIX, Door
+from ksi_daemon.transports.http.openai.websocket import ResponsesSocket
 
 
 class Models:
@@ -48,6 +49,8 @@ def build_routes(handle_request: RequestHandler, settings: Settings) -> list[Bas
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/models", models.list, methods=["GET"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
+        WebSocketRoute("/v1/responses", ResponsesSocket(responses).serve),
+        Route("/v1/responses/compact", responses.compaction.compact, methods=["POST"]),
         Route("/v1/responses/{id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{id}", responses.delete, methods=["DELETE"]),
         Route("/v1/responses/{id}/input_items", responses.input_items, methods=["GET"]),

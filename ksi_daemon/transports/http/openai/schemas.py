@@ -127,6 +127,9 @@ class InputMessage(Body):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[Part]
     id: str | None = None  # an output item's id names the response that made it (see translate.py)
+    # how an OpenAI model should read an earlier assistant message of its own; no chat call takes it,
+    # and the stored history is the message itself, so it is checked and goes no further
+    phase: Literal["commentary", "final_answer"] | None = None
 
     def text(self, where: str) -> str:
         return part_texts(self.content, where)
