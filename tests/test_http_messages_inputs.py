@@ -167,3 +167,14 @@ async def test_an_alias_points_a_vendor_name_at_a_local_model(
     reply = await client.messages.create(model="claude-sonnet-4-5", max_tokens=10, messages=ASK)
     assert reply.model == "claude-sonnet-4-5" and reply.content[0].text == "stub answer to: hi"  # type: ignore[union-attr]
     assert stub.requests[-1]["model"] == "stub-model"
+
+
+async def test_thinking_goes_only_to_a_model_called_through_anthropic(
+        http: HttpDaemon, client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    """Claude Code asks for thinking on every turn: a model that cannot take it answers without it,
+    and the answer says the field was not sent."""
+    raw = await client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 1024}, messages=ASK)
+    assert raw.headers["x-ksi-unsent"] == "thinking" and "thinking" not in stub.requests[-1]
+    quiet = await client.messages.with_raw_response.create(model=MODEL, max_tokens=20, messages=ASK)
+    assert "x-ksi-unsent" not in quiet.headers

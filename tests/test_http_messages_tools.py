@@ -132,3 +132,12 @@ async def test_a_tool_exchange_carried_through_responses_and_back(
         ("assistant", [("call_2", "clock", {"city": "Lima"})]), ("tool", "call_2", "09:30"),
         ("assistant", [("toolu_3", "weather", {"city": "Bergen"})]), ("tool", "toolu_3", "8C")]
     assert await conversations(http) == {conversation_id: 6}
+
+
+async def test_thinking_reaches_a_model_called_through_anthropic(
+        client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    raw = await client.messages.with_raw_response.create(
+        model="anthropic/stub-claude", max_tokens=2000, thinking=thinking, messages=[{"role": "user", "content": "hi"}])
+    assert "x-ksi-unsent" not in raw.headers
+    assert stub.anthropic_requests[-1]["thinking"] == thinking

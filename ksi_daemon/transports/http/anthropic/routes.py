@@ -26,6 +26,7 @@ from ksi_daemon.transports.http.anthropic.translate import (
     messages_payload,
     split_turns,
     tool_fields,
+    unsent_fields,
 )
 from ksi_daemon.transports.http.door import RequestHandler, call
 from ksi_daemon.transports.http.front import RouteGroup
@@ -36,6 +37,7 @@ from ksi_daemon.transports.http.openai.translate import HISTORY_HEADER, Door, hi
 
 CONVERSATION_HEADER = "x-ksi-conversation-id"
 VERSION_HEADER = "anthropic-version"
+UNSENT_HEADER = "x-ksi-unsent"  # request fields this answer's provider could not take (see unsent_fields)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -57,14 +59,16 @@ class Messages:
     async def create(self, request: Request) -> Response:
         body: MessagesCreate = await self.door.body(request, MessagesCreate)
         payload = messages_payload(body, self.door.settings, request.headers.get(CONVERSATION_HEADER))
+        unsent = unsent_fields(body, self.door.settings.aliased(body.model))
+        noted = {UNSENT_HEADER: ",".join(unsent)} if unsent else {}
         if body.stream:
             stream = CompletionStream(self.door.handle_request, self.door.background)
             ack = await stream.start(payload)
             return StreamingResponse(self._events(stream, ack, body.model), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"],
-                                              "request-id": ack["response_id"]})
+                                              "request-id": ack["response_id"], **noted})
         result = await complete(self.door.handle_request, payload)
-        headers = {CONVERSATION_HEADER: result["conversation_id"], "request-id": result["response_id"]}
+        headers = {CONVERSATION_HEADER: result["conversation_id"], "request-id": result["response_id"], **noted}
         used = history_used(result)
         if used is not None:
             headers[HISTORY_HEADER] = used

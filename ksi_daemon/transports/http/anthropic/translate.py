@@ -25,6 +25,8 @@ FIELDS = {"prompt": "messages", "input": "messages", "history": "messages", "sto
           "user": "metadata.user_id", "instructions": "system", "agent_id": "model"}
 SERVER_TOOL = "is a server tool Anthropic runs; KSI runs client tools only (the client runs each call)"
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+# models litellm calls through Anthropic's own API: the only ones that take `thinking` as it is
+ANTHROPIC_ROUTES = ("anthropic/", "claude-")
 
 
 @dataclass(slots=True)
@@ -106,7 +108,15 @@ def tool_fields(body: MessagesCreate) -> dict[str, Any]:
     return fields
 
 
-def provider_options(body: MessagesCreate) -> dict[str, Any]:
+def unsent_fields(body: MessagesCreate, model: str) -> list[str]:
+    """Fields kept from a provider that cannot take them: `thinking` (every Claude Code request
+    carries it) to a model not called through Anthropic's API, where it fails the call itself. An
+    answer names them in a header, so none is dropped silently."""
+    wants = body.thinking is not None and body.thinking.get("type") != "disabled"
+    return ["thinking"] if wants and not model.startswith(ANTHROPIC_ROUTES) else []
+
+
+def provider_options(body: MessagesCreate, model: str) -> dict[str, Any]:
     options = {name: value for name, value in (body.model_extra or {}).items() if value is not None}
     for name in ("container", "mcp_servers"):
         if name in options:
@@ -117,7 +127,8 @@ def provider_options(body: MessagesCreate) -> dict[str, Any]:
         options["top_k"] = body.top_k
     if body.top_p is not None:
         options["top_p"] = body.top_p
-    if body.thinking is not None and body.thinking.get("type") != "disabled":
+    if body.thinking is not None and body.thinking.get("type") != "disabled" \
+            and "thinking" not in unsent_fields(body, model):
         options["thinking"] = body.thinking
     if body.metadata is not None and body.metadata.user_id:
         options["user"] = body.metadata.user_id
@@ -144,7 +155,7 @@ def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: 
         payload["conversation_id"] = conversation_id
     if body.temperature is not None:
         payload["temperature"] = body.temperature
-    options = provider_options(body)
+    options = provider_options(body, model)
     if options:
         payload["options"] = options
     return payload
