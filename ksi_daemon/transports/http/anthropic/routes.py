@@ -41,12 +41,15 @@ UNSENT_HEADER = "x-ksi-unsent"  # request fields this answer's provider could no
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def in_anthropic_shape(handler: Handler) -> Handler:
-    """`handler` whose KsiErrors are answered in Anthropic's error shape."""
+def in_anthropic_shape(handler: Handler, only_when_asked: bool = False) -> Handler:
+    """`handler` whose KsiErrors are answered in Anthropic's error shape (`only_when_asked`: for a
+    client that says `anthropic-version`; others get the OpenAI door's shape)."""
     async def handle(request: Request) -> Response:
         try:
             return await handler(request)
         except KsiError as error:
+            if only_when_asked and VERSION_HEADER not in request.headers:
+                raise
             return error_response(in_client_terms(error))
 
     return handle
@@ -137,7 +140,7 @@ def build_routes(handle_request: RequestHandler, settings: Settings) -> list[Bas
     return [
         Route("/v1/messages", in_anthropic_shape(messages.create), methods=["POST"]),
         Route("/v1/messages/count_tokens", in_anthropic_shape(messages.count_tokens), methods=["POST"]),
-        Route("/v1/models", in_anthropic_shape(models.list), methods=["GET"]),
+        Route("/v1/models", in_anthropic_shape(models.list, only_when_asked=True), methods=["GET"]),
         Route("/v1/models/{model_id:path}", in_anthropic_shape(models.retrieve), methods=["GET"]),
     ]
 
