@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 
 from ksi_daemon.context import EventContext
@@ -103,3 +104,34 @@ async def test_model_list_in_anthropic_shape(client: anthropic.AsyncAnthropic) -
     assert MODEL in [model.id for model in page.data]
     assert all(model.type == "model" for model in page.data)
     assert (await client.models.retrieve(MODEL)).id == MODEL
+
+
+async def test_an_unknown_conversation_header_is_404(
+        http_daemon: HttpDaemon, client: anthropic.AsyncAnthropic) -> None:
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}],
+                                     extra_headers={"x-ksi-conversation-id": "no-such-conversation"})
+    assert refused.value.body["error"]["code"] == "conversation_not_found"  # type: ignore[index]
+    assert await conversations(http_daemon) == {}
+
+
+async def test_a_session_resent_after_another_door_added_a_turn_forks_before_it(
+        http_daemon: HttpDaemon, client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    history: list[Any] = [{"role": "user", "content": "first"}]
+    raw = await client.messages.with_raw_response.create(model=MODEL, max_tokens=10, messages=history)
+    conversation_id = raw.headers["x-ksi-conversation-id"]
+    history.append({"role": "assistant", "content": (await raw.parse()).content[0].text})  # type: ignore[union-attr]
+    async with openai.AsyncOpenAI(base_url=f"{http_daemon.base_url}/v1", api_key=http_daemon.token,
+                                  max_retries=0) as api:
+        await api.responses.create(model=MODEL, input="from elsewhere", conversation=conversation_id)
+    # the session's own history ends before that turn: a fork there, the other turn left in place
+    forked = await client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=10, messages=[*history, {"role": "user", "content": "second"}])
+    assert forked.headers["x-ksi-conversation-id"] != conversation_id
+    assert [m["content"] for m in stub.messages()] == ["first", "stub answer to: first", "second"]
+    # named, the conversation itself continues with only the new turn
+    await client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "third"}],
+                                 extra_headers={"x-ksi-conversation-id": conversation_id})
+    assert [m["content"] for m in stub.messages()][-3:] == ["from elsewhere", "stub answer to: from elsewhere",
+                                                            "third"]
+    assert (await conversations(http_daemon))[conversation_id] == 3
