@@ -14,6 +14,7 @@ import pytest
 
 from ksi_daemon.context import EventContext
 from tests.conftest import HttpDaemon
+from tests.test_conversation_sent import as_sent
 from tests.stub_openai import StubOpenAI
 
 MODEL = "openai/stub-model"
@@ -135,3 +136,17 @@ async def test_a_session_resent_after_another_door_added_a_turn_forks_before_it(
     assert [m["content"] for m in stub.messages()][-3:] == ["from elsewhere", "stub answer to: from elsewhere",
                                                             "third"]
     assert (await conversations(http_daemon))[conversation_id] == 3
+
+
+async def test_what_was_sent_for_a_messages_turn_is_shown_like_any_other(
+        http_daemon: HttpDaemon, client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    history: list[Any] = [{"role": "user", "content": "first"}]
+    first = await client.messages.create(model=MODEL, max_tokens=10, system="Be brief.", messages=history)
+    history += [{"role": "assistant", "content": first.content[0].text},  # type: ignore[union-attr]
+                {"role": "user", "content": "second"}]
+    raw = await client.messages.with_raw_response.create(model=MODEL, max_tokens=10, system="Be brief.",
+                                                         messages=history)
+    shown = await http_daemon.daemon.router.request(
+        "conversation:sent", {"conversation_id": raw.headers["x-ksi-conversation-id"], "n": 2}, EventContext.root())
+    assert as_sent(shown) == stub.messages(-1)
+    assert [m["part"] for m in shown["messages"]] == ["system", "history", "history", "input"]
