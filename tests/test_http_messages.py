@@ -14,8 +14,8 @@ import pytest
 
 from ksi_daemon.context import EventContext
 from tests.conftest import HttpDaemon
-from tests.test_conversation_sent import as_sent
 from tests.stub_openai import StubOpenAI
+from tests.test_conversation_sent import as_sent
 
 MODEL = "openai/stub-model"
 
@@ -93,9 +93,9 @@ async def test_metadata_user_id_scopes_the_matching(
     for user in ("alice", "bob"):
         first = await client.messages.create(model=MODEL, max_tokens=50, messages=history,
                                              metadata={"user_id": user})
-        await client.messages.create(model=MODEL, max_tokens=50, metadata={"user_id": user}, messages=[
-            *history, {"role": "assistant", "content": first.content[0].text},  # type: ignore[union-attr]
-            {"role": "user", "content": "again"}])
+        resent: Any = [*history, {"role": "assistant", "content": first.content[0].text},  # type: ignore[union-attr]
+                       {"role": "user", "content": "again"}]
+        await client.messages.create(model=MODEL, max_tokens=50, metadata={"user_id": user}, messages=resent)
     assert sorted((await conversations(http_daemon)).values()) == [2, 2]
     assert stub.requests[-1]["user"] == "bob"
 

@@ -59,10 +59,9 @@ async def test_a_streamed_tool_call_then_its_result(
         "toolu_s", "weather", {"city": "Oslo"})
     assert final.stop_reason == "tool_use"
     stub.enqueue("12C in Oslo.")
-    async with client.messages.stream(model=MODEL, max_tokens=50, tools=[WEATHER], messages=[
-            ask, {"role": "assistant", "content": [b.model_dump() for b in final.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": "12C"}]}],
-    ) as stream:
+    resent: Any = [ask, {"role": "assistant", "content": [b.model_dump() for b in final.content]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": "12C"}]}]
+    async with client.messages.stream(model=MODEL, max_tokens=50, tools=[WEATHER], messages=resent) as stream:
         answer = await stream.get_final_message()
     assert answer.content[0].text == "12C in Oslo."  # type: ignore[union-attr]
     assert [m["role"] for m in stub.messages()] == ["user", "assistant", "tool"]
