@@ -6,6 +6,7 @@ history KSI rebuilt or the client's own."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -13,7 +14,7 @@ import openai
 import pytest
 
 from ksi_daemon.context import EventContext
-from tests.conftest import HttpDaemon
+from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stub_openai import StubOpenAI
 from tests.test_conversation_sent import as_sent
 
@@ -150,3 +151,19 @@ async def test_what_was_sent_for_a_messages_turn_is_shown_like_any_other(
         "conversation:sent", {"conversation_id": raw.headers["x-ksi-conversation-id"], "n": 2}, EventContext.root())
     assert as_sent(shown) == stub.messages(-1)
     assert [m["part"] for m in shown["messages"]] == ["system", "history", "history", "input"]
+
+
+async def test_a_session_that_outgrows_the_window_gets_the_budgeted_rebuild(short_tmp: Path, stub: StubOpenAI) -> None:
+    small = {"openai/stub-small": {"api_base": stub.api_base, "context_window": 400}}
+    async with running_http_daemon(short_tmp, **stub_settings(stub, models=small)) as http, sdk(http) as api:
+        history: list[Any] = []
+        for turn in range(8):
+            history.append({"role": "user", "content": f"turn {turn} " + "words " * 30})
+            raw = await api.messages.with_raw_response.create(model="openai/stub-small", max_tokens=50,
+                                                              messages=history)
+            history.append({"role": "assistant", "content": (await raw.parse()).content[0].text})  # type: ignore[union-attr]
+        assert raw.headers["x-ksi-history"] == "stored"  # the client's own no longer fits: KSI's rebuild
+        # the turn's own request (a background summary request may come after it)
+        sent = next(r["messages"] for r in reversed(stub.requests) if r["messages"][-1]["content"] == history[-2]["content"])
+        assert len(sent) < len(history) - 1
+        assert list((await conversations(http)).values()) == [8]
