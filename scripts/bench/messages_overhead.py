@@ -54,6 +54,7 @@ HISTORY_TURNS = 10
 SHAPES = ("new", "client")
 DOORS = ("responses", "messages")
 GOAL = 1.1
+MAX_TOKENS = 256  # the Messages API requires it: both doors send it, so both turns ask the same
 
 
 def held_history(slot: int, offset: int) -> list[dict[str, str]]:
@@ -89,11 +90,12 @@ async def turn(client: Any, url: str, door: str, history: list[dict[str, str]], 
     """One turn through `door` with the client's `history`; the history with this turn added."""
     sent = [*history, {"role": "user", "content": text}]
     if door == "responses":
-        reply = await client.post(f"{url}/v1/responses", json={"model": STUB_MODEL, "input": sent})
+        reply = await client.post(f"{url}/v1/responses", json={"model": STUB_MODEL, "input": sent,
+                                                                 "max_output_tokens": MAX_TOKENS})
         reply.raise_for_status()
         answer = reply.json()["output"][0]["content"][0]["text"]
     else:
-        reply = await client.post(f"{url}/v1/messages", json={"model": STUB_MODEL, "max_tokens": 256,
+        reply = await client.post(f"{url}/v1/messages", json={"model": STUB_MODEL, "max_tokens": MAX_TOKENS,
                                                                 "messages": sent})
         reply.raise_for_status()
         answer = reply.json()["content"][0]["text"]
