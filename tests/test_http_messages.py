@@ -167,3 +167,16 @@ async def test_a_session_that_outgrows_the_window_gets_the_budgeted_rebuild(shor
         sent = next(r["messages"] for r in reversed(stub.requests) if r["messages"][-1]["content"] == history[-2]["content"])
         assert len(sent) < len(history) - 1
         assert list((await conversations(http)).values()) == [8]
+
+
+async def test_a_session_survives_a_daemon_restart(short_tmp: Path, stub: StubOpenAI) -> None:
+    history: list[Any] = [{"role": "user", "content": "before the restart"}]
+    async with running_http_daemon(short_tmp, **stub_settings(stub)) as http, sdk(http) as api:
+        raw = await api.messages.with_raw_response.create(model=MODEL, max_tokens=10, messages=history)
+        history.append({"role": "assistant", "content": (await raw.parse()).content[0].text})  # type: ignore[union-attr]
+    history.append({"role": "user", "content": "after it"})
+    async with running_http_daemon(short_tmp, **stub_settings(stub)) as http, sdk(http) as api:
+        again = await api.messages.with_raw_response.create(model=MODEL, max_tokens=10, messages=history)
+        assert again.headers["x-ksi-conversation-id"] == raw.headers["x-ksi-conversation-id"]
+        assert again.headers["x-ksi-history"] == "client"
+        assert list((await conversations(http)).values()) == [2]
