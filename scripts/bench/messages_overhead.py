@@ -138,8 +138,10 @@ async def wait_ready(client: Any, url: str, process: subprocess.Popen[bytes]) ->
 
 
 def proxy_config(path: Path, api_base: str) -> None:
+    # the proxy's /v1/messages sends an `openai/` model through the Responses API, which the stub
+    # (like most local servers) lacks; `hosted_vllm/` reaches it by chat completions, as KSI does
     path.write_text(json.dumps({
-        "model_list": [{"model_name": STUB_MODEL, "litellm_params": {"model": STUB_MODEL, "api_base": api_base,
+        "model_list": [{"model_name": STUB_MODEL, "litellm_params": {"model": "hosted_vllm/stub-model", "api_base": api_base,
                                                                  "api_key": "x", "max_retries": 0}}],
         "litellm_settings": {"telemetry": False},
         "general_settings": {"master_key": TOKEN},  # the proxy refuses to start without one
