@@ -58,6 +58,7 @@ HISTORY_TURNS = 10
 SHAPES = ("new", "client")
 DOORS = ("responses", "messages")
 GOAL = 1.1
+WARM_UP = 50  # requests per shape and path before the rounds: first calls, imports, connections, caches
 MAX_TOKENS = 256  # the Messages API requires it: both doors send it, so both turns ask the same
 
 
@@ -184,9 +185,9 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> list[d
                 await wait_ready(client, url, process)
             watched = {name: psutil.Process(process.pid) for name, (_url, process) in servers.items()}
             for shape in args.shapes:  # warm-up: first calls, imports, connections
-                direct.batch(shape, 10, 10_000)
+                direct.batch(shape, WARM_UP, 10_000)
                 for number, (server, door) in enumerate(paths.values()):
-                    await batch(client, watched[server], servers[server][0], door, shape, 10, 10_000 + 1000 * number)
+                    await batch(client, watched[server], servers[server][0], door, shape, WARM_UP, 10_000 + 1000 * number)
             for round_no in range(args.repeats):
                 row: dict[str, Any] = {}
                 for shape in args.shapes:
