@@ -178,3 +178,22 @@ async def test_thinking_goes_only_to_a_model_called_through_anthropic(
     assert raw.headers["x-ksi-unsent"] == "thinking" and "thinking" not in stub.requests[-1]
     quiet = await client.messages.with_raw_response.create(model=MODEL, max_tokens=20, messages=ASK)
     assert "x-ksi-unsent" not in quiet.headers
+
+
+async def test_sampling_fields_tool_choice_and_system_blocks_reach_the_provider(
+        client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    await client.messages.create(
+        # this SDK version has no sampling parameters of its own: sent as older clients send them
+        model=MODEL, max_tokens=30, extra_body={"temperature": 0.2, "top_p": 0.9, "top_k": 5}, stop_sequences=["END"],
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Use metric units."}],
+        tools=[WEATHER], tool_choice={"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+        messages=ASK)
+    sent = stub.requests[-1]
+    assert (sent["temperature"], sent["top_p"], sent["top_k"], sent["stop"]) == (0.2, 0.9, 5, ["END"])
+    assert sent["max_tokens"] == 30 and sent["parallel_tool_calls"] is False
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
+    assert sent["messages"][0] == {"role": "system", "content": "Be brief.\n\nUse metric units."}
+    await client.messages.create(model=MODEL, max_tokens=30, tools=[WEATHER], tool_choice={"type": "any"},
+                                 messages=ASK)
+    assert stub.requests[-1]["tool_choice"] == "required"
