@@ -96,3 +96,26 @@ async def test_a_failure_after_the_stream_began_is_an_error_event(
                 pass
     assert (failed.value.body or {})["error"]["code"] == "provider_error"  # type: ignore[index]
     assert await conversations(http_daemon) == {}  # a failed turn is never indexed
+
+
+async def test_a_reasoning_summary_is_a_thinking_block(
+        http_daemon: HttpDaemon, client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    """Waited for or streamed (as thinking_delta); resent by the client, it is left out of matching."""
+    stub.enqueue(Reply(text="4", reasoning="two and two"), Reply(text="8", reasoning="doubled"))
+    ask: Any = {"role": "user", "content": "2+2?"}
+    waited = await client.messages.create(model=MODEL, max_tokens=50, messages=[ask])
+    assert [b.type for b in waited.content] == ["thinking", "text"]
+    assert waited.content[0].thinking == "two and two"  # type: ignore[union-attr]
+    thought: list[str] = []
+    resent: Any = [ask, {"role": "assistant", "content": [b.model_dump() for b in waited.content]},
+                   {"role": "user", "content": "doubled?"}]
+    async with client.messages.stream(model=MODEL, max_tokens=50, messages=resent) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "thinking_delta":
+                thought.append(event.delta.thinking)
+        final = await stream.get_final_message()
+    assert "".join(thought) == "doubled"
+    # KSI's stream carries the summary with the result: its block comes after the text's
+    assert [b.type for b in final.content] == ["text", "thinking"]
+    assert [m["content"] for m in stub.messages()] == ["2+2?", "4", "doubled?"]  # no reasoning sent back
+    assert list((await conversations(http_daemon)).values()) == [2]
