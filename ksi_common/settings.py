@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     default_context_window: int = Field(default=8192, gt=0)
     default_output_reserve: int = Field(default=1024, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
+    # other names for models: a client that can only name its vendor's models (`claude-sonnet-*`)
+    # reaches a local one; exact names first, then the longest glob, as `models` are chosen
+    model_aliases: dict[str, str] = Field(default_factory=dict)
     active_conversations: int = Field(default=1000, gt=0)
     finished_requests_kept: int = Field(default=10_000, gt=0)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
@@ -266,6 +269,13 @@ class Settings(BaseSettings):
             del self.resolved_models
             overrides = self.resolved_models
         return overrides.get(model)
+
+    def aliased(self, model: str) -> str:
+        """The model `model` names through `model_aliases` (itself when no alias matches)."""
+        if model in self.model_aliases:
+            return self.model_aliases[model]
+        matches = [pattern for pattern in self.model_aliases if fnmatch.fnmatchcase(model, pattern)]
+        return self.model_aliases[max(matches, key=len)] if matches else model
 
     @cached_property
     def resolved_models(self) -> ModelOverrides:

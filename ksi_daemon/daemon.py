@@ -305,6 +305,7 @@ class Daemon:
             return NoHttpFront()
         # imported here: starlette and uvicorn load only when HTTP is served
         from ksi_daemon.transports.console import console_routes
+        from ksi_daemon.transports.http.anthropic.routes import messages_routes
         from ksi_daemon.transports.http.auth import BrowserSessions
         from ksi_daemon.transports.http.front import HttpFront
         from ksi_daemon.transports.http.mcp import mcp_routes
@@ -315,6 +316,7 @@ class Daemon:
         # the console's links live under their cookie's path; spent login codes outlive a restart
         sessions = BrowserSessions(LoginCodes(self.layout.state_dir / "console_codes.json"))
         groups = [
+            messages_routes(self._handle_request, self.settings),  # first: its /v1/models answers both shapes
             openai_routes(self._handle_request, self.settings),
             mcp_routes(self._handle_request, self.settings),
             console_routes(self._handle_request, self.settings, sessions.root),  # last: it serves "/"

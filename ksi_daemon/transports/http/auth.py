@@ -27,6 +27,7 @@ import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_daemon.transports.http.anthropic.errors import error_object
 from ksi_daemon.transports.http.errors import error_body, retry_after
 from ksi_daemon.transports.http.login_codes import LoginCodes
 
@@ -42,7 +43,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 # clients that meet a 401 look here for an OAuth server: KSI has none, and says so before auth
 OAUTH_DISCOVERY = "/.well-known/"
-HINT = ("missing or wrong token: send Authorization: Bearer <token> (ksi http token prints it); "
+HINT = ("missing or wrong token: send Authorization: Bearer <token> or x-api-key: <token> "
+        "(ksi http token prints it); "
         "a browser logs in with ksi console")
 LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>KSI: log in</title>
@@ -212,7 +214,11 @@ class TokenAuth:
                 *headers]})
             await send({"type": "http.response.body", "body": page})
             return
-        await _reply(send, 401, error_body(KsiError(ErrorCode.UNAUTHORIZED, message)), headers)
+        refused = KsiError(ErrorCode.UNAUTHORIZED, message)
+        if _header(scope, b"anthropic-version") is not None:  # an Anthropic client reads its own shape
+            await _reply(send, 401, error_object(refused), [*headers, (b"x-should-retry", b"false")])
+            return
+        await _reply(send, 401, error_body(refused), headers)
 
 
 def _answering(scope: Scope, send: Send) -> Send:
@@ -254,9 +260,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def _bearer(scope: Scope) -> str | None:
+    """The token of `Authorization: Bearer`, or of `x-api-key` (how Anthropic's clients send it)."""
     value = _header(scope, b"authorization")
     if value is None:
-        return None
+        return _header(scope, b"x-api-key")
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
 

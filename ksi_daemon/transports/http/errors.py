@@ -93,6 +93,13 @@ def retry_after(error: KsiError) -> str | None:
     return str(max(1, math.ceil(seconds)))
 
 
+def retryable(error: KsiError) -> bool:
+    """Whether the same request sent again may be answered otherwise: a busy or unavailable daemon
+    or provider (408, 409, 429, 5xx), unless its code is one a retry cannot change."""
+    status = status_of(error)
+    return error.code not in NOT_RETRYABLE and (status in (408, 409, 429) or status >= 500)
+
+
 def error_headers(error: KsiError) -> dict[str, str]:
     """The headers an error's answer carries: `Retry-After` with a hint, `x-should-retry: false`
     when a retry cannot help."""

@@ -1,0 +1,145 @@
+"""Anthropic content blocks as KSI items: a user turn's `text` and `image` blocks are one user
+message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
+assistant message and each `tool_use` a `function_call` item. `thinking` and `redacted_thinking`
+blocks a client resends are KSI's own reasoning items: kept with the response that made them and
+left out of matching, as the Responses door leaves out reasoning items. Blocks no exchange can hold
+(documents, server tools' blocks, images inside a tool's result) are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import Item, message
+
+Block = dict[str, Any]
+ERROR_MARK = "[tool error] "  # a tool_result with is_error: its output says so to every provider
+KEPT_BY_KSI = frozenset({"thinking", "redacted_thinking"})
+SERVER_BLOCKS = "belongs to a server tool: KSI runs client tools only (the client runs each call)"
+
+
+def refused(where: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{where} is not supported: {why}", fields={where: why})
+
+
+def invalid(where: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.VALIDATION_ERROR, f"{where}: {why}", fields={where: why})
+
+
+def _text(block: Block, where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise invalid(f"{where}.text", "a text block needs its text")
+    return text
+
+
+def image_part(block: Block, where: str) -> dict[str, Any]:
+    """An image block as completion:async's image part: base64 bytes as a data URL, a URL as it is
+    (both are stored by reference, never sent back through an event)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source, dict) and isinstance(source.get("data"), str) \
+            and isinstance(source.get("media_type"), str):
+        return {"type": "input_image", "image_url": f"data:{source['media_type']};base64,{source['data']}"}
+    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return {"type": "input_image", "image_url": source["url"]}
+    if kind == "file":
+        raise refused(f"{where}.source.type", "a file of Anthropic's Files API: send the image as base64 or a URL")
+    raise invalid(f"{where}.source", "an image source: {type: base64, media_type, data} or {type: url, url}")
+
+
+def tool_output(block: Block, where: str) -> Item:
+    """A tool_result block as a function_call_output item: its text (a list of text blocks joined),
+    marked when the client says the tool failed."""
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{where}.tool_use_id", "the id of the tool_use this result answers")
+    content = block.get("content", "")
+    if isinstance(content, list):
+        texts = []
+        for position, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise refused(f"{where}.content.{position}.type",
+                              f"a {kind} block in a tool result: a tool's output is kept as text")
+            texts.append(_text(part, f"{where}.content.{position}"))
+        content = "\n".join(texts)
+    elif not isinstance(content, str):
+        raise invalid(f"{where}.content", "a string or a list of text blocks")
+    output = f"{ERROR_MARK}{content}" if block.get("is_error") is True else content
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+
+def user_items(content: str | list[Block], where: str) -> list[Item]:
+    """A user turn as items: its tool results first (providers want them right after the calls),
+    then its text and images as one user message (none when it holds only results)."""
+    if isinstance(content, str):
+        return [message("user", content)]
+    outputs: list[Item] = []
+    parts: list[dict[str, Any]] = []
+    for position, block in enumerate(content):
+        at = f"{where}.{position}"
+        kind = block.get("type")
+        if kind == "text":
+            parts.append({"type": "input_text", "text": _text(block, at)})
+        elif kind == "image":
+            parts.append(image_part(block, at))
+        elif kind == "tool_result":
+            outputs.append(tool_output(block, at))
+        elif kind == "document":
+            raise refused(f"{at}.type", "a document block: KSI sends text and images; send a document's text")
+        elif kind in ("search_result", "container_upload") or str(kind).endswith("_tool_result"):
+            raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
+        else:
+            raise invalid(f"{at}.type", f"a user turn holds text, image and tool_result blocks, not {kind!r}")
+    if not parts:
+        return outputs
+    if all(part["type"] == "input_text" for part in parts):
+        return [*outputs, message("user", "\n\n".join(part["text"] for part in parts))]
+    return [*outputs, message("user", parts)]
+
+
+def assistant_items(content: str | list[Block], where: str) -> list[Item]:
+    """An assistant turn of a resent history as output items: its text, then its calls."""
+    if isinstance(content, str):
+        return [message("assistant", content)]
+    texts: list[str] = []
+    calls: list[Item] = []
+    for position, block in enumerate(content):
+        at = f"{where}.{position}"
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(_text(block, at))
+        elif kind == "tool_use":
+            calls.append(_call(block, at))
+        elif kind in KEPT_BY_KSI:
+            continue
+        elif kind in ("server_tool_use", "mcp_tool_use") or str(kind).endswith("_tool_result"):
+            raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
+        else:
+            raise invalid(f"{at}.type", f"an assistant turn holds text, tool_use and thinking blocks, not {kind!r}")
+    text = "".join(texts)
+    return [*([message("assistant", text)] if text or not calls else []), *calls]
+
+
+def _call(block: Block, where: str) -> Item:
+    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise invalid(where, "a tool_use block needs its id and name")
+    if not isinstance(arguments, dict):
+        raise invalid(f"{where}.input", "a tool's input is an object")
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": orjson.dumps(arguments).decode()}
+
+
+def system_text(system: str | list[Block] | None) -> str | None:
+    """The system prompt: a string, or its text blocks joined."""
+    if system is None or isinstance(system, str):
+        return system or None
+    texts = []
+    for position, block in enumerate(system):
+        if block.get("type") != "text":
+            raise invalid(f"system.{position}.type", "system blocks are text blocks")
+        texts.append(_text(block, f"system.{position}"))
+    return "\n\n".join(texts) or None

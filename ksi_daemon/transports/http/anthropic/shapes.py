@@ -1,0 +1,139 @@
+"""KSI results in the Messages API's shapes: the Message object, and the SSE events of a streamed
+one in the order the Anthropic SDKs accumulate them. Pure functions of the data; no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ksi_common.items import Item, function_calls
+
+STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
+                "content_filter": "refusal", "function_call": "tool_use"}
+Event = tuple[str, dict[str, Any]]
+
+
+def stop_reason(result: dict[str, Any]) -> str:
+    return STOP_REASONS.get(str(result.get("finish_reason") or "stop"), "end_turn")
+
+
+def usage(result: dict[str, Any]) -> dict[str, Any]:
+    counted = result.get("usage") or {}
+    return {"input_tokens": int(counted.get("prompt_tokens") or 0),
+            "output_tokens": int(counted.get("completion_tokens") or 0)}
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's JSON arguments as a tool_use block's input (text that is no object: under `_raw`)."""
+    try:
+        parsed = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"_raw": arguments}
+    return parsed if isinstance(parsed, dict) else {"_raw": arguments}
+
+
+def tool_use(call: Item) -> dict[str, Any]:
+    return {"type": "tool_use", "id": str(call.get("call_id") or ""), "name": str(call.get("name") or ""),
+            "input": tool_input(str(call.get("arguments") or ""))}
+
+
+def thinking(item: Item) -> dict[str, Any]:
+    # KSI keeps a provider's reasoning summary, never a signature it could check: an empty one
+    return {"type": "thinking", "thinking": str(item.get("summary") or ""), "signature": ""}
+
+
+def content_blocks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The result's output items as content blocks: thinking, text, then tool_use blocks."""
+    output = list(result.get("output") or []) or [{"type": "message", "content": result.get("content") or ""}]
+    blocks: list[dict[str, Any]] = []
+    has_calls = bool(function_calls(output))
+    for item in output:
+        kind = item.get("type")
+        if kind == "reasoning":
+            blocks.append(thinking(item))
+        elif kind == "function_call":
+            blocks.append(tool_use(item))
+        elif kind == "message" and (item.get("content") or not has_calls):
+            blocks.append({"type": "text", "text": str(item.get("content") or "")})
+    return blocks
+
+
+def message_object(result: dict[str, Any], model: str) -> dict[str, Any]:
+    """A KSI result as a Message; `model`: the name the client asked for."""
+    return {"id": f"msg_{result['response_id']}", "type": "message", "role": "assistant", "model": model,
+            "content": content_blocks(result), "stop_reason": stop_reason(result), "stop_sequence": None,
+            "usage": usage(result)}
+
+
+def sse(event: Event) -> bytes:
+    kind, data = event
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+@dataclass(slots=True)
+class MessageEvents:
+    """One streamed Message: blocks opened as their first delta arrives (text, or each call by its
+    index), one open at a time, and what came whole with the result announced at its end."""
+
+    message_id: str
+    model: str
+    blocks: list[str] = field(default_factory=list)  # "text" or "call:N" by block index
+    open: int | None = None
+    text_sent: bool = False
+
+    def start(self) -> Iterator[Event]:
+        yield "message_start", {"message": {
+            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}}
+        yield "ping", {}
+
+    def text(self, delta: str) -> Iterator[Event]:
+        if "text" not in self.blocks:
+            yield from self._open("text", {"type": "text", "text": ""})
+        self.text_sent = True
+        yield "content_block_delta", {"index": self.blocks.index("text"),
+                                      "delta": {"type": "text_delta", "text": delta}}
+
+    def call(self, tool_call: dict[str, Any]) -> Iterator[Event]:
+        key = f"call:{int(tool_call.get('index') or 0)}"
+        if key not in self.blocks:
+            yield from self._open(key, {"type": "tool_use", "id": str(tool_call.get("call_id") or ""),
+                                        "name": str(tool_call.get("name") or ""), "input": {}})
+        piece = str(tool_call.get("arguments") or "")
+        if piece:
+            yield "content_block_delta", {"index": self.blocks.index(key),
+                                          "delta": {"type": "input_json_delta", "partial_json": piece}}
+
+    def done(self, result: dict[str, Any]) -> Iterator[Event]:
+        output = list(result.get("output") or [])
+        calls = function_calls(output)
+        for item in output:
+            if item.get("type") == "reasoning":
+                yield from self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                yield "content_block_delta", {"index": len(self.blocks) - 1, "delta": {
+                    "type": "thinking_delta", "thinking": str(item.get("summary") or "")}}
+        text = str(result.get("content") or "")
+        if not self.text_sent and (text or not calls):
+            yield from self.text(text)
+        for index, made in enumerate(calls):
+            if f"call:{index}" not in self.blocks:
+                yield from self.call({"index": index, "call_id": made.get("call_id"), "name": made.get("name"),
+                                      "arguments": made.get("arguments") or "{}"})
+        yield from self._close()
+        yield "message_delta", {"delta": {"stop_reason": stop_reason(result), "stop_sequence": None},
+                                "usage": usage(result)}
+        yield "message_stop", {}
+
+    def _open(self, key: str, block: dict[str, Any]) -> Iterator[Event]:
+        yield from self._close()
+        self.blocks.append(key)
+        self.open = len(self.blocks) - 1
+        yield "content_block_start", {"index": self.open, "content_block": block}
+
+    def _close(self) -> Iterator[Event]:
+        if self.open is not None:
+            yield "content_block_stop", {"index": self.open}
+            self.open = None
