@@ -220,7 +220,7 @@ def place() -> Iterator[Place]:
 def run_block(block: Block, place: Place) -> subprocess.CompletedProcess[str]:
     text = block.text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{place.port}")
     if block.language == "bash":
-        command = ["bash", "-e", "-c", text]
+        command = ["bash", "-e", "-o", "pipefail", "-c", text]  # a failure mid-pipe fails the block
     else:
         command = [sys.executable, "-c", text]
     return subprocess.run(command, capture_output=True, text=True, env=place.env, cwd=place.root / "work",
