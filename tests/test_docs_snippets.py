@@ -265,3 +265,26 @@ def test_every_local_link_reaches_its_page_and_heading() -> None:
             if not linked.exists() or (heading and linked.suffix == ".md" and heading not in anchors(linked)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+# -- short sentences ----------------------------------------------------------------------------
+
+MAX_WORDS = 40
+
+
+def sentences(page: Path) -> Iterator[str]:
+    """The prose of a page, sentence by sentence: code blocks, tables and comments left out,
+    inline code counted as one word."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for paragraph in re.split(r"\n\s*\n|\n(?=\s*- )", text):
+        if paragraph.lstrip().startswith(("|", "<!--")):
+            continue
+        prose = re.sub(r"`[^`]*`", "CODE", " ".join(paragraph.split()))
+        yield from re.split(r"(?<=[.!?])\s+", prose)
+
+
+def test_no_sentence_of_the_manual_passes_forty_words() -> None:
+    """The manual's own pages; those of features landing beside it (AWAITED) are their authors'."""
+    long = [f"{page.relative_to(ROOT)}: {sentence[:80]}..." for page in PAGES if page.name not in AWAITED
+            for sentence in sentences(page) if len(sentence.split()) > MAX_WORDS]
+    assert long == []
