@@ -39,7 +39,7 @@ def daemon_starter(location: Location) -> Callable[[], str]:
 def mcp(var_dir: str | None, socket_path: str | None, no_start: bool) -> None:
     """Serve KSI's conversations, consortia and agents as MCP tools over stdio.
 
-    Register the command `ksi mcp` in an MCP client (see the README). Messages for people go to
+    Register the command `ksi mcp` in an MCP client (see docs/mcp.md). Messages for people go to
     stderr; stdout carries the protocol.
     """
     from ksi_mcp.server import KsiMcp

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -62,32 +62,47 @@ def plain_list(value: Any, separator: str) -> Any:
 class ModelSettings(BaseModel):
     """Per-model overrides, chosen by a glob pattern on the model name."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)  # each field's docstring: its reference text
+
     api_base: str | None = None
+    """The provider's base URL for these models (a local server, a proxy)."""
     api_key_env: str | None = None
+    """The environment variable holding these models' key."""
     context_window: int | None = Field(default=None, gt=0)
+    """The model's context window in tokens, where litellm does not know it."""
     output_reserve: int | None = Field(default=None, ge=0)
+    """Tokens of the window kept for the answer."""
     max_concurrency: int | None = Field(default=None, gt=0)  # calls at once, over every daemon of the pool
+    """Calls of these models at once, over every daemon of the pool."""
     # calls and tokens (prompt and answer) per rolling minute, over every daemon of the pool; a call
     # beyond them fails with rate_limited and the seconds until the window has room
     requests_per_minute: int | None = Field(default=None, gt=0)
+    """Calls of these models per rolling minute, over every daemon; more fail with `rate_limited`."""
     tokens_per_minute: int | None = Field(default=None, gt=0)
+    """Tokens (prompt and answer) of these models per rolling minute, over every daemon."""
     # provider options a request may set for this model although they pick a host or credentials
     # (base_url, extra_headers, ...); none by default, so a request cannot send a key elsewhere
     allow_options: list[str] = Field(default_factory=list)
+    """Options that pick a host or credentials (`base_url`, `extra_headers`, ...) a request may set."""
     summariser: str | None = None  # the model that summarises this model's long conversations; "off"
+    """The model that summarises these models' long conversations; `off`: none."""
     summary_temperature: float | None = Field(default=None, ge=0)  # this model as a summariser (None: 0)
+    """Temperature when this model summarises; default 0."""
     # what the model can do, where litellm's model list does not know it (a local or new model);
     # None: ask litellm, and pass the option on when it does not know either (a JSON schema, tools
     # and images are refused only for a model known not to take them)
     supports_response_schema: bool | None = None
+    """Whether the model follows a JSON schema; unset: litellm's model list says."""
     supports_vision: bool | None = None
+    """Whether the model sees images; unset: litellm's model list says."""
     supports_function_calling: bool | None = None
-    # searches the web itself when asked (web_search_options): a Responses web_search tool is then
-    # passed on to it; None: as litellm's model list says, and refused when it does not say so
+    """Whether the model calls tools; unset: litellm's model list says."""
     supports_web_search: bool | None = None
-    # hosted tool types (web_search, file_search, ...) the Responses door leaves out of a request to
-    # this model instead of refusing it: Codex sends web_search with every request
+    """Whether the model searches the web itself (`web_search_options`): a Responses `web_search`
+    tool is then passed on to it; unset: as litellm's model list says, refused when it does not say so."""
     drop_hosted_tools: list[str] = Field(default_factory=list)
+    """Hosted tool types (`web_search`, `file_search`, ...) the Responses door leaves out of a request
+    to this model instead of refusing it (Codex sends `web_search` with every request)."""
 
 
 class ModelOverrides:
@@ -122,98 +137,157 @@ class ModelOverrides:
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore", allow_inf_nan=False
+        env_prefix="KSI_", env_file=".env", env_file_encoding="utf-8", extra="ignore", allow_inf_nan=False,
+        use_attribute_docstrings=True,  # each field's docstring: its text in docs/settings.md
     )
 
     # found as every `ksi` command finds it: a marked project `var/` upward, else the per-user one
     var_dir: Path = Field(default_factory=find_var_dir)
+    """Where the daemon keeps its socket, logs and state; default: a marked project `var/` found
+    upward from the working directory, else `$XDG_STATE_HOME/ksi`."""
     socket_path: Path | None = None
+    """The daemon's Unix socket; default: `run/daemon.sock` in the var dir."""
     default_model: str = "echo/default"
+    """The model of a request that names none."""
     line_limit: int = Field(default=1024 * 1024, gt=0)
+    """Bytes one request may take: a socket line, an HTTP body, a console form."""
     push_queue_size: int = Field(default=1000, gt=0)
+    """Pushed events held for a subscriber that reads slowly; past it new ones are dropped and counted."""
     max_inflight_per_connection: int = Field(default=256, gt=0)
+    """Requests one connection may have running at once."""
     # client connections of every door together (Unix socket and HTTP); more are answered
     # too_many_connections and closed (and the limit stays below what the process may open, with
     # room for files, the database pool and provider sockets, so accept never runs out of descriptors)
     max_connections: int = Field(default=1000, gt=0)
+    """Client connections of every door together; more are refused with `too_many_connections`."""
     allow_uids: Annotated[list[int], NoDecode] = Field(default_factory=list)  # 1001,1002 or JSON
+    """Other user ids the Unix socket answers, besides the daemon's own user."""
     shutdown_timeout: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT)
+    """Seconds a stop waits for running work to finish before cancelling it."""
 
     # completions
     max_concurrency: int = Field(default=8, gt=0)
+    """Provider calls this daemon makes at once."""
     max_queued: int = Field(default=10_000, gt=0)
+    """Requests waiting for a slot; more are refused with `overloaded`."""
     request_timeout: float = Field(default=120.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds one provider call may take."""
     retry_attempts: int = Field(default=3, ge=1)
+    """Tries of a provider call that failed for a reason worth retrying."""
     retry_base_delay: float = Field(default=0.5, ge=0, le=MAX_TIMEOUT)
+    """Seconds before the first retry; doubled at each further one."""
     retry_max_delay: float = Field(default=30.0, ge=0, le=MAX_TIMEOUT)
+    """Longest wait between two retries, in seconds."""
     circuit_failures: int = Field(default=5, gt=0)
+    """Failures in a row that open a model's circuit (its requests then fail at once)."""
     circuit_reset: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds an open circuit waits before it lets one request try again."""
     default_context_window: int = Field(default=8192, gt=0)
+    """Context window in tokens of a model whose window neither litellm nor `KSI_MODELS` knows."""
     default_output_reserve: int = Field(default=1024, ge=0)
+    """Tokens of the window kept for the answer when `KSI_MODELS` sets no `output_reserve`."""
     models: dict[str, ModelSettings] = Field(default_factory=dict)
-    # other names for models: a client that can only name its vendor's models (`claude-sonnet-*`)
-    # reaches a local one; exact names first, then the longest glob, as `models` are chosen
+    """Settings per model, by glob pattern on the model name (the keys are listed below)."""
     model_aliases: dict[str, str] = Field(default_factory=dict)
+    """Other names for models, so a client that can only name its vendor's models (`claude-sonnet-*`)
+    reaches another one: exact names first, then the longest glob, as `models` are chosen."""
     active_conversations: int = Field(default=1000, gt=0)
+    """Conversations kept in memory; the least recently used beyond it are read again from storage."""
     finished_requests_kept: int = Field(default=10_000, gt=0)
+    """Finished requests whose result `completion:wait` and `completion:status` can still return."""
     max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Bytes of one provider answer read at most; a longer one fails the call."""
     fsync: Literal["always", "never"] = "always"
+    """`always`: an exchange is acknowledged once it is on disk; `never`: left to the kernel."""
     storage: Literal["jsonl", "postgres"] = "jsonl"  # the backend, by name (ksi_daemon.storage.backends)
+    """The storage backend: JSONL files in the var dir, or a PostgreSQL database."""
     database_url: SecretStr | None = None  # postgresql://... for storage=postgres; never shown unmasked
+    """The PostgreSQL URL (`postgresql://user:password@host:port/db`) when `KSI_STORAGE=postgres`; shown masked."""
     litellm_preload: bool = True
+    """Import litellm in the background at start, so the first request does not wait for it."""
     # daemons sharing a database: each records itself in it every interval; one whose last record
     # is older than the timeout (default three intervals) is shown stale by the others
     heartbeat_interval: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds between two heartbeats of a daemon sharing the database."""
     heartbeat_timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT)
+    """Seconds without a heartbeat after which a daemon is stale and its work taken over; default: 3 intervals."""
     # seconds a daemon holds a conversation's turn or a call slot without renewing it (renewed every
     # third of it while held); a daemon paused or cut off longer loses them to the other daemons
     pool_lease: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds a conversation's turn or a call slot stays held without renewal."""
     # provider calls at once over every daemon sharing the database (None: only each daemon's own
     # max_concurrency); a model's own max_concurrency holds over all of them in any case
     pool_max_concurrency: int | None = Field(default=None, gt=0)
+    """Provider calls at once over every daemon sharing the database; unset: no bound for the pool."""
     cli_timeout: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds one call of a `claude-cli/` or `gemini-cli/` model may take."""
 
     # conversations
     default_ttl: float | None = Field(default=None, gt=0, le=MAX_TTL)
+    """Seconds a new conversation lives after its last activity; unset: for ever."""
     allowed_file_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)  # /a:/b or JSON
+    """Directories whose files a request may attach; none by default."""
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
+    """Share of a turn's history budget that attached files may take."""
     max_image_bytes: int = Field(default=20 * 1024 * 1024, gt=0)  # one image of a request, stored once by hash
+    """Bytes of one image of a request at most; more is refused with `image_too_large`."""
     max_fork_depth: int = Field(default=32, gt=0)
+    """Forks of forks a conversation may sit under."""
     # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
     # own model; "off": only the note saying how many were left out)
     summariser: str | None = None
+    """The model that summarises left-out exchanges; unset: the conversation's own model; `off`: none."""
     compaction_step: int = Field(default=4, ge=1)  # summarise this many exchanges ahead, so once per step turns
+    """Exchanges a summary chunk reaches ahead, so compaction runs about once per this many turns."""
     summary_max_tokens: int = Field(default=512, gt=0)  # one summariser answer at most
+    """Tokens of one summariser answer at most."""
     summary_share: float = Field(default=0.3, gt=0, le=0.8)  # of a turn's history budget, for summaries
+    """Share of a turn's history budget kept for summaries."""
     summary_max_levels: int = Field(default=3, ge=1)  # merges of merges, at most this deep
+    """How deep summaries of summaries may be merged."""
     pins_share: float = Field(default=0.3, gt=0, le=0.8)  # of a turn's history budget, for pinned exchanges
+    """Share of a turn's history budget that pinned exchanges may take; past it pinning is refused."""
     summary_retry_delay: float = Field(default=30.0, gt=0)
+    """Seconds before a failed summary is tried again; doubled after each failure."""
     summary_retry_max_delay: float = Field(default=600.0, gt=0)
+    """Longest wait before a failed summary is tried again, in seconds."""
     # learn per model how the provider's prompt token counts compare to the daemon's estimates
     calibration: bool = True
+    """Learn per model how the provider's token counts compare to the daemon's estimates."""
 
     # agents
     profiles_dir: Path | None = None
+    """A directory of agent profiles (YAML or Markdown); they win over the shipped ones of the same name."""
     max_event_depth: int = Field(default=3, ge=0)
+    """How deep events emitted by agents may trigger further agent turns."""
     max_events_per_chain: int = Field(default=64, gt=0)  # events agents emit in one chain, at every depth
+    """Events agents may emit in one chain, at every depth together."""
 
     # logging
     log_level: str = "INFO"
+    """Lowest level written to the daemon's log (`DEBUG`, `INFO`, `WARNING`, `ERROR`)."""
     log_max_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    """Size of the daemon's log file before it is rotated."""
     log_backups: int = Field(default=5, ge=0)
+    """Rotated log files kept."""
 
     # credentials the daemon itself reads; never echoed back
     api_key: SecretStr | None = None
+    """A secret masked in every log and reply; no provider reads it (each reads its own, e.g. `OPENAI_API_KEY`)."""
 
     # the HTTP front (OpenAI-compatible API, MCP, console): off unless an address is given
     http_addr: str | None = None  # [HOST:]PORT; HOST defaults to 127.0.0.1
+    """`[HOST:]PORT` of the HTTP front (OpenAI API, MCP, console); unset: no HTTP. HOST defaults to 127.0.0.1."""
     http_token: SecretStr | None = None  # else generated into the var dir on first start
+    """The HTTP bearer token (16 characters or more); unset: one generated into the var dir at the first start."""
     # seconds a connection may take to send a request's head (from connecting, or from the first
     # byte of the next request), and may stay idle between requests: then it is closed
     http_head_timeout: float = Field(default=10.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds an HTTP connection may take to send a request's head; a late one gets 408."""
     http_keepalive_timeout: float = Field(default=5.0, gt=0, le=MAX_TIMEOUT)
-    # seconds a request's body may take to arrive whole, from its head on: then 408 and closed
+    """Seconds an idle kept-alive HTTP connection stays open."""
     http_body_timeout: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT)
+    """Seconds a request's body may take to arrive whole, from its head on; a late one gets 408."""
 
     # where each setting came from (ORIGINS), filled by load_settings
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -16,6 +16,7 @@ import pytest
 from ksi_common.client import KsiClient
 from ksi_common.settings import Settings
 from ksi_daemon.daemon import Daemon
+from tests.browser import chromium
 from tests.pg_cluster import ThrowawayCluster
 
 BACKENDS = ("jsonl", "postgres")
@@ -182,3 +183,9 @@ async def http_daemon(short_tmp: Path, stub: Any) -> AsyncIterator[HttpDaemon]:
     """HTTP on a free port, `openai/stub*` models routed to the local stub (the default model)."""
     async with running_http_daemon(short_tmp, **stub_settings(stub)) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    """The distribution's Chromium, installed by the session when missing (see tests/browser.py)."""
+    return chromium()

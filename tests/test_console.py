@@ -29,7 +29,6 @@ from ksi_daemon.daemon import Daemon
 from tests.conftest import PROVIDER_PREFIXES, complete, connected, running_http_daemon
 from tests.stub_openai import StubOpenAI
 
-CHROMIUM = "/usr/bin/chromium"  # the distribution's browser: never downloaded at run time
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
 WAIT_MS = 20_000  # generous: two cores shared with other work
 
@@ -91,7 +90,7 @@ async def ksi(*args: str) -> str:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def console() -> AsyncIterator[Console]:
+async def console(chromium_path: str) -> AsyncIterator[Console]:
     root = Path(tempfile.mkdtemp(prefix="ksi-console-", dir="/tmp"))
     async with AsyncExitStack() as stack:
         # the daemon outlives each test's own environment fixture: it gets the same one for the module
@@ -112,7 +111,7 @@ async def console() -> AsyncIterator[Console]:
         client = await stack.enter_async_context(connected(served.daemon))
         await served.daemon.litellm.ensure_loaded()  # its import is not what the tests' waits measure
         playwright = await stack.enter_async_context(async_playwright())
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM)
+        browser = await playwright.chromium.launch(executable_path=chromium_path)
         context = await browser.new_context(viewport={"width": 1280, "height": 800})
         login = await context.new_page()
         await login.goto(f"{served.base_url}/login?code={make_code(served.token)}")  # the cookie every test uses

@@ -21,7 +21,7 @@ from playwright.async_api import async_playwright
 
 from ksi_common.console_login import make_code
 from tests.conftest import complete, connected, running_http_daemon
-from tests.test_console import CHROMIUM, WAIT_MS
+from tests.test_console import WAIT_MS
 
 # A page of another local server: it tries every way a page has to write into a conversation.
 ATTACK = """<!doctype html><html><body><script>
@@ -133,7 +133,8 @@ def stored(var_dir: Path) -> dict[str, bytes]:
             and path.relative_to(var_dir).parts[:2] != ("state", "exchange-log")}
 
 
-async def test_another_local_server_gets_no_credential_and_its_pages_change_nothing(short_tmp: Path) -> None:
+async def test_another_local_server_gets_no_credential_and_its_pages_change_nothing(short_tmp: Path,
+                                                                                   chromium_path: str) -> None:
     async with running_http_daemon(short_tmp, http_token=None) as served, connected(served.daemon) as client:
         await complete(client, prompt="the original turn", model="echo/x", conversation_id="target", create=True)
         before = stored(served.daemon.settings.var_dir)
@@ -141,7 +142,7 @@ async def test_another_local_server_gets_no_credential_and_its_pages_change_noth
         root = served.daemon.http.sessions.root
         with Neighbour(served.base_url) as neighbour:
             async with async_playwright() as playwright:
-                browser = await playwright.chromium.launch(executable_path=CHROMIUM)
+                browser = await playwright.chromium.launch(executable_path=chromium_path)
                 try:
                     context = await browser.new_context()
                     console = await context.new_page()

@@ -15,7 +15,6 @@ from playwright.async_api import async_playwright
 
 from tests.conftest import running_http_daemon
 from tests.test_cli import clean_env
-from tests.test_console import CHROMIUM
 
 
 def fake_browser(root: Path) -> tuple[Path, Path]:
@@ -55,7 +54,7 @@ async def test_ksi_console_starts_the_browser_with_a_code_that_works_once(short_
             assert again.status_code == 401
 
 
-async def test_the_browser_history_holds_no_token(short_tmp: Path) -> None:
+async def test_the_browser_history_holds_no_token(short_tmp: Path, chromium_path: str) -> None:
     async with running_http_daemon(short_tmp, http_token=None) as served:
         settings = served.daemon.settings
         process = await asyncio.create_subprocess_exec(
@@ -65,7 +64,7 @@ async def test_the_browser_history_holds_no_token(short_tmp: Path) -> None:
         url = out.decode().strip()
         profile = short_tmp / "profile"
         async with async_playwright() as playwright:
-            context = await playwright.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM)
+            context = await playwright.chromium.launch_persistent_context(str(profile), executable_path=chromium_path)
             try:
                 page = await context.new_page()
                 await page.goto(url)

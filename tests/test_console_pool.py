@@ -15,13 +15,13 @@ from playwright.async_api import async_playwright, expect
 from ksi_common import __version__
 from ksi_common.console_login import make_code
 from tests.conftest import connected, running_http_daemon, stub_settings
-from tests.test_console import CHROMIUM, WAIT_MS
+from tests.test_console import WAIT_MS
 
 SILENT = "0123456789ab"  # the id of a daemon that stopped beating long ago
 
 
 async def test_the_health_page_lists_the_pools_daemons_with_their_leases_and_marks_a_stale_one(
-        short_tmp: Path, pg_url: str, stub: Any) -> None:
+        short_tmp: Path, pg_url: str, stub: Any, chromium_path: str) -> None:
     stub.model_delay["stub-slow"] = 30.0  # held at the model: its conversation's lease is held meanwhile
     settings = {**stub_settings(stub), "storage": "postgres", "database_url": pg_url,
                 "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0}
@@ -39,7 +39,7 @@ async def test_the_health_page_lists_the_pools_daemons_with_their_leases_and_mar
                                                         "model": "openai/stub-slow"})
         while not stub.requests:
             await asyncio.sleep(0.02)
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM)
+        browser = await playwright.chromium.launch(executable_path=chromium_path)
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 800})
             await page.goto(f"{served.base_url}/login?code={make_code(served.token)}")

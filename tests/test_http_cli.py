@@ -43,7 +43,7 @@ def test_a_taken_http_port_is_a_clear_error_and_leaves_no_socket(place: Place) -
         taken.listen()
         port = taken.getsockname()[1]
         refused = place.ksi("daemon", "start", *place.where, "--http", f"127.0.0.1:{port}")
-    assert refused.returncode == 2  # the daemon's own exit code, as the README says
+    assert refused.returncode == 2  # the daemon's own exit code, as docs/troubleshooting.md says
     said = refused.stderr + refused.stdout
     assert "exited with code 2" in said and f"cannot serve HTTP on http://127.0.0.1:{port}" in said
     assert "Traceback" not in said

@@ -309,7 +309,7 @@ async def test_responses_parallel_calls_streamed_in_the_sdks_order(
 
 
 async def test_the_readme_tool_loop(http_daemon: HttpDaemon, stub: StubOpenAI) -> None:
-    """The README's loop, with the blocking client: two rounds of calls, then the answer."""
+    """The tool loop of docs/http.md, with the blocking client: two rounds of calls, then the answer."""
     stub.enqueue(Reply(calls=[call("weather", "Oslo", "c1")]),
                  Reply(calls=[call("weather", "Lima", "c2"), call("weather", "Rome", "c3")]), "done")
 

@@ -1,4 +1,4 @@
-"""The README's HTTP flow: the official SDK chains by previous_response_id and streams with the
+"""The HTTP flow of docs/http.md: the official SDK chains by previous_response_id and streams with the
 echo model, then `ksi ask --conversation` (a real process) continues the same conversation."""
 
 from __future__ import annotations

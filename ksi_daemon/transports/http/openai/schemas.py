@@ -243,7 +243,7 @@ class ResponseCreate(CreateBody):
     previous_response_id: Id | None = None
     conversation: Id | ConversationRef | None = None
     # KSI keeps every exchange, it continues conversations from them: `store: false` changes nothing
-    # (said in the README), so it is accepted rather than refused
+    # (said in docs/http.md), so it is accepted rather than refused
     store: bool = True
     stream: bool = False  # how KSI answers (streamed or whole), not a provider option
     # run in the daemon whatever the client does: polled, cancelled and its stream resumed by id
