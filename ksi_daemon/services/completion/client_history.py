@@ -27,6 +27,7 @@ Such conversations are found by `WaitingInputs` (see conversations.pending), not
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,9 @@ from ksi_common.timefmt import parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.router import Router
+from ksi_daemon.services.completion.input_items import TOOL_NAME
 from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.tool_turns import check_answers
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
@@ -49,6 +52,7 @@ from ksi_daemon.storage.ports import ResponseStore
 INPUT_KINDS = frozenset({"function_call_output"})
 OUTPUT_KINDS = frozenset({"function_call", "reasoning"})
 MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD: tokens a chat message costs beyond its text
+CALL_NAME = re.compile(TOOL_NAME)  # a call names a tool: the history's calls follow the rule of `tools`
 
 
 def _invalid(where: str, why: str) -> KsiError:
@@ -111,6 +115,8 @@ def _normalised(raw: Any, where: str) -> items.Item:
         for key in ("call_id", "name"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise _invalid(f"{where}.{key}", "must be a non-empty string")
+        if not CALL_NAME.fullmatch(raw["name"]):
+            raise _invalid(f"{where}.name", "must be 1 to 64 letters, digits, underscores or hyphens, as a tool's name")
         return {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
     if kind == "function_call_output":
         if not isinstance(raw.get("call_id"), str) or not raw.get("call_id"):
@@ -220,6 +226,9 @@ class ClientHistory:
         a conversation is written for it; `default_system` is the system prompt of a history that
         names none (an agent's profile's)."""
         turns = split_history(data.history or [], data.instructions)
+        if turns.exchanges:  # the new input must follow the history's newest exchange: refused before
+            # anything is written for the history (an import, a fork), not after, once per retry
+            check_answers(items.call_ids_answered(data.input_items()), items.function_calls(turns.exchanges[-1][1]))
         if turns.system is None and data.system is None and default_system is not None:
             turns.system = default_system
             turns.systems = [default_system if system is None else system for system in turns.systems]
