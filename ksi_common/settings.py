@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
     max_image_bytes: int = Field(default=20 * 1024 * 1024, gt=0)  # one image of a request, stored once by hash
     max_fork_depth: int = Field(default=32, gt=0)
+    # seconds after a conversation's newest pending input was added during which a request naming no
+    # conversation may continue it by resending that input (0: only requests naming it)
+    pending_match_window: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT)
     # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
     # own model; "off": only the note saying how many were left out)
     summariser: str | None = None

@@ -124,7 +124,7 @@ class Admission:
         self._admitting: dict[str, _Turn] = {}  # conversation (or agent) id -> its admission turn
         self._history_admission = asyncio.Lock()  # see submit
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
-                                            settings.max_fork_depth)
+                                            settings.max_fork_depth, settings.pending_match_window, clock)
 
     async def submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                      enqueue: Enqueue) -> RequestState:

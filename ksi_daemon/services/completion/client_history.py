@@ -44,7 +44,7 @@ from ksi_daemon.services.completion.tool_turns import check_answers
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
-from ksi_daemon.services.conversations.pending import is_pending_input, pending_taken, waiting_key
+from ksi_daemon.services.conversations.pending import is_pending_input, pending_of, pending_taken, waiting_key
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
@@ -181,6 +181,28 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
     return turns
 
 
+def _requested_system(data: CompletionAsync, default: str | None) -> str | None:
+    """The system prompt a request's first exchange would run under, as far as the request says."""
+    if data.instructions is not None:
+        return data.instructions
+    if data.system is not None:
+        return data.system
+    given = [items.part_text(item["content"]) for item in data.input_items()
+             if item["type"] == "message" and item.get("role") == "system"]
+    return "\n\n".join(given) if given else default
+
+
+def _same_system(waiting: str | None, requested: str | None) -> bool:
+    """Whether a conversation with no exchange yet, waiting under system prompt `waiting`, may be
+    continued by a request under `requested`. With exchanges their digests compare the system
+    prompt; before the first, the conversation's own is compared, canonically as digests do. One
+    made without a system prompt (the Agents SDK's session, whose instructions come with each
+    request) takes the request's."""
+    if waiting is None:
+        return True
+    return requested is not None and items.canonical_text(waiting) == items.canonical_text(requested)
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     memory: ConversationMemory
@@ -202,13 +224,15 @@ class ClientHistory:
 
     def __init__(self, cache: ConversationCache, responses: ResponseStore, router: Router,
                  count_live: Callable[[str], int], is_open: Callable[[ConversationMemory], bool],
-                 max_depth: int) -> None:
+                 max_depth: int, pending_window: float, clock: Callable[[], float]) -> None:
         self.cache = cache
         self.responses = responses
         self.router = router
         self.count_live = count_live  # requests queued or running on a conversation
         self.is_open = is_open  # active, not expired, not full
         self.max_depth = max_depth
+        self.pending_window = pending_window  # seconds pending input is matched by a request naming no conversation
+        self.clock = clock
 
     def may_take_pending(self, data: CompletionAsync) -> bool:
         """Whether a request with no history, no conversation and no agent (which has a conversation
@@ -235,7 +259,8 @@ class ClientHistory:
         chain = turns.chain()
         scope = request_scope(data.agent_id, data.options)
         if data.conversation_id is None and data.previous_response_id is None:
-            waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope)
+            waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope,
+                                          _requested_system(data, default_system))
             if waiting is not None:
                 return Resolved(data.model_copy(update={"conversation_id": waiting.conversation_id}),
                                 pending_taken(waiting.meta, data.input_items()))
@@ -297,21 +322,30 @@ class ClientHistory:
             found.append(Match(memory, candidate.n))
         return found
 
-    async def _waiting(self, after: str | None, n: int, data: CompletionAsync, scope: Scope
-                       ) -> ConversationMemory | None:
+    async def _waiting(self, after: str | None, n: int, data: CompletionAsync, scope: Scope,
+                       system: str | None) -> ConversationMemory | None:
         """The conversation of `scope` whose `n` exchanges end in digest `after` and whose pending
-        input is the request's new input, free to continue in place; the most recently active of
-        several. Each candidate is checked as loaded (the map is derived from what was written)."""
+        input is the request's new input, added within the window and waiting under the request's
+        system prompt `system`, free to continue in place; the most recently active of several.
+        Each candidate is checked as loaded (the map is derived from what was written)."""
         inputs = data.input_items()
         found = []
         for conversation_id in self.cache.waiting.holding(waiting_key(after, inputs)):
             memory = await self.cache.get(conversation_id)
             if (memory is None or memory.retired or memory.total != n or memory.newest_digest != after
                     or stored_scope(memory.meta) != scope or not self.is_open(memory)
-                    or self.count_live(conversation_id) or not is_pending_input(memory.meta, inputs)):
+                    or self.count_live(conversation_id) or not is_pending_input(memory.meta, inputs)
+                    or not self._still_waiting(memory) or not (n or _same_system(memory.meta.system, system))):
                 continue
             found.append(memory)
         return max(found, key=lambda m: parse_ts(m.meta.last_activity), default=None)
+
+    def _still_waiting(self, memory: ConversationMemory) -> bool:
+        """Pending input is matched without the conversation's id only for `pending_window` seconds
+        after it was added: a client that pends its input asks at once, and a stranger sending
+        the same words later must not join the conversation."""
+        added = [parse_ts(item["ts"]) for item in pending_of(memory.meta)]
+        return bool(added) and self.clock() - max(added) < self.pending_window
 
     async def _best(self, matches: list[Match]) -> Match | None:
         if not matches:
