@@ -307,8 +307,9 @@ class ClientHistory:
     # -- matching ------------------------------------------------------------------
     async def _matches(self, digest: str, n: int, scope: Scope) -> list[Match]:
         """The stored exchanges numbered `n` holding `digest` in conversations stored for `scope`,
-        checked against the conversation as loaded (the JSONL lookup is derived data) without
-        reading more of it."""
+        each checked against the digest its own conversation stored for that exchange (the JSONL
+        lookup is derived data, and a damaged log may name any conversation): read from the
+        loaded tail when it holds the exchange, else from the conversation's index."""
         found = []
         for candidate in await self.cache.find_digest(digest):
             if candidate.n != n:
@@ -317,7 +318,8 @@ class ClientHistory:
             if memory is None or memory.retired or candidate.n > memory.total or stored_scope(memory.meta) != scope:
                 continue
             entry = memory.entry(candidate.n)
-            if entry is not None and entry.digest != digest:
+            stored = entry.digest if entry is not None else await digest_at(self.cache, memory, n, self.max_depth)
+            if stored != digest:
                 continue
             found.append(Match(memory, candidate.n))
         return found
