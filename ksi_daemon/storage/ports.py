@@ -438,6 +438,11 @@ class ConversationLeases(Protocol):
         """How many conversations' leases this daemon holds now."""
         ...
 
+    async def in_line(self, conversation_id: str) -> int:
+        """How many accepted turns of the conversation have not ended, whichever daemon runs them
+        (0 where no other daemon shares the backend: the daemon's own requests are its count)."""
+        ...
+
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         """Stop waiting for the lease for this request (a turn with an earlier place joined this
         daemon's queue of the conversation); its place in line stays."""
@@ -455,6 +460,9 @@ class OneDaemonLeases:
         return self._places
 
     def held(self) -> int:
+        return 0
+
+    async def in_line(self, conversation_id: str) -> int:
         return 0
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:

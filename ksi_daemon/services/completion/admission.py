@@ -124,7 +124,8 @@ class Admission:
         self._admitting: dict[str, _Turn] = {}  # conversation (or agent) id -> its admission turn
         self._history_admission = asyncio.Lock()  # see submit
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
-                                            settings.max_fork_depth, settings.pending_match_window, clock)
+                                            settings.max_fork_depth, settings.pending_match_window, clock,
+                                            scheduler.in_line)
 
     async def submit(self, data: CompletionAsync, context: EventContext, from_agent: str | None,
                      enqueue: Enqueue) -> RequestState:
@@ -168,7 +169,8 @@ class Admission:
     async def _continue_after(self, data: CompletionAsync, context: EventContext) -> CompletionAsync:
         """The request continuing the conversation of `previous_response_id`: in that conversation
         when the response is its newest exchange and nothing else is queued there (so nothing can
-        come between), else in a fork at that exchange (copy-free, as conversation:fork makes it)."""
+        come between, on any daemon of the pool), else in a fork at that exchange (copy-free, as
+        conversation:fork makes it)."""
         assert data.previous_response_id is not None
         found = await locate(self.cache, self.responses, data.previous_response_id,
                              ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
@@ -177,7 +179,8 @@ class Admission:
                            f"response {data.previous_response_id} is in no conversation's history (it failed, "
                            "or its conversation was deleted)", response_id=data.previous_response_id)
         conversation_id = found.memory.conversation_id
-        if not found.newest or self.requests.count_live(conversation_id):
+        if (not found.newest or self.requests.count_live(conversation_id)
+                or await self.scheduler.in_line(conversation_id)):
             fork_data: dict[str, Any] = {"conversation_id": conversation_id, "at": found.n}
             if data.origin is not None:
                 fork_data["origin"] = data.origin

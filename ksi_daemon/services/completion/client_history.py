@@ -224,7 +224,8 @@ class ClientHistory:
 
     def __init__(self, cache: ConversationCache, responses: ResponseStore, router: Router,
                  count_live: Callable[[str], int], is_open: Callable[[ConversationMemory], bool],
-                 max_depth: int, pending_window: float, clock: Callable[[], float]) -> None:
+                 max_depth: int, pending_window: float, clock: Callable[[], float],
+                 in_line: Callable[[str], Awaitable[int]]) -> None:
         self.cache = cache
         self.responses = responses
         self.router = router
@@ -233,6 +234,7 @@ class ClientHistory:
         self.max_depth = max_depth
         self.pending_window = pending_window  # seconds pending input is matched by a request naming no conversation
         self.clock = clock
+        self.in_line = in_line  # turns accepted on a conversation and not ended, over every daemon of a pool
 
     def may_take_pending(self, data: CompletionAsync) -> bool:
         """Whether a request with no history, no conversation and no agent (which has a conversation
@@ -284,7 +286,7 @@ class ClientHistory:
             return Resolved(data)
         newest = await self._best(await self._matches(chain[-1], len(chain), scope))
         if newest is not None and self.is_open(newest.memory):
-            if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
+            if newest.n == newest.memory.total and not await self._in_flight(newest.memory.conversation_id):
                 # its pending input may be this input (added before the daemon started, so not in
                 # `waiting`): taken, not added again
                 takes = pending_taken(newest.memory.meta, data.input_items())
@@ -336,11 +338,16 @@ class ClientHistory:
             memory = await self.cache.get(conversation_id)
             if (memory is None or memory.retired or memory.total != n or memory.newest_digest != after
                     or stored_scope(memory.meta) != scope or not self.is_open(memory)
-                    or self.count_live(conversation_id) or not is_pending_input(memory.meta, inputs)
-                    or not self._still_waiting(memory) or not (n or _same_system(memory.meta.system, system))):
+                    or not is_pending_input(memory.meta, inputs) or not self._still_waiting(memory)
+                    or not (n or _same_system(memory.meta.system, system)) or await self._in_flight(conversation_id)):
                 continue
             found.append(memory)
         return max(found, key=lambda m: parse_ts(m.meta.last_activity), default=None)
+
+    async def _in_flight(self, conversation_id: str) -> bool:
+        """A turn of the conversation is queued or running on this daemon, or on another of the pool
+        (asked only when this one has none): a history must not be continued in place beside it."""
+        return bool(self.count_live(conversation_id) or await self.in_line(conversation_id))
 
     def _still_waiting(self, memory: ConversationMemory) -> bool:
         """Pending input is matched without the conversation's id only for `pending_window` seconds

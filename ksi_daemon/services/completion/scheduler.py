@@ -76,6 +76,11 @@ class Scheduler:
     def active_conversations(self) -> int:
         return len(self._queues)
 
+    async def in_line(self, key: str) -> int:
+        """Turns of conversation `key` accepted and not ended over every daemon of the pool (0 on
+        a backend no other daemon shares: `RequestRegistry.count_live` counts this daemon's)."""
+        return await self._leases.in_line(key)
+
     async def line_up(self, job: Job, record: dict[str, Any]) -> None:
         """Take `job`'s place in its conversation's line among every daemon's (before `submit`),
         with `record`, the request as accepted."""
