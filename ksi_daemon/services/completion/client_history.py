@@ -21,8 +21,14 @@ conversations.scope); those it makes keep that scope.
 A request without a conversation whose history and new input are a conversation's exchanges and
 its pending input (a client that added its user item to a conversation, then asked with the whole
 history and none named) continues that conversation, taking the pending messages as its new input;
-with no history, a conversation with no exchanges whose pending input is the request's input.
-Such conversations are found by `WaitingInputs` (see conversations.pending), not by reading others.
+with no history, a conversation with no exchanges whose pending input is the request's input, and
+that only under the conversation's own system prompt (a stranger sending the same first words
+must not run under it). Either only within `pending_match_window` seconds of the newest pending
+input. Such conversations are found by `WaitingInputs` (see conversations.pending), not by
+reading others.
+
+A conversation is continued in place only while no turn of it is queued or running, on this
+daemon or, on a pool, on any other (the pool's turn line knows): else the history forks.
 """
 
 from __future__ import annotations
@@ -181,6 +187,13 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
     return turns
 
 
+def _check_follows(turns: ClientTurns, data: CompletionAsync) -> None:
+    """The new input must answer exactly the calls the history's newest exchange made: checked
+    before anything is written for the history (an import, a fork), not after it, once per retry."""
+    if turns.exchanges:
+        check_answers(items.call_ids_answered(data.input_items()), items.function_calls(turns.exchanges[-1][1]))
+
+
 def _requested_system(data: CompletionAsync, default: str | None) -> str | None:
     """The system prompt a request's first exchange would run under, as far as the request says."""
     if data.instructions is not None:
@@ -252,9 +265,7 @@ class ClientHistory:
         a conversation is written for it; `default_system` is the system prompt of a history that
         names none (an agent's profile's)."""
         turns = split_history(data.history or [], data.instructions)
-        if turns.exchanges:  # the new input must follow the history's newest exchange: refused before
-            # anything is written for the history (an import, a fork), not after, once per retry
-            check_answers(items.call_ids_answered(data.input_items()), items.function_calls(turns.exchanges[-1][1]))
+        _check_follows(turns, data)
         if turns.system is None and data.system is None and default_system is not None:
             turns.system = default_system
             turns.systems = [default_system if system is None else system for system in turns.systems]
