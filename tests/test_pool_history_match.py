@@ -41,3 +41,26 @@ async def until_streaming(stub: StubOpenAI) -> None:
     async with asyncio.timeout(60):
         while len(stub.requests) < 2:
             await asyncio.sleep(0.02)
+
+
+async def test_one_history_sent_to_two_daemons_at_the_same_moment_is_continued_in_place_once(
+        short_tmp: Path, stub: StubOpenAI, pg_url: str) -> None:
+    settings: dict[str, Any] = {**stub_settings(stub), "storage": "postgres", "database_url": pg_url}
+    (short_tmp / "a").mkdir()
+    (short_tmp / "b").mkdir()
+    async with running_daemon(short_tmp / "a", **settings) as a, running_daemon(short_tmp / "b", **settings) as b, \
+            connected(a) as on_a, connected(b) as on_b:
+        reply = (await complete(on_a, prompt="p0", conversation_id="c1", create=True))["content"]
+        history = [{"role": "user", "content": "p0"}, {"role": "assistant", "content": reply}]
+        for round_ in range(1, 6):
+            acks = await asyncio.gather(*(client.request("completion:async", {"prompt": f"p{round_}",
+                                                                              "history": history})
+                                          for client in (on_a, on_b)))
+            results = [await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+                       for client, ack in zip((on_a, on_b), acks, strict=True)]
+            # one continues the conversation the history matched in place, the other a fork of it
+            assert results[0]["conversation_id"] != results[1]["conversation_id"], round_
+            assert [r["exchange"] for r in results] == [round_ + 1, round_ + 1], round_
+            history = [*history, {"role": "user", "content": f"p{round_}"},
+                       {"role": "assistant", "content": results[0]["content"]}]
+        assert len(await stored_index(a, "c1")) <= 6  # never two exchanges in place in one round

@@ -443,6 +443,11 @@ class ConversationLeases(Protocol):
         (0 where no other daemon shares the backend: the daemon's own requests are its count)."""
         ...
 
+    def exclusive(self, key: str) -> AbstractAsyncContextManager[None]:
+        """Held by one daemon at a time for `key`, over every daemon of the backend (a daemon
+        alone has its own locks, and nothing to hold here)."""
+        ...
+
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         """Stop waiting for the lease for this request (a turn with an earlier place joined this
         daemon's queue of the conversation); its place in line stays."""
@@ -464,6 +469,10 @@ class OneDaemonLeases:
 
     async def in_line(self, conversation_id: str) -> int:
         return 0
+
+    @asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        yield
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         return None

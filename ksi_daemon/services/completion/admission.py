@@ -25,7 +25,7 @@ from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attachments
-from ksi_daemon.services.completion.client_history import ClientHistory
+from ksi_daemon.services.completion.client_history import ClientHistory, admission_key
 from ksi_daemon.services.completion.images import CheckedImage, Images
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
@@ -140,7 +140,9 @@ class Admission:
             # matching it to admitting its request: two identical ones sent at once must not both
             # continue the same conversation in place (the second sees the first admitted there:
             # a history forks, input another conversation held pending starts a conversation of its own)
-            async with self._history_admission:
+            # on a pool, the same history (or input) admitted on another daemon meanwhile is seen
+            # only once its turn is lined up there: one such request at a time over the whole pool
+            async with self._history_admission, self.scheduler.exclusive(admission_key(data)):
                 # an agent's profile supplies the system prompt its client never sees, so never resends
                 agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
                 resolved = await self.client_history.resolve(data, context, self.check_before_write, agent_system)

@@ -33,10 +33,13 @@ daemon or, on a pool, on any other (the pool's turn line knows): else the histor
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
@@ -185,6 +188,13 @@ def split_history(history: list[Any], instructions: str | None = None) -> Client
         close()
     turns.system = instructions if instructions is not None else ("\n\n".join(system_parts) or None)
     return turns
+
+
+def admission_key(data: CompletionAsync) -> str:
+    """What two requests that could continue the same conversation in place share: their
+    history, new input and instructions, as sent (a key to admit them one at a time)."""
+    body = [data.history or [], data.input_items(), data.instructions]
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def _check_follows(turns: ClientTurns, data: CompletionAsync) -> None:
