@@ -64,3 +64,24 @@ async def test_one_history_sent_to_two_daemons_at_the_same_moment_is_continued_i
             history = [*history, {"role": "user", "content": f"p{round_}"},
                        {"role": "assistant", "content": results[0]["content"]}]
         assert len(await stored_index(a, "c1")) <= 6  # never two exchanges in place in one round
+
+
+
+async def test_pending_input_added_through_one_daemon_is_taken_by_a_history_sent_to_another(
+        short_tmp: Path, stub: StubOpenAI, pg_url: str) -> None:
+    """The history names the conversation by its digests: the daemon it reaches reads the pending
+    input as stored, even with the conversation in its memory from an earlier turn."""
+    settings: dict[str, Any] = {**stub_settings(stub), "storage": "postgres", "database_url": pg_url}
+    (short_tmp / "a").mkdir()
+    (short_tmp / "b").mkdir()
+    async with running_daemon(short_tmp / "a", **settings) as a, running_daemon(short_tmp / "b", **settings) as b, \
+            connected(a) as on_a, connected(b) as on_b:
+        first = await complete(on_b, prompt="q1", conversation_id="c1", create=True)
+        await on_a.request("conversation:pend", {"conversation_id": "c1", "inputs": ["q2"]})
+        second = await complete(on_b, history=[{"role": "user", "content": "q1"},
+                                               {"role": "assistant", "content": first["content"]}],
+                                input=[{"type": "message", "role": "user", "content": "q2"}])
+        assert second["conversation_id"] == "c1" and second["exchange"] == 2
+        assert [m["content"] for m in stub.messages() if m["role"] == "user"] == ["q1", "q2"]  # q2 once
+        shown = await on_a.request("conversation:show", {"conversation_id": "c1"})
+        assert shown["conversation"]["pending_input"] == []
