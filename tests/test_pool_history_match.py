@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from ksi_daemon.daemon import Daemon
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index
 from tests.stub_openai import Reply, StubOpenAI
@@ -85,3 +86,32 @@ async def test_pending_input_added_through_one_daemon_is_taken_by_a_history_sent
         assert [m["content"] for m in stub.messages() if m["role"] == "user"] == ["q1", "q2"]  # q2 once
         shown = await on_a.request("conversation:show", {"conversation_id": "c1"})
         assert shown["conversation"]["pending_input"] == []
+
+
+async def until_heard(daemon: Daemon) -> None:
+    """Until the other daemon's word that a conversation waits reached `daemon` (its relay is a live
+    feed of milliseconds; a safety net of a minute, not a timing check)."""
+    async with asyncio.timeout(60):
+        while not len(daemon.cache.waiting):
+            await asyncio.sleep(0.02)
+
+
+async def test_pending_input_added_through_one_daemon_is_taken_by_a_request_on_another(
+        short_tmp: Path, stub: StubOpenAI, pg_url: str) -> None:
+    """The Agents SDK's first turn: a conversation made with the user's item on one daemon, the
+    response asked of another with that item and no conversation."""
+    settings: dict[str, Any] = {**stub_settings(stub), "storage": "postgres", "database_url": pg_url}
+    (short_tmp / "a").mkdir()
+    (short_tmp / "b").mkdir()
+    async with running_daemon(short_tmp / "a", **settings) as a, running_daemon(short_tmp / "b", **settings) as b, \
+            connected(a) as on_a, connected(b) as on_b:
+        document = {"format": "ksi.conversation", "v": 1, "conversation": {"system": None}, "exchanges": []}
+        made = await on_a.request("conversation:import", {"data": document, "format": "json", "pending": ["q1"]})
+        await until_heard(b)
+        first = await complete(on_b, input=[{"type": "message", "role": "user", "content": "q1"}],
+                               instructions="Reply very concisely.")
+        assert first["conversation_id"] == made["conversation_id"]
+        shown = await on_a.request("conversation:show", {"conversation_id": made["conversation_id"]})
+        assert shown["conversation"]["pending_input"] == [] and len(shown["exchanges"]) == 1
+        listing = await on_a.request("conversation:list", {})
+        assert [c["conversation_id"] for c in listing["conversations"]] == [made["conversation_id"]]
