@@ -6,9 +6,9 @@ unsynced, after each indexed exchange (a `{"d", "c", "n"}` line per digest); a m
 append one line each (`{"move", "to"}`, `{"drop"}`), replayed in order when the log is read. The
 log is rebuilt from every index when it is missing, unreadable or its first line is not its header
 (remove the file to rebuild it; a directory in its place is moved aside); a torn line is skipped.
-Every answer is checked against the conversation it names before it is used. A line a crash kept from the disk leaves that exchange
-unfound: a history ending there is taken for one ending an exchange earlier and continues in a
-fork made there, never in a wrong conversation.
+Every answer is checked against the conversation it names before it is used. A line a crash kept
+from the disk leaves that exchange unfound: a history ending there is taken for one ending an
+exchange earlier and continues in a fork made there, never in a wrong conversation.
 
 What the table holds is bounded per exchange: the first 16 bytes of its digest (a lookup's answer
 is checked against the conversation it names) and the exchange's number with the conversation (or
