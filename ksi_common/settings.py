@@ -233,6 +233,9 @@ class Settings(BaseSettings):
     """Bytes of one image of a request at most; more is refused with `image_too_large`."""
     max_fork_depth: int = Field(default=32, gt=0)
     """Forks of forks a conversation may sit under."""
+    pending_match_window: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT)
+    """Seconds after a conversation's newest pending input was added during which a request naming
+    no conversation may continue it by resending that input; 0: only requests naming it."""
     # compaction: a summary of the exchanges a long history leaves out (None: the conversation's
     # own model; "off": only the note saying how many were left out)
     summariser: str | None = None

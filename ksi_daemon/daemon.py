@@ -39,6 +39,7 @@ from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
 from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.memory import ConversationCache
+from ksi_daemon.services.conversations.pending import WAITING_RELAYED
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
@@ -109,7 +110,8 @@ class Daemon:
         self.responses = self.storage.responses
         self.litellm = LiteLLMProvider(settings)
         self.cache = ConversationCache(self.store, self.responses, settings.active_conversations,
-                                       count_tokens=self.litellm.count_tokens_loading)
+                                       count_tokens=self.litellm.count_tokens_loading,
+                                       announce=self._announce_waiting)
         # the one write path of conversations, shared by every service that changes one
         self.writer = ConversationWriter(self.cache, self.storage.summaries, clock=clock,
                                          default_ttl=settings.default_ttl, max_fork_depth=settings.max_fork_depth)
@@ -202,7 +204,7 @@ class Daemon:
             if isinstance(service, Starts):
                 await service.start()
         # completion outcomes reach the subscribers of every daemon sharing this storage
-        await self.storage.relay.start(self.monitor.deliver_remote)
+        await self.storage.relay.start(self._deliver_remote)
         self._unregister.append(self.router.listen("completion:*", self._relay_outcome))
         # the socket last: a client takes a daemon whose socket answers as started (`ksi daemon
         # start` prints the HTTP address from the first health reply), so every door is open by then
@@ -322,6 +324,17 @@ class Daemon:
             console_routes(self._handle_request, self.settings, sessions.root),  # last: it serves "/"
         ]
         return HttpFront(self.settings, groups, sessions, self.connection_budget)
+
+    def _announce_waiting(self, conversation_id: str, key: str) -> None:
+        self.storage.relay.publish(WAITING_RELAYED, {"conversation_id": conversation_id, "key": key}, {})
+
+    def _deliver_remote(self, event: str, data: dict[str, Any], context: dict[str, Any]) -> None:
+        """Another daemon's event: a conversation it says waits goes to this daemon's candidates
+        (a request on this daemon may take its pending input); the rest to the subscribers."""
+        if event == WAITING_RELAYED:
+            self.cache.waiting.heard(str(data.get("conversation_id")), str(data.get("key")))
+            return
+        self.monitor.deliver_remote(event, data, context)
 
     def _relay_outcome(self, name: str, data: dict[str, Any], context: EventContext) -> None:
         if name in RELAYED:

@@ -441,6 +441,16 @@ class ConversationLeases(Protocol):
         """How many conversations' leases this daemon holds now."""
         ...
 
+    async def in_line(self, conversation_id: str) -> int:
+        """How many accepted turns of the conversation have not ended, whichever daemon runs them
+        (0 where no other daemon shares the backend: the daemon's own requests are its count)."""
+        ...
+
+    def exclusive(self, key: str) -> AbstractAsyncContextManager[None]:
+        """Held by one daemon at a time for `key`, over every daemon of the backend (a daemon
+        alone has its own locks, and nothing to hold here)."""
+        ...
+
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         """Stop waiting for the lease for this request (a turn with an earlier place joined this
         daemon's queue of the conversation); its place in line stays."""
@@ -459,6 +469,13 @@ class OneDaemonLeases:
 
     def held(self) -> int:
         return 0
+
+    async def in_line(self, conversation_id: str) -> int:
+        return 0
+
+    @asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        yield
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         return None

@@ -27,7 +27,7 @@ from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.appended_turns import AppendedTurns
 from ksi_daemon.services.completion.attachments import Attachments
-from ksi_daemon.services.completion.client_history import ClientHistory
+from ksi_daemon.services.completion.client_history import ClientHistory, admission_key
 from ksi_daemon.services.completion.images import CheckedImage, Images
 from ksi_daemon.services.completion.item_references import ItemReferences
 from ksi_daemon.services.completion.models import CompletionAsync
@@ -128,7 +128,8 @@ class Admission:
         self._admitting: dict[str, _Turn] = {}  # conversation (or agent) id -> its admission turn
         self._history_admission = asyncio.Lock()  # see submit
         self.client_history = ClientHistory(cache, responses, router, requests.count_live, self.can_continue,
-                                            settings.max_fork_depth)
+                                            settings.max_fork_depth, settings.pending_match_window, clock,
+                                            scheduler.in_line)
         self.appended_turns = AppendedTurns(cache, responses, router, requests.count_live)
         self.item_references = ItemReferences(cache, responses)
 
@@ -152,7 +153,9 @@ class Admission:
             # matching it to admitting its request: two identical ones sent at once must not both
             # continue the same conversation in place (the second sees the first admitted there:
             # a history forks, input another conversation held pending starts a conversation of its own)
-            async with self._history_admission:
+            # on a pool, the same history (or input) admitted on another daemon meanwhile is seen
+            # only once its turn is lined up there: one such request at a time over the whole pool
+            async with self._history_admission, self.scheduler.exclusive(admission_key(data)):
                 # an agent's profile supplies the system prompt its client never sees, so never resends
                 agent_system = (await self.agents.defaults(data.agent_id)).system if data.agent_id else None
                 resolved = await self.client_history.resolve(data, context, self.check_before_write, agent_system)
@@ -211,7 +214,8 @@ class Admission:
     async def _continue_after(self, data: CompletionAsync, context: EventContext) -> CompletionAsync:
         """The request continuing the conversation of `previous_response_id`: in that conversation
         when the response is its newest exchange and nothing else is queued there (so nothing can
-        come between), else in a fork at that exchange (copy-free, as conversation:fork makes it)."""
+        come between, on any daemon of the pool), else in a fork at that exchange (copy-free, as
+        conversation:fork makes it)."""
         assert data.previous_response_id is not None
         found = await locate(self.cache, self.responses, data.previous_response_id,
                              ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND)
@@ -220,7 +224,8 @@ class Admission:
                            f"response {data.previous_response_id} is in no conversation's history (it failed, "
                            "or its conversation was deleted)", response_id=data.previous_response_id)
         conversation_id = found.memory.conversation_id
-        if not found.newest or self.requests.count_live(conversation_id):
+        if (not found.newest or self.requests.count_live(conversation_id)
+                or await self.scheduler.in_line(conversation_id)):
             fork_data: dict[str, Any] = {"conversation_id": conversation_id, "at": found.n}
             if data.origin is not None:
                 fork_data["origin"] = data.origin

@@ -21,15 +21,25 @@ conversations.scope); those it makes keep that scope.
 A request without a conversation whose history and new input are a conversation's exchanges and
 its pending input (a client that added its user item to a conversation, then asked with the whole
 history and none named) continues that conversation, taking the pending messages as its new input;
-with no history, a conversation with no exchanges whose pending input is the request's input.
-Such conversations are found by `WaitingInputs` (see conversations.pending), not by reading others.
+with no history, a conversation with no exchanges whose pending input is the request's input, and
+that only under the conversation's own system prompt (a stranger sending the same first words
+must not run under it). Either only within `pending_match_window` seconds of the newest pending
+input. Such conversations are found by `WaitingInputs` (see conversations.pending), not by
+reading others.
+
+A conversation is continued in place only while no turn of it is queued or running, on this
+daemon or, on a pool, on any other (the pool's turn line knows): else the history forks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
@@ -37,11 +47,13 @@ from ksi_common.timefmt import parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.router import Router
+from ksi_daemon.services.completion.input_items import TOOL_NAME
 from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.tool_turns import check_answers
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
-from ksi_daemon.services.conversations.pending import is_pending_input, pending_taken, waiting_key
+from ksi_daemon.services.conversations.pending import is_pending_input, pending_of, pending_taken, waiting_key
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
@@ -49,6 +61,7 @@ from ksi_daemon.storage.ports import ResponseStore
 INPUT_KINDS = frozenset({"function_call_output"})
 OUTPUT_KINDS = frozenset({"function_call", "reasoning"})
 MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD: tokens a chat message costs beyond its text
+CALL_NAME = re.compile(TOOL_NAME)  # a call names a tool: the history's calls follow the rule of `tools`
 
 
 def _invalid(where: str, why: str) -> KsiError:
@@ -111,6 +124,8 @@ def normalised(raw: Any, where: str) -> items.Item:
         for key in ("call_id", "name"):
             if not isinstance(raw.get(key), str) or not raw.get(key):
                 raise _invalid(f"{where}.{key}", "must be a non-empty string")
+        if not CALL_NAME.fullmatch(raw["name"]):
+            raise _invalid(f"{where}.name", "must be 1 to 64 letters, digits, underscores or hyphens, as a tool's name")
         call = {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
         return items.with_client_form(call, raw)
     if kind == "function_call_output":
@@ -176,6 +191,42 @@ def split_history(history: list[Any], instructions: str | None = None, name: str
     return turns
 
 
+def admission_key(data: CompletionAsync) -> str:
+    """What two requests that could continue the same conversation in place share: their
+    history, new input and instructions, as sent (a key to admit them one at a time)."""
+    body = [data.history or [], data.input_items(), data.instructions]
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _check_follows(turns: ClientTurns, data: CompletionAsync) -> None:
+    """The new input must answer exactly the calls the history's newest exchange made: checked
+    before anything is written for the history (an import, a fork), not after it, once per retry."""
+    if turns.exchanges:
+        check_answers(items.call_ids_answered(data.input_items()), items.function_calls(turns.exchanges[-1][1]))
+
+
+def _requested_system(data: CompletionAsync, default: str | None) -> str | None:
+    """The system prompt a request's first exchange would run under, as far as the request says."""
+    if data.instructions is not None:
+        return data.instructions
+    if data.system is not None:
+        return data.system
+    given = [items.part_text(item["content"]) for item in data.input_items()
+             if item["type"] == "message" and item.get("role") == "system"]
+    return "\n\n".join(given) if given else default
+
+
+def _same_system(waiting: str | None, requested: str | None) -> bool:
+    """Whether a conversation with no exchange yet, waiting under system prompt `waiting`, may be
+    continued by a request under `requested`. With exchanges their digests compare the system
+    prompt; before the first, the conversation's own is compared, canonically as digests do. One
+    made without a system prompt (the Agents SDK's session, whose instructions come with each
+    request) takes the request's."""
+    if waiting is None:
+        return True
+    return requested is not None and items.canonical_text(waiting) == items.canonical_text(requested)
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     memory: ConversationMemory
@@ -197,13 +248,17 @@ class ClientHistory:
 
     def __init__(self, cache: ConversationCache, responses: ResponseStore, router: Router,
                  count_live: Callable[[str], int], is_open: Callable[[ConversationMemory], bool],
-                 max_depth: int) -> None:
+                 max_depth: int, pending_window: float, clock: Callable[[], float],
+                 in_line: Callable[[str], Awaitable[int]]) -> None:
         self.cache = cache
         self.responses = responses
         self.router = router
         self.count_live = count_live  # requests queued or running on a conversation
         self.is_open = is_open  # active, not expired, not full
         self.max_depth = max_depth
+        self.pending_window = pending_window  # seconds pending input is matched by a request naming no conversation
+        self.clock = clock
+        self.in_line = in_line  # turns accepted on a conversation and not ended, over every daemon of a pool
 
     def may_take_pending(self, data: CompletionAsync) -> bool:
         """Whether a request with no history, no conversation and no agent (which has a conversation
@@ -221,13 +276,15 @@ class ClientHistory:
         a conversation is written for it; `default_system` is the system prompt of a history that
         names none (an agent's profile's)."""
         turns = split_history(data.history or [], data.instructions)
+        _check_follows(turns, data)
         if turns.system is None and data.system is None and default_system is not None:
             turns.system = default_system
             turns.systems = [default_system if system is None else system for system in turns.systems]
         chain = turns.chain()
         scope = request_scope(data.agent_id, data.options)
         if data.conversation_id is None and data.previous_response_id is None:
-            waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope)
+            waiting = await self._waiting(chain[-1] if chain else None, len(chain), data, scope,
+                                          _requested_system(data, default_system))
             if waiting is not None:
                 return Resolved(data.model_copy(update={"conversation_id": waiting.conversation_id}),
                                 pending_taken(waiting.meta, data.input_items()))
@@ -251,7 +308,7 @@ class ClientHistory:
             return Resolved(data)
         newest = await self._best(await self._matches(chain[-1], len(chain), scope))
         if newest is not None and self.is_open(newest.memory):
-            if newest.n == newest.memory.total and not self.count_live(newest.memory.conversation_id):
+            if newest.n == newest.memory.total and not await self._in_flight(newest.memory.conversation_id):
                 # its pending input may be this input (added before the daemon started, so not in
                 # `waiting`): taken, not added again
                 takes = pending_taken(newest.memory.meta, data.input_items())
@@ -274,8 +331,9 @@ class ClientHistory:
     # -- matching ------------------------------------------------------------------
     async def _matches(self, digest: str, n: int, scope: Scope) -> list[Match]:
         """The stored exchanges numbered `n` holding `digest` in conversations stored for `scope`,
-        checked against the conversation as loaded (the JSONL lookup is derived data) without
-        reading more of it."""
+        each checked against the digest its own conversation stored for that exchange (the JSONL
+        lookup is derived data, and a damaged log may name any conversation): read from the
+        loaded tail when it holds the exchange, else from the conversation's index."""
         found = []
         for candidate in await self.cache.find_digest(digest):
             if candidate.n != n:
@@ -284,26 +342,41 @@ class ClientHistory:
             if memory is None or memory.retired or candidate.n > memory.total or stored_scope(memory.meta) != scope:
                 continue
             entry = memory.entry(candidate.n)
-            if entry is not None and entry.digest != digest:
+            stored = entry.digest if entry is not None else await digest_at(self.cache, memory, n, self.max_depth)
+            if stored != digest:
                 continue
             found.append(Match(memory, candidate.n))
         return found
 
-    async def _waiting(self, after: str | None, n: int, data: CompletionAsync, scope: Scope
-                       ) -> ConversationMemory | None:
+    async def _waiting(self, after: str | None, n: int, data: CompletionAsync, scope: Scope,
+                       system: str | None) -> ConversationMemory | None:
         """The conversation of `scope` whose `n` exchanges end in digest `after` and whose pending
-        input is the request's new input, free to continue in place; the most recently active of
-        several. Each candidate is checked as loaded (the map is derived from what was written)."""
+        input is the request's new input, added within the window and waiting under the request's
+        system prompt `system`, free to continue in place; the most recently active of several.
+        Each candidate is checked as loaded (the map is derived from what was written)."""
         inputs = data.input_items()
         found = []
         for conversation_id in self.cache.waiting.holding(waiting_key(after, inputs)):
             memory = await self.cache.get(conversation_id)
             if (memory is None or memory.retired or memory.total != n or memory.newest_digest != after
                     or stored_scope(memory.meta) != scope or not self.is_open(memory)
-                    or self.count_live(conversation_id) or not is_pending_input(memory.meta, inputs)):
+                    or not is_pending_input(memory.meta, inputs) or not self._still_waiting(memory)
+                    or not (n or _same_system(memory.meta.system, system)) or await self._in_flight(conversation_id)):
                 continue
             found.append(memory)
         return max(found, key=lambda m: parse_ts(m.meta.last_activity), default=None)
+
+    async def _in_flight(self, conversation_id: str) -> bool:
+        """A turn of the conversation is queued or running on this daemon, or on another of the pool
+        (asked only when this one has none): a history must not be continued in place beside it."""
+        return bool(self.count_live(conversation_id) or await self.in_line(conversation_id))
+
+    def _still_waiting(self, memory: ConversationMemory) -> bool:
+        """Pending input is matched without the conversation's id only for `pending_window` seconds
+        after it was added: a client that pends its input asks at once, and a stranger sending
+        the same words later must not join the conversation."""
+        added = [parse_ts(item["ts"]) for item in pending_of(memory.meta)]
+        return bool(added) and self.clock() - max(added) < self.pending_window
 
     async def _best(self, matches: list[Match]) -> Match | None:
         if not matches:

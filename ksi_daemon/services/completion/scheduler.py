@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,15 @@ class Scheduler:
     @property
     def active_conversations(self) -> int:
         return len(self._queues)
+
+    async def in_line(self, key: str) -> int:
+        """Turns of conversation `key` accepted and not ended over every daemon of the pool (0 on
+        a backend no other daemon shares: `RequestRegistry.count_live` counts this daemon's)."""
+        return await self._leases.in_line(key)
+
+    def exclusive(self, key: str) -> AbstractAsyncContextManager[None]:
+        """Held by one daemon of the pool at a time for `key` (see ConversationLeases.exclusive)."""
+        return self._leases.exclusive(key)
 
     async def line_up(self, job: Job, record: dict[str, Any]) -> None:
         """Take `job`'s place in its conversation's line among every daemon's (before `submit`),

@@ -32,6 +32,12 @@ async def check_turn(cache: ConversationCache, memory: ConversationMemory | None
     lack outputs; `memory` None: the request starts a conversation, where no call is open."""
     answered = call_ids_answered(data.input_items())
     made = [] if memory is None or not memory.total else await open_calls(cache, memory, max_depth)
+    check_answers(answered, made)
+
+
+def check_answers(answered: list[str], made: list[Item]) -> None:
+    """The new input's function call outputs (`answered`) must answer exactly the calls `made` by
+    the newest exchange before it, each once; else validation_error, naming the call ids."""
     if not answered and not made:
         return
     open_ids = [str(call["call_id"]) for call in made]

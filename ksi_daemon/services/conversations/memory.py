@@ -228,11 +228,13 @@ class ConversationCache:
     """
 
     def __init__(self, store: ConversationStore, responses: ResponseStore, capacity: int,
-                 count_tokens: Callable[[str], int] = estimate_tokens) -> None:
+                 count_tokens: Callable[[str], int] = estimate_tokens,
+                 announce: Callable[[str, str], None] = lambda _conversation_id, _key: None) -> None:
         self.store = store
         self.responses = responses
         self.capacity = capacity
         self.count_tokens = count_tokens
+        self.announce = announce  # tells the pool's other daemons a conversation waits under a new key
         self._items: OrderedDict[str, ConversationMemory] = OrderedDict()
         # conversations with pending input, by what a request taking it would send (see pending.py)
         self.waiting = WaitingInputs()
@@ -402,8 +404,17 @@ class ConversationCache:
 
     def noted(self, memory: ConversationMemory) -> ConversationMemory:
         """`memory` as `waiting` should know it (its pending input, after its newest exchange)."""
-        self.waiting.note(memory.conversation_id, memory.newest_digest, memory.total, memory.meta)
+        self.note_waiting(memory.conversation_id, memory.newest_digest, memory.total, memory.meta)
         return memory
+
+    def note_waiting(self, conversation_id: str, newest_digest: str | None, total: int,
+                     meta: ConversationMeta) -> None:
+        """The conversation's pending input as `waiting` should know it (see WaitingInputs.note),
+        announced to the pool's other daemons when it waits under a new key."""
+        before = self.waiting.key_of(conversation_id)
+        key = self.waiting.note(conversation_id, newest_digest, total, meta)
+        if key is not None and key != before:
+            self.announce(conversation_id, key)
 
     def forget(self, conversation_id: str) -> None:
         self._items.pop(conversation_id, None)

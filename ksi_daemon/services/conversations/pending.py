@@ -26,6 +26,9 @@ from ksi_daemon.storage.models import ConversationMeta
 
 PENDING_KEY = "pending_input"  # in the metadata's extra: [{"id", "content", "ts"}], oldest first
 MAX_PENDING = 1000  # messages one conversation may hold without a reply
+# a conversation waiting with pending input, announced to the other daemons of a pool (through the
+# relay, never emitted on a bus): {"conversation_id", "key"}
+WAITING_RELAYED = "conversation:waiting"
 
 
 def pending_of(meta: ConversationMeta) -> list[dict[str, Any]]:
@@ -84,23 +87,35 @@ def is_pending_input(meta: ConversationMeta, inputs: list[items.Item]) -> bool:
 class WaitingInputs:
     """Conversations holding pending input, by `waiting_key` of their newest exchange's digest and
     that input: a request matching one is found with a dict lookup. Kept in memory, from the
-    conversations loaded or written since the daemon started (pending input written before is
-    found only once its conversation is loaded again)."""
+    conversations loaded or written since the daemon started and those the pool's other daemons
+    announced since (pending input written before is found only once its conversation is loaded
+    again)."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, set[str]] = {}
         self._key_of: dict[str, str] = {}
 
-    def note(self, conversation_id: str, newest_digest: str | None, total: int, meta: ConversationMeta) -> None:
+    def note(self, conversation_id: str, newest_digest: str | None, total: int, meta: ConversationMeta
+             ) -> str | None:
         """The conversation as it is now: `total` exchanges, the newest of digest `newest_digest`
-        (None when it has none known), and `meta`'s pending input."""
+        (None when it has none known), and `meta`'s pending input; returns its key when it waits."""
         self.drop(conversation_id)
         pending = pending_items(meta)
         if not pending or (total and newest_digest is None):
-            return
+            return None
         key = waiting_key(newest_digest, pending)
+        self.heard(conversation_id, key)
+        return key
+
+    def heard(self, conversation_id: str, key: str) -> None:
+        """A conversation another daemon of the pool says waits under `key`: a candidate only,
+        checked against the conversation as stored when a request matches it."""
+        self.drop(conversation_id)
         self._by_key.setdefault(key, set()).add(conversation_id)
         self._key_of[conversation_id] = key
+
+    def key_of(self, conversation_id: str) -> str | None:
+        return self._key_of.get(conversation_id)
 
     def drop(self, conversation_id: str) -> None:
         key = self._key_of.pop(conversation_id, None)

@@ -111,7 +111,7 @@ class ConversationWriter:
         """A new conversation whole, from exchanges made elsewhere (exclusive, like `create`)."""
         await self._store.import_conversation(meta, exchanges)
         newest = exchanges[-1][0].digest if exchanges else None
-        self.cache.waiting.note(meta.conversation_id, newest, len(exchanges), meta)
+        self.cache.note_waiting(meta.conversation_id, newest, len(exchanges), meta)
 
     # -- changes (the caller holds the conversation's lock) --------------------------
     async def save_meta(self, memory: ConversationMemory, meta: ConversationMeta) -> None:

@@ -4,10 +4,11 @@ read into a table on the first lookup, so a lookup never depends on how many con
 It is derived data: every line repeats what an index line already holds. One line is appended,
 unsynced, after each indexed exchange (a `{"d", "c", "n"}` line per digest); a move and a delete
 append one line each (`{"move", "to"}`, `{"drop"}`), replayed in order when the log is read. The
-log is rebuilt from every index when it is missing or its first line is not its header (remove the
-file to rebuild it); a torn line is skipped. A line a crash kept from the disk leaves that exchange
-unfound: a history ending there is taken for one ending an exchange earlier and continues in a
-fork made there, never in a wrong conversation.
+log is rebuilt from every index when it is missing, unreadable or its first line is not its header
+(remove the file to rebuild it; a directory in its place is moved aside); a torn line is skipped.
+Every answer is checked against the conversation it names before it is used. A line a crash kept
+from the disk leaves that exchange unfound: a history ending there is taken for one ending an
+exchange earlier and continues in a fork made there, never in a wrong conversation.
 
 What the table holds is bounded per exchange: the first 16 bytes of its digest (a lookup's answer
 is checked against the conversation it names) and the exchange's number with the conversation (or
@@ -24,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import uuid
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -243,6 +245,9 @@ class DigestIndex:
                     raw = self.path.read_bytes()
                 except FileNotFoundError:
                     raw = b""
+                except OSError as error:  # a directory in its place, say: rebuilt as a damaged log is
+                    log.warning("digest_log_unreadable", reason=str(error)[:200])
+                    raw = b""
             replay = _Replay()
             lines = raw.split(b"\n")
             try:
@@ -316,10 +321,19 @@ class DigestIndex:
             if self._fd is not None:  # appends went to the file being replaced
                 os.close(self._fd)
                 self._fd = None
+            self._clear_place()
             os.replace(self._aside, self.path)
         except OSError as error:
             log.warning("digest_log_write_failed", reason=str(error)[:200])
             self._drop_file()
+
+    def _clear_place(self) -> None:
+        """A directory in the log's place cannot be replaced by a file: it is moved aside under a
+        name of its own, kept for whoever put it there, so the rebuilt log takes its place."""
+        if self.path.is_dir() and not self.path.is_symlink():
+            aside = self.path.with_name(f"{self.path.name}.damaged-{uuid.uuid4().hex[:12]}")
+            os.rename(self.path, aside)
+            log.warning("digest_log_set_aside", moved_to=aside.name)
 
     def _replace_whole(self, lines: list[dict[str, Any]]) -> None:
         """A fresh log; when it cannot be written (a full disk), the next run rebuilds it."""

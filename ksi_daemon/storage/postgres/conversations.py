@@ -72,14 +72,16 @@ WHERE c.conversation_id = $1
 ORDER BY e.n
 """
 
-# the head, and only when it is not the one the caller holds, the metadata and the tail as TAIL reads it
+# the head, and only when it is not the one the caller holds or another daemon wrote the metadata
+# since this one last read or wrote it (version $4; NULL: not known), the metadata and the tail as
+# TAIL reads it
 MOVED_TAIL = f"""
-SELECT c.head, c.version, CASE WHEN c.head <> $2 THEN c.meta END AS meta,
+SELECT c.head, c.version, CASE WHEN c.head <> $2 OR c.version <> $4 THEN c.meta END AS meta,
        {EXCHANGE_COLUMNS}
 FROM ksi_conversations c
 LEFT JOIN ksi_exchanges e
-  ON c.head <> $2 AND e.conversation_id = c.conversation_id AND e.tokens_before >= c.tokens - $3
-     AND NOT e.is_feedback
+  ON (c.head <> $2 OR c.version <> $4) AND e.conversation_id = c.conversation_id
+     AND e.tokens_before >= c.tokens - $3 AND NOT e.is_feedback
 WHERE c.conversation_id = $1
 ORDER BY e.n
 """
@@ -172,12 +174,15 @@ class PostgresConversations(PostgresReader):
         return int(head or 0)
 
     async def moved_since(self, conversation_id: str, head: int, token_budget: int) -> StoredTail | None:
-        rows = await self.database.run(lambda c: c.fetch(MOVED_TAIL, conversation_id, head, token_budget))
+        known = self._versions.get(conversation_id)
+        rows = await self.database.run(lambda c: c.fetch(MOVED_TAIL, conversation_id, head, token_budget, known))
         if not rows:
             self._versions.pop(conversation_id, None)
             return StoredTail(None, [], 0)
         first = rows[0]
-        if first["head"] == head:
+        # metadata another daemon wrote (input it pended, a title, an archive) is read as a move is:
+        # matched on stale metadata, a turn would neither take that input nor keep what it says
+        if first["head"] == head and (known is None or first["version"] == known):
             return None
         self._versions[conversation_id] = first["version"]
         raw = first["meta"]

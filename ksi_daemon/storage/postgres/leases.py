@@ -95,6 +95,15 @@ WITH gone AS (DELETE FROM ksi_turn_line WHERE request_id = $2 AND daemon_id = $4
 UPDATE ksi_leases SET expires_at = '-infinity' WHERE conversation_id = $1 AND generation = $3
 """
 
+# turns accepted on any daemon that have not ended (a dead daemon's too: they are taken over)
+IN_LINE = """
+SELECT count(*) FROM ksi_turn_line t JOIN ksi_requests r ON r.request_id = t.request_id AND r.finished IS NULL
+WHERE t.conversation_id = $1
+"""
+
+# held until the transaction ends, released by the server if the session dies with it
+EXCLUSIVE = "SELECT pg_advisory_xact_lock(hashtextextended('ksi.exclusive:' || $1, 0))"
+
 LEAVE = "DELETE FROM ksi_turn_line WHERE request_id = $1 AND daemon_id = $2"
 
 GIVE_BACK = "UPDATE ksi_leases SET expires_at = '-infinity' WHERE conversation_id = $1 AND generation = $2"
@@ -127,6 +136,17 @@ class PostgresLeases:
 
     def held(self) -> int:
         return len(self._held)
+
+    async def in_line(self, conversation_id: str) -> int:
+        return int(await self.database.run(lambda c: c.fetchval(IN_LINE, conversation_id)))
+
+    @asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        # a transaction's advisory lock, held for the few milliseconds of a request's admission;
+        # the block's own database work runs on other connections of the pool
+        async with self.database.connection() as conn, conn.transaction():
+            await conn.execute(EXCLUSIVE, key)
+            yield
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
         if request_id in self._lined:
