@@ -28,7 +28,7 @@ PENDING_KEY = "pending_input"  # in the metadata's extra: [{"id", "content", "ts
 MAX_PENDING = 1000  # messages one conversation may hold without a reply
 # a conversation waiting with pending input, announced to the other daemons of a pool (through the
 # relay, never emitted on a bus): {"conversation_id", "key"}
-WAITING_RELAYED = "conversation:waiting"
+WAITING_RELAYED = "pool:conversation_waiting"  # not a bus event: no router knows it
 
 
 def pending_of(meta: ConversationMeta) -> list[dict[str, Any]]:
