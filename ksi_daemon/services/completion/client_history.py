@@ -308,7 +308,7 @@ class ClientHistory:
             return Resolved(data)
         newest = await self._best(await self._matches(chain[-1], len(chain), scope))
         if newest is not None and self.is_open(newest.memory):
-            if newest.n == newest.memory.total and not await self._in_flight(newest.memory.conversation_id):
+            if newest.n == newest.memory.total and await self._free_at(newest):
                 # its pending input may be this input (added before the daemon started, so not in
                 # `waiting`): taken, not added again
                 takes = pending_taken(newest.memory.meta, data.input_items())
@@ -370,6 +370,17 @@ class ClientHistory:
         """A turn of the conversation is queued or running on this daemon, or on another of the pool
         (asked only when this one has none): a history must not be continued in place beside it."""
         return bool(self.count_live(conversation_id) or await self.in_line(conversation_id))
+
+    async def _free_at(self, match: Match) -> bool:
+        """No turn of the matched conversation is in flight, and its newest exchange is still the
+        matched one. Read again after the pool's line was asked: a turn another daemon ended
+        between the match and that ask left the line with its exchange already stored, and the
+        history, which lacks that exchange, must fork rather than continue after it."""
+        conversation_id = match.memory.conversation_id
+        if await self._in_flight(conversation_id):
+            return False
+        memory = await self.cache.get(conversation_id)  # on a pool, asks the store whether it moved
+        return memory is not None and not memory.retired and memory.total == match.n
 
     def _still_waiting(self, memory: ConversationMemory) -> bool:
         """Pending input is matched without the conversation's id only for `pending_window` seconds
