@@ -36,7 +36,7 @@ class CountingProxy:
     A WebSocket client masks its frames, so a request line seen here is a real HTTP request."""
 
     target_port: int
-    sent: list[bytes] = field(default_factory=list)
+    sent: list[bytearray] = field(default_factory=list)  # per connection, growing as its client sends
     port: int = 0
 
     def count(self, line: bytes) -> int:
@@ -49,7 +49,7 @@ class CountingProxy:
     async def serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         daemon_reader, daemon_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         stream = bytearray()
-        self.sent.append(stream)  # type: ignore[arg-type]  # grows as the client sends
+        self.sent.append(stream)
 
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keep: bytearray | None) -> None:
             try:
@@ -73,7 +73,6 @@ async def proxy(http: HttpDaemon) -> AsyncIterator[CountingProxy]:
     counting.port = server.sockets[0].getsockname()[1]
     async with server:
         yield counting
-        server.close()
 
 
 def websocket_config(http: HttpDaemon, proxy: CountingProxy) -> str:
