@@ -199,6 +199,7 @@ async def test_an_input_that_alone_exceeds_the_window_fails_before_any_call(stub
     assert caught.value.code == "context_window_exceeded"
     assert caught.value.details["context_window"] == WINDOW
     assert caught.value.details["input_tokens"] > WINDOW
+    assert 0 < tokens_over(caught.value) < caught.value.details["input_tokens"]
     assert len(stub.requests) == 1
     assert status["status"] == "failed" and status["reason"] == "context_window_exceeded"
     assert len(index_of(stub_daemon_small, "huge")) == 1
@@ -206,6 +207,23 @@ async def test_an_input_that_alone_exceeds_the_window_fails_before_any_call(stub
              stub_daemon_small.layout.response_file(status["response_id"]).read_bytes().splitlines()]
     assert [line["type"] for line in lines] == ["user", "error"]
     assert lines[1]["code"] == "context_window_exceeded"
+
+
+async def test_a_system_prompt_that_alone_exceeds_the_window_says_by_how_much(stub_daemon_small: Daemon,
+                                                                              stub: Any) -> None:
+    async with connected(stub_daemon_small) as client:
+        with pytest.raises(KsiError) as caught:
+            await complete(client, model=SMALL, prompt="hi", system="word " * 400)
+    assert caught.value.code == "context_window_exceeded"
+    assert tokens_over(caught.value) >= 400 - (WINDOW - RESERVE)  # the system prompt's excess, not a negative room
+    assert stub.requests == []
+
+
+def tokens_over(error: KsiError) -> int:
+    """The excess the message names: "needs about N tokens more"."""
+    found = re.search(r"needs about (-?\d+) tokens more", str(error))
+    assert found, str(error)
+    return int(found.group(1))
 
 
 async def test_a_large_max_tokens_leaves_no_room_for_the_input(stub_daemon_small: Daemon, stub: Any) -> None:

@@ -139,7 +139,7 @@ class TurnPreparation:
             reserve = self.facts.output_reserve(state.model, data.max_tokens)
             raise KsiError(
                 ErrorCode.CONTEXT_WINDOW_EXCEEDED,
-                f"the new input needs about {budget + input_tokens} tokens more than {state.model} allows "
+                f"the new input needs about {-budget} tokens more than {state.model} allows "
                 f"after reserving {reserve} for the answer",
                 input_tokens=input_tokens, context_window=window, output_reserve=reserve,
                 calibration_ratio=round(self.calibration.ratio(state.model), 4),
