@@ -38,6 +38,7 @@ class Reply:
     reasoning: str | None = None  # a reasoning summary given beside the answer (reasoning_content)
     # Anthropic only: a thinking block (its text, its signature) before the answer's blocks
     thinking: tuple[str, str] | None = None
+    redacted: str | None = None  # Anthropic only: a redacted_thinking block's data, after the thinking block
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """The calls with their ids and JSON arguments settled (the same ids in every format)."""
@@ -301,6 +302,8 @@ class StubOpenAI:
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
         if reply.thinking is not None:
             content.insert(0, {"type": "thinking", "thinking": reply.thinking[0], "signature": reply.thinking[1]})
+        if reply.redacted is not None:
+            content.insert(1 if reply.thinking is not None else 0, {"type": "redacted_thinking", "data": reply.redacted})
         content += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": json.loads(c["arguments"] or "{}")}
                     for c in reply.tool_calls()]
         answer = {"id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant",
@@ -333,6 +336,8 @@ class StubOpenAI:
                     "type": "thinking_delta", "thinking": block["thinking"]}})
                 await send("content_block_delta", {"index": index, "delta": {
                     "type": "signature_delta", "signature": block["signature"]}})
+            elif block["type"] == "redacted_thinking":
+                await send("content_block_start", {"index": index, "content_block": block})
             else:
                 await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
                 await send("content_block_delta", {"index": index, "delta": {

@@ -133,7 +133,12 @@ def normalised(raw: Any, where: str) -> items.Item:
             raise _invalid(f"{where}.call_id", "must be a non-empty string")
         return items.with_client_form({"type": kind, "call_id": raw["call_id"], "output": str(raw.get("output") or "")}, raw)
     if kind == "reasoning":
-        return {"type": kind, "summary": str(raw.get("summary") or "")}
+        reasoning: items.Item = {"type": kind, "summary": str(raw.get("summary") or "")}
+        blocks = raw.get("thinking_blocks")
+        if isinstance(blocks, list) and all(isinstance(block, dict) for block in blocks):
+            # a provider's own signed blocks (the Messages door's thinking): replayed to it as they came
+            reasoning["thinking_blocks"] = [dict(block) for block in blocks]
+        return reasoning
     raise _invalid(f"{where}.type", f"{kind} items cannot be part of a history "
                                     "(message, function_call, function_call_output, reasoning)")
 

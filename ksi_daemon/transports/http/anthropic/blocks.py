@@ -1,9 +1,11 @@
 """Anthropic content blocks as KSI items: a user turn's `text` and `image` blocks are one user
 message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
-assistant message and each `tool_use` a `function_call` item. `thinking` and `redacted_thinking`
-blocks a client resends are KSI's own reasoning items: kept with the response that made them and
-left out of matching, as the Responses door leaves out reasoning items. Blocks no exchange can hold
-(documents, server tools' blocks, images inside a tool's result) are refused by name."""
+assistant message and each `tool_use` a `function_call` item. An assistant turn's `thinking` and
+`redacted_thinking` blocks are one reasoning item, the reasoning item the Responses door keeps: its
+text as the summary, its signed and redacted blocks as they came (`thinking_blocks`), so the client's
+own history replays them to the provider that signed them. Matching leaves reasoning out, as on every
+door. Blocks no exchange can hold (server tools' blocks, images inside a tool's result) are refused
+by name."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ksi_common.items import Item, message
 
 Block = dict[str, Any]
 ERROR_MARK = "[tool error] "  # a tool_result with is_error: its output says so to every provider
-KEPT_BY_KSI = frozenset({"thinking", "redacted_thinking"})
+THINKING = frozenset({"thinking", "redacted_thinking"})
 SERVER_BLOCKS = "belongs to a server tool: KSI runs client tools only (the client runs each call)"
 
 
@@ -107,6 +109,7 @@ def assistant_items(content: str | list[Block], where: str) -> list[Item]:
         return [message("assistant", content)]
     texts: list[str] = []
     calls: list[Item] = []
+    thinking: list[Block] = []
     for position, block in enumerate(content):
         at = f"{where}.{position}"
         kind = block.get("type")
@@ -114,14 +117,39 @@ def assistant_items(content: str | list[Block], where: str) -> list[Item]:
             texts.append(_text(block, at))
         elif kind == "tool_use":
             calls.append(_call(block, at))
-        elif kind in KEPT_BY_KSI:
-            continue
+        elif kind in THINKING:
+            thinking.append(_thinking(block, at))
         elif kind in ("server_tool_use", "mcp_tool_use") or str(kind).endswith("_tool_result"):
             raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
         else:
             raise invalid(f"{at}.type", f"an assistant turn holds text, tool_use and thinking blocks, not {kind!r}")
     text = "".join(texts)
-    return [*([message("assistant", text)] if text or not calls else []), *calls]
+    reasoning = reasoning_item(thinking)
+    return [*([reasoning] if reasoning else []), *([message("assistant", text)] if text or not calls else []), *calls]
+
+
+def _thinking(block: Block, where: str) -> Block:
+    """A thinking block as it came (checked), or a redacted one: what the provider signed is sent back unchanged."""
+    if block["type"] == "redacted_thinking":
+        if not isinstance(block.get("data"), str):
+            raise invalid(f"{where}.data", "a redacted_thinking block needs its data")
+        return {"type": "redacted_thinking", "data": block["data"]}
+    if not isinstance(block.get("thinking"), str) or not isinstance(block.get("signature", ""), str):
+        raise invalid(where, "a thinking block needs its thinking (and its signature, a string)")
+    return {"type": "thinking", "thinking": block["thinking"], "signature": block.get("signature", "")}
+
+
+def reasoning_item(blocks: list[Block]) -> Item | None:
+    """An assistant turn's thinking as a reasoning item: the blocks a provider can take back (signed
+    or redacted) kept as they came; unsigned thinking (a summary KSI gave) as its text alone."""
+    text = "".join(str(block.get("thinking") or "") for block in blocks)
+    signed = [block for block in blocks if block.get("signature") or block["type"] == "redacted_thinking"]
+    if not text and not signed:
+        return None
+    item: Item = {"type": "reasoning", "summary": text}
+    if signed:
+        item["thinking_blocks"] = signed
+    return item
 
 
 def _call(block: Block, where: str) -> Item:

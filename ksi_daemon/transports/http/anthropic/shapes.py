@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from ksi_common.items import Item, function_calls
+from ksi_daemon.providers.tool_calls import replayable_blocks
 
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
                 "content_filter": "refusal", "function_call": "tool_use"}
@@ -40,9 +41,13 @@ def tool_use(call: Item) -> dict[str, Any]:
             "input": tool_input(str(call.get("arguments") or ""))}
 
 
-def thinking(item: Item) -> dict[str, Any]:
-    # KSI keeps a provider's reasoning summary, never a signature it could check: an empty one
-    return {"type": "thinking", "thinking": str(item.get("summary") or ""), "signature": ""}
+def thinking(item: Item) -> list[dict[str, Any]]:
+    """A reasoning item as thinking blocks: the provider's own (signed, redacted) as they came; a
+    summary no provider signed (an OpenAI-style model's reasoning) with an empty signature."""
+    signed = replayable_blocks(item)
+    if signed:
+        return [dict(block) for block in signed]
+    return [{"type": "thinking", "thinking": str(item.get("summary") or ""), "signature": ""}]
 
 
 def content_blocks(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,7 +58,7 @@ def content_blocks(result: dict[str, Any]) -> list[dict[str, Any]]:
     for item in output:
         kind = item.get("type")
         if kind == "reasoning":
-            blocks.append(thinking(item))
+            blocks.extend(thinking(item))
         elif kind == "function_call":
             blocks.append(tool_use(item))
         elif kind == "message" and (item.get("content") or not has_calls):
@@ -112,9 +117,8 @@ class MessageEvents:
         calls = function_calls(output)
         for item in output:
             if item.get("type") == "reasoning":
-                yield from self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                yield "content_block_delta", {"index": len(self.blocks) - 1, "delta": {
-                    "type": "thinking_delta", "thinking": str(item.get("summary") or "")}}
+                for block in thinking(item):
+                    yield from self._thinking(block)
         text = str(result.get("content") or "")
         if not self.text_sent and (text or not calls):
             yield from self.text(text)
@@ -126,6 +130,20 @@ class MessageEvents:
         yield "message_delta", {"delta": {"stop_reason": stop_reason(result), "stop_sequence": None},
                                 "usage": usage(result)}
         yield "message_stop", {}
+
+    def _thinking(self, block: dict[str, Any]) -> Iterator[Event]:
+        """A thinking block as Anthropic streams it: its text, then its signature; a redacted one whole."""
+        key = f"thinking:{len(self.blocks)}"
+        if block.get("type") == "redacted_thinking":
+            yield from self._open(key, dict(block))
+            return
+        yield from self._open(key, {"type": "thinking", "thinking": "", "signature": ""})
+        index = len(self.blocks) - 1
+        yield "content_block_delta", {"index": index, "delta": {"type": "thinking_delta",
+                                                                "thinking": str(block.get("thinking") or "")}}
+        if block.get("signature"):
+            yield "content_block_delta", {"index": index, "delta": {"type": "signature_delta",
+                                                                    "signature": str(block["signature"])}}
 
     def _open(self, key: str, block: dict[str, Any]) -> Iterator[Event]:
         yield from self._close()
