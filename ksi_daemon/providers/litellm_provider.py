@@ -539,10 +539,28 @@ def _first_known(declared: bool | None, listed: Any) -> bool | None:
 def _usage_dict(usage: Any) -> dict[str, int]:
     if not usage:
         return {}
-    return {
+    counts = {
         key: int(getattr(usage, key, 0) or 0)
         for key in ("prompt_tokens", "completion_tokens", "total_tokens")
     }
+    counts.update(_cache_counts(usage))
+    return counts
+
+
+def _cache_counts(usage: Any) -> dict[str, int]:
+    """The prompt-cache reads and writes a provider reported, under Anthropic's names for every
+    provider: litellm fills prompt_tokens_details from OpenAI's cached_tokens and Anthropic's
+    cache_read_input_tokens alike, and keeps Anthropic's cache_creation_input_tokens as sent."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    read = int(getattr(details, "cached_tokens", 0) or 0) or int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+    created = (int(getattr(usage, "cache_creation_input_tokens", 0) or 0)
+               or int(getattr(details, "cache_write_tokens", 0) or 0))
+    counts: dict[str, int] = {}
+    if read:
+        counts["cache_read_input_tokens"] = read
+    if created:
+        counts["cache_creation_input_tokens"] = created
+    return counts
 
 
 def _retry_after(exc: Exception) -> float | None:
