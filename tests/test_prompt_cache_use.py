@@ -1,18 +1,23 @@
 """Prompt-cache use is recorded: the cache reads a provider reports (through litellm's usage) are
-stored with each exchange, shown by conversation:stats per turn and per model, and still there
+stored with each exchange, shown by conversation:stats and `ksi conversation show` per turn and per model, and still there
 after a restart. The provider is an emulator applying OpenAI's automatic prefix-cache rules, over
 HTTP. Both storage backends."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from ksi_cli.transcript_view import print_transcript
 from ksi_common.client import KsiClient
 from tests.cache_emulator import MINIMUM, CacheEmulator
 from tests.conftest import complete, connected, running_daemon
+from tests.test_cli_transcript_items import storage_env
+from tests.test_inspect import ksi
 
 pytestmark = pytest.mark.backends
 
@@ -51,3 +56,13 @@ async def test_cache_reads_are_stored_shown_per_turn_and_model_and_survive_resta
             async with connected(daemon) as client:
                 after = await stats(client)
         assert after["cache"] == cache
+        shown = ksi("conversation", "show", "c", "--var-dir", str(short_tmp / "var"), cwd=short_tmp,
+                    env=storage_env(backend))
+        assert shown.returncode == 0, shown.stderr
+        readable = Console(record=True, width=200, color_system=None)
+        print_transcript(json.loads(shown.stdout), readable)  # what `show` prints on a terminal
+        text = readable.export_text()
+        rate = cache["turns"][1]["hit_rate"]
+        assert f"cache {rate:.0%} ({reported[1]} read, 0 written)" in text
+        model_rate = cache["models"][MODEL]["hit_rate"]
+        assert f"{MODEL}: cache {model_rate:.0%} ({sum(reported)} read, 0 written)" in text
