@@ -66,3 +66,18 @@ async def test_cache_reads_are_stored_shown_per_turn_and_model_and_survive_resta
         assert f"cache {rate:.0%} ({reported[1]} read, 0 written)" in text
         model_rate = cache["models"][MODEL]["hit_rate"]
         assert f"{MODEL}: cache {model_rate:.0%} ({sum(reported)} read, 0 written)" in text
+
+
+async def test_openai_requests_carry_the_conversations_cache_key_unless_the_client_sent_one_or_it_is_off(
+        short_tmp: Path, backend: dict[str, Any]) -> None:
+    async with CacheEmulator() as emulator:
+        settings = settings_for(emulator, backend)
+        settings["models"]["openai/cache-off*"] = {"api_base": emulator.api_base, "cache_placement": "off"}
+        async with running_daemon(short_tmp, **settings) as daemon:
+            async with connected(daemon) as client:
+                await complete(client, prompt="one", conversation_id="c", create=True, model=MODEL)
+                await complete(client, prompt="two", conversation_id="c", model=MODEL,
+                               options={"prompt_cache_key": "mine"})
+                await complete(client, prompt="three", conversation_id="c", model="openai/cache-off-model")
+    keys = [body.get("prompt_cache_key") for body in emulator.requests]
+    assert keys == ["ksi:c", "mine", None]

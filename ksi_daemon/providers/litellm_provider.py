@@ -357,6 +357,9 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        cache_key = _prompt_cache_key(call, overrides.cache_placement)
+        if cache_key is not None:
+            kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
@@ -534,6 +537,15 @@ def _first_known(declared: bool | None, listed: Any) -> bool | None:
     if declared is not None:
         return declared
     return listed if isinstance(listed, bool) else None
+
+
+def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
+    """The key OpenAI routes a conversation's requests to one cache by: its KSI id, prefixed so it
+    never meets a key the client's other programs use. Only OpenAI's own models take one."""
+    conversation_id = call.request.get("conversation_id")
+    if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
+        return None
+    return f"ksi:{conversation_id}"
 
 
 def _usage_dict(usage: Any) -> dict[str, int]:
