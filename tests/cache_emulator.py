@@ -9,6 +9,7 @@ keeps counts easy to reason about in tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -52,6 +53,9 @@ class CacheEmulator:
         self.cached: list[tuple[list[str], float]] = []  # prompt words, last used (monotonic)
         self.requests: list[dict[str, Any]] = []
         self.usages: list[dict[str, Any]] = []
+        self.anthropic_requests: list[dict[str, Any]] = []
+        self.anthropic_usages: list[dict[str, Any]] = []
+        self.anthropic_cached: dict[str, float] = {}  # prefix digest (up to a breakpoint) -> last used
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -62,6 +66,7 @@ class CacheEmulator:
     async def __aenter__(self) -> CacheEmulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -115,3 +120,61 @@ class CacheEmulator:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def anthropic_cache(self, blocks: list[tuple[str, int, bool]]) -> tuple[int, int]:
+        """Anthropic's rules over (block text, tokens, breakpoint) in prompt order: each breakpoint
+        caches the prefix up to it; a read is the longest cached prefix ending at a breakpoint or at
+        one of the 20 blocks before it. Returns (tokens read, tokens written)."""
+        now = time.monotonic()
+        self.anthropic_cached = {k: t for k, t in self.anthropic_cached.items() if now - t < LIFETIME_S}
+        digests, totals, running, total = [], [], hashlib.sha256(), 0
+        for text, tokens, _mark in blocks:
+            running.update(text.encode() + b"\0")
+            total += tokens
+            digests.append(running.copy().hexdigest())
+            totals.append(total)
+        read = 0
+        for index in (i for i, block in enumerate(blocks) if block[2]):
+            for back in range(index, max(-1, index - 21), -1):
+                if digests[back] in self.anthropic_cached:
+                    read = max(read, totals[back])
+                    self.anthropic_cached[digests[back]] = now
+                    break
+        written = 0
+        for index in (i for i, block in enumerate(blocks) if block[2]):
+            if totals[index] >= MINIMUM and digests[index] not in self.anthropic_cached:
+                self.anthropic_cached[digests[index]] = now
+                written = max(written, totals[index] - read)
+        return read, written
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.anthropic_requests.append(body)
+        blocks = anthropic_blocks(body)
+        read, written = self.anthropic_cache(blocks)
+        total = sum(tokens for _t, tokens, _m in blocks)
+        usage = {"input_tokens": total - read - written, "output_tokens": 2,
+                 "cache_read_input_tokens": read, "cache_creation_input_tokens": written}
+        self.anthropic_usages.append(usage)
+        return web.json_response({
+            "id": f"msg_{len(self.anthropic_requests)}", "type": "message", "role": "assistant",
+            "model": body.get("model"), "stop_reason": "end_turn", "stop_sequence": None, "usage": usage,
+            "content": [{"type": "text", "text": f"answer {len(self.anthropic_requests)}"}]})
+
+
+def anthropic_blocks(body: dict[str, Any]) -> list[tuple[str, int, bool]]:
+    """A Messages request as (text, tokens, breakpoint) blocks in cache order: tools, system, messages."""
+    blocks: list[tuple[str, int, bool]] = []
+    for tool in body.get("tools") or []:
+        text = json.dumps(tool, sort_keys=True)
+        blocks.append((text, len(text.split()), "cache_control" in tool))
+    system = body.get("system") or []
+    for block in [{"type": "text", "text": system}] if isinstance(system, str) else system:
+        blocks.append((block.get("text", ""), len(block.get("text", "").split()), "cache_control" in block))
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            text = message["role"] + json.dumps({k: v for k, v in block.items() if k != "cache_control"},
+                                                sort_keys=True)
+            blocks.append((text, len(text.split()), "cache_control" in block))
+    return blocks

@@ -81,3 +81,34 @@ async def test_openai_requests_carry_the_conversations_cache_key_unless_the_clie
                 await complete(client, prompt="three", conversation_id="c", model="openai/cache-off-model")
     keys = [body.get("prompt_cache_key") for body in emulator.requests]
     assert keys == ["ksi:c", "mine", None]
+
+
+def marked(body: dict[str, Any]) -> list[str]:
+    """Where a Messages request carries breakpoints: 'system' or the role of a marked message."""
+    places = ["system" for block in body.get("system") or [] if "cache_control" in block]
+    for message in body["messages"]:
+        content = message["content"]
+        if isinstance(content, list) and any("cache_control" in block for block in content):
+            places.append(message["role"])
+    return places
+
+
+async def test_anthropic_requests_carry_ksis_breakpoints_and_read_the_cache_unless_placement_is_off(
+        short_tmp: Path, backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHE_EMULATOR_KEY", "sk-ant-local")
+    async with CacheEmulator() as emulator:
+        where = {"api_base": emulator.api_base.removesuffix("/v1"), "api_key_env": "CACHE_EMULATOR_KEY"}
+        settings = {**settings_for(emulator, backend), "default_model": "anthropic/cache-model"}
+        settings["models"] = {"anthropic/cache-model": where, "anthropic/cache-off": {**where, "cache_placement": "off"}}
+        async with running_daemon(short_tmp, **settings) as daemon:
+            async with connected(daemon) as client:
+                for n, prompt in enumerate(["first question", "second question", "third question"]):
+                    await complete(client, prompt=prompt, conversation_id="a", create=n == 0,
+                                   system=SYSTEM, model="anthropic/cache-model")
+                await complete(client, prompt="fourth", conversation_id="a", model="anthropic/cache-off")
+                shown = await client.request("conversation:stats", {"conversation_id": "a"})
+    assert [marked(body) for body in emulator.anthropic_requests] == [["system", "user"]] * 3 + [[]]
+    reads = [u["cache_read_input_tokens"] for u in emulator.anthropic_usages]
+    assert reads[0] == 0 and reads[1] > MINIMUM and reads[2] > reads[1] and reads[3] == 0
+    assert [t["read"] for t in shown["cache"]["turns"]] == reads
+    assert shown["cache"]["turns"][0]["created"] == emulator.anthropic_usages[0]["cache_creation_input_tokens"] > 0

@@ -33,6 +33,7 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
+from ksi_daemon.providers.cache_markers import with_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
@@ -357,6 +358,8 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
+            kwargs["messages"] = with_breakpoints(kwargs["messages"])
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
