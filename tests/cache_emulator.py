@@ -38,7 +38,7 @@ def prompt_words(body: dict[str, Any]) -> list[str]:
 
 def shared_prefix(first: list[str], second: list[str]) -> int:
     length = 0
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=False):
         if a != b:
             break
         length += 1

@@ -4,10 +4,11 @@ already carrying a client's cache_control is left as it came; the caller's messa
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from ksi_daemon.providers.cache_markers import EPHEMERAL, with_breakpoints
 
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
 

@@ -25,7 +25,8 @@ def has_markers(messages: list[dict[str, Any]]) -> bool:
 def _marked(message: dict[str, Any]) -> dict[str, Any]:
     """A copy of `message` whose last content block carries the breakpoint."""
     content = message.get("content")
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content or []]
+    blocks: list[dict[str, Any]] = ([{"type": "text", "text": content}] if isinstance(content, str)
+                                    else [dict(b) for b in content or []])
     if not blocks:
         return message
     blocks[-1]["cache_control"] = EPHEMERAL
