@@ -14,7 +14,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from ksi_common.items import item_line
-from ksi_common.transcripts import exchange_items
+from ksi_common.transcripts import cache_use, exchange_items
 
 ROLE_STYLES = {"user": "bold cyan", "feedback": "bold cyan", "system": "bold magenta", "assistant": "bold green"}
 
@@ -68,7 +68,16 @@ def _heading(exchange: dict[str, Any]) -> str:
         notes.append(f"inherited from {exchange['conversation_id']}")
     if exchange.get("is_feedback"):
         notes.append("feedback, kept out of history")
+    turn = cache_use([exchange])["turns"][0]
+    if turn["read"] or turn["created"]:
+        notes.append(_cache_note(turn))
     return " · ".join(notes)
+
+
+def _cache_note(counts: dict[str, Any]) -> str:
+    rate = counts["hit_rate"]
+    shown = f"{rate:.0%}" if rate is not None else "n/a"
+    return f"cache {shown} ({counts['read']} read, {counts['created']} written)"
 
 
 def print_transcript(transcript: dict[str, Any], console: Console) -> None:
@@ -97,3 +106,14 @@ def print_transcript(transcript: dict[str, Any], console: Console) -> None:
             span = f"{int(summary.get('first') or 1)}-{summary['upto']}"
             kind = "fallback" if summary.get("kind") == "fallback" else "summary"
             console.print(Text(f"{kind} of exchanges {span}: {summary.get('text') or ''}", style="dim italic"))
+    _print_cache_use(transcript["exchanges"], console)
+
+
+def _print_cache_use(exchanges: list[dict[str, Any]], console: Console) -> None:
+    """The prompt-cache hit rate per model, when a provider reported any cache use."""
+    use = cache_use(exchanges)
+    if not (use["read"] or use["created"]):
+        return
+    console.print(Rule(style="dim"))
+    for model, counts in use["models"].items():
+        console.print(Text(f"{model}: {_cache_note(counts)}", style="dim"))

@@ -100,6 +100,9 @@ class ModelSettings(BaseModel):
     supports_web_search: bool | None = None
     """Whether the model searches the web itself (`web_search_options`): a Responses `web_search`
     tool is then passed on to it; unset: as litellm's model list says, refused when it does not say so."""
+    cache_placement: Literal["on", "off"] = "on"
+    """Whether KSI places prompt-cache markers itself (Anthropic `cache_control`, OpenAI `prompt_cache_key`);
+    a client's own are always kept."""
     drop_hosted_tools: list[str] = Field(default_factory=list)
     """Hosted tool types (`web_search`, `file_search`, ...) the Responses door leaves out of a request
     to this model instead of refusing it (Codex sends `web_search` with every request)."""

@@ -170,6 +170,34 @@ def exchange_items(exchange: dict[str, Any]) -> tuple[list[dict[str, Any]], list
     return lines, inputs, [item for item in output if isinstance(item, dict)]
 
 
+def _hit_rate(read: int, prompt: int) -> float | None:
+    return round(read / prompt, 4) if prompt else None
+
+
+def cache_use(exchanges: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prompt-cache reads and writes the providers reported: in all, per turn and per model; a hit
+    rate is the share of the prompt's tokens read from the cache."""
+    turns: list[dict[str, Any]] = []
+    models: dict[str, dict[str, Any]] = {}
+    for exchange in exchanges:
+        usage = (exchange.get("reply") or {}).get("usage") or {}
+        prompt = int(usage.get("prompt_tokens") or 0)
+        read = int(usage.get("cache_read_input_tokens") or 0)
+        created = int(usage.get("cache_creation_input_tokens") or 0)
+        turns.append({"n": exchange.get("n"), "model": exchange.get("model"), "prompt_tokens": prompt,
+                      "read": read, "created": created, "hit_rate": _hit_rate(read, prompt)})
+        per_model = models.setdefault(str(exchange.get("model")), {"prompt_tokens": 0, "read": 0, "created": 0})
+        per_model["prompt_tokens"] += prompt
+        per_model["read"] += read
+        per_model["created"] += created
+    for per_model in models.values():
+        per_model["hit_rate"] = _hit_rate(per_model["read"], per_model["prompt_tokens"])
+    prompt_total = sum(t["prompt_tokens"] for t in turns)
+    read_total = sum(t["read"] for t in turns)
+    return {"read": read_total, "created": sum(t["created"] for t in turns),
+            "hit_rate": _hit_rate(read_total, prompt_total), "models": models, "turns": turns}
+
+
 def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
     """Counts, tokens, cost, models, agents, files and duration of a transcript's own exchanges."""
     exchanges = transcript["exchanges"]
@@ -211,6 +239,7 @@ def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "compaction": compaction,
+        "cache": cache_use(own),
         "conversation_id": transcript["conversation"]["conversation_id"],
         "exchanges": len(exchanges),
         "own_exchanges": len(own),

@@ -33,6 +33,7 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
+from ksi_daemon.providers.cache_markers import with_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
@@ -357,6 +358,11 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
+            kwargs["messages"] = with_breakpoints(kwargs["messages"])
+        cache_key = _prompt_cache_key(call, overrides.cache_placement)
+        if cache_key is not None:
+            kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
@@ -536,13 +542,40 @@ def _first_known(declared: bool | None, listed: Any) -> bool | None:
     return listed if isinstance(listed, bool) else None
 
 
+def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
+    """The key OpenAI routes a conversation's requests to one cache by: its KSI id, prefixed so it
+    never meets a key the client's other programs use. Only OpenAI's own models take one."""
+    conversation_id = call.request.get("conversation_id")
+    if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
+        return None
+    return f"ksi:{conversation_id}"
+
+
 def _usage_dict(usage: Any) -> dict[str, int]:
     if not usage:
         return {}
-    return {
+    counts = {
         key: int(getattr(usage, key, 0) or 0)
         for key in ("prompt_tokens", "completion_tokens", "total_tokens")
     }
+    counts.update(_cache_counts(usage))
+    return counts
+
+
+def _cache_counts(usage: Any) -> dict[str, int]:
+    """The prompt-cache reads and writes a provider reported, under Anthropic's names for every
+    provider: litellm fills prompt_tokens_details from OpenAI's cached_tokens and Anthropic's
+    cache_read_input_tokens alike, and keeps Anthropic's cache_creation_input_tokens as sent."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    read = int(getattr(details, "cached_tokens", 0) or 0) or int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+    created = (int(getattr(usage, "cache_creation_input_tokens", 0) or 0)
+               or int(getattr(details, "cache_write_tokens", 0) or 0))
+    counts: dict[str, int] = {}
+    if read:
+        counts["cache_read_input_tokens"] = read
+    if created:
+        counts["cache_creation_input_tokens"] = created
+    return counts
 
 
 def _retry_after(exc: Exception) -> float | None:
