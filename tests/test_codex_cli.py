@@ -103,6 +103,23 @@ async def conversations(client: KsiClient) -> list[str]:
     return [entry["conversation_id"] for entry in listed["conversations"]]
 
 
+async def exec_and_two_resumes(codex_bin: Path, home: Path, work: Path, token: str, stub: StubOpenAI,
+                               anthropic: bool) -> None:
+    """`codex exec` running one shell command, a resume running another, a resume answering."""
+    stub.enqueue(shell_call("call_one", "ksi-marker-one", anthropic), Reply(text="Ran the first command."))
+    first = await run_codex(codex_bin, home, work, token, "--skip-git-repo-check", "-s", "danger-full-access",
+                            "Run the first command")
+    assert "ksi-marker-one" in first and "Ran the first command." in first
+    stub.enqueue(shell_call("call_two", "ksi-marker-two", anthropic), Reply(text="Ran the second command."))
+    second = await run_codex(codex_bin, home, work, token, "resume", "--last", "--skip-git-repo-check",
+                             "Run the second command")
+    assert "ksi-marker-two" in second and "Ran the second command." in second
+    stub.enqueue(Reply(text="Both commands ran."))
+    third = await run_codex(codex_bin, home, work, token, "resume", "--last", "--skip-git-repo-check",
+                            "What did you run?")
+    assert "Both commands ran." in third
+
+
 @pytest.mark.parametrize("model", MODELS)
 async def test_codex_exec_and_two_resumes_keep_one_conversation_with_its_shell_calls(
         codex_bin: Path, http: HttpDaemon, stub: StubOpenAI, tmp_path: Path, model: str) -> None:
@@ -112,18 +129,7 @@ async def test_codex_exec_and_two_resumes_keep_one_conversation_with_its_shell_c
     work.mkdir()
     (home / "config.toml").write_text(codex_config(http, model))
 
-    stub.enqueue(shell_call("call_one", "ksi-marker-one", anthropic), Reply(text="Ran the first command."))
-    first = await run_codex(codex_bin, home, work, http.token, "--skip-git-repo-check", "-s", "danger-full-access",
-                            "Run the first command")
-    assert "ksi-marker-one" in first and "Ran the first command." in first
-    stub.enqueue(shell_call("call_two", "ksi-marker-two", anthropic), Reply(text="Ran the second command."))
-    second = await run_codex(codex_bin, home, work, http.token, "resume", "--last", "--skip-git-repo-check",
-                             "Run the second command")
-    assert "ksi-marker-two" in second and "Ran the second command." in second
-    stub.enqueue(Reply(text="Both commands ran."))
-    third = await run_codex(codex_bin, home, work, http.token, "resume", "--last", "--skip-git-repo-check",
-                            "What did you run?")
-    assert "Both commands ran." in third
+    await exec_and_two_resumes(codex_bin, home, work, http.token, stub, anthropic)
 
     requests = sent(stub, anthropic)
     assert len(requests) == 5  # call, answer; call, answer; answer: nothing refused, nothing retried

@@ -20,8 +20,16 @@ import pytest
 from tests.conftest import HttpDaemon, connected
 from tests.stored import stored_index
 from tests.stub_openai import Reply, StubOpenAI
-from tests.test_codex_cli import (calls_and_outputs, codex_bin, codex_config, conversations, http, run_codex,
-                                  shell_call)
+from tests.test_codex_cli import (
+    calls_and_outputs,
+    codex_bin,
+    codex_config,
+    conversations,
+    exec_and_two_resumes,
+    http,
+    run_codex,
+    shell_call,
+)
 
 __all__ = ["codex_bin", "http"]  # fixtures shared with the HTTP test
 
@@ -88,18 +96,7 @@ async def test_codex_over_the_websocket_keeps_one_conversation_and_never_falls_b
     work.mkdir()
     (home / "config.toml").write_text(websocket_config(http, proxy))
 
-    stub.enqueue(shell_call("call_one", "ksi-marker-one", False), Reply(text="Ran the first command."))
-    first = await run_codex(codex_bin, home, work, http.token, "--skip-git-repo-check", "-s", "danger-full-access",
-                            "Run the first command")
-    assert "ksi-marker-one" in first and "Ran the first command." in first
-    stub.enqueue(shell_call("call_two", "ksi-marker-two", False), Reply(text="Ran the second command."))
-    second = await run_codex(codex_bin, home, work, http.token, "resume", "--last", "--skip-git-repo-check",
-                             "Run the second command")
-    assert "ksi-marker-two" in second and "Ran the second command." in second
-    stub.enqueue(Reply(text="Both commands ran."))
-    third = await run_codex(codex_bin, home, work, http.token, "resume", "--last", "--skip-git-repo-check",
-                            "What did you run?")
-    assert "Both commands ran." in third
+    await exec_and_two_resumes(codex_bin, home, work, http.token, stub, False)
 
     assert proxy.handshakes() >= 3  # one socket per `codex exec` at least
     assert proxy.count(b"POST /v1/responses") == 0  # no fallback to HTTP
