@@ -1,5 +1,5 @@
-"""Tasks whose first step runs at once, inside the task, as Python 3.12's eager tasks do (this
-works on 3.11 too).
+"""Tasks whose first step runs at once, inside the task: Python 3.12's eager tasks, and the same
+behaviour built on 3.11 (where asyncio has no `eager_start`).
 
 Work that often needs no waiting (a request answered from memory, an unsynced file write) is
 then done in the same loop iteration: no scheduling round, no suspending of whoever started it.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
-from asyncio.tasks import _enter_task, _leave_task  # the hooks eager tasks use (3.7+)
+import sys
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
@@ -72,23 +72,40 @@ class Started(Generic[T]):
 
     __slots__ = ("task", "_first")
 
-    def __init__(self, task: asyncio.Task[T], first: _FirstStepDone) -> None:
+    def __init__(self, task: asyncio.Task[T], first: _FirstStepDone | None = None) -> None:
         self.task = task
-        self._first = first
+        self._first = first  # 3.11 only: the task itself is not done until the loop reaches it
 
     @property
     def finished(self) -> bool:
+        if self._first is None:
+            return self.task.done()
         return self._first._state == _FirstStepDone._FINISHED
 
     @property
     def result(self) -> T:
+        if self._first is None:
+            return self.task.result()
         return self._first._result  # type: ignore[no-any-return]
 
 
 def start(coro: Coroutine[Any, Any, T]) -> Started[T]:
     """Run `coro` in a new task whose first step runs now, from a loop callback or from inside
     another task (which is current again afterwards). A failure of the first step is raised
-    here; a step that finished leaves a task that ends quietly when the loop reaches it."""
+    here; a step that finished leaves a task that is done (3.12+) or ends quietly when the loop
+    reaches it (3.11)."""
+    if sys.version_info >= (3, 12):
+        task = asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
+        if task.done() and not task.cancelled() and (failure := task.exception()) is not None:
+            raise failure
+        return Started(task)
+    return _start_on_311(coro)
+
+
+def _start_on_311(coro: Coroutine[Any, Any, T]) -> Started[T]:
+    """What 3.12's `eager_start` does, with the task-switch hooks 3.11's eager-less asyncio has."""
+    from asyncio.tasks import _enter_task, _leave_task  # private, and needed on 3.11 only
+
     loop = asyncio.get_running_loop()
     first = _FirstStepDone(coro)
     context = contextvars.copy_context()
