@@ -121,10 +121,13 @@ class Daemon:
         # every call counts against its model's rates, over every daemon sharing the storage
         self.provider = RateLimitedProvider(self.litellm, self.storage.rates, settings,
                                             self.litellm.count_tokens_loading)
+        # one circuit per model and endpoint, whoever calls it: a server that fails a completion's
+        # calls is not asked again by a consortium member meanwhile, nor the other way round
+        self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
             settings, self.router, self.storage.consortia, self.storage.traces, self.responses,
-            provider=self.provider, limits=self.limits,
+            provider=self.provider, limits=self.limits, breaker=self.breaker,
         )
         # the agents' registry is built before both services that use it: the completion service
         # reads agents' defaults from it, the agent service submits completions
@@ -292,8 +295,7 @@ class Daemon:
         # wait, status and cancel for requests other daemons of the pool accepted
         elsewhere = RequestsElsewhere(self.storage.requests, self.store, self.responses, self.storage.daemon_id)
         runner = TurnRunner(settings, preparation, self.writer, self.responses, answerers, requests, elsewhere,
-                            CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
-                            self.litellm.count_tokens, clock=clock)
+                            self.breaker, self.litellm.count_tokens, clock=clock)
         admission = Admission(settings, self.router, self.cache, self.writer, self.responses, answerers,
                               images, attachments, scheduler, requests, agents=self.agent_registry, clock=clock)
         completion = CompletionService(settings, self.router, self.cache, self.writer, self.responses,

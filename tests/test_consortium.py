@@ -311,6 +311,27 @@ async def test_a_slow_and_a_broken_member_are_skipped(short_tmp: Path, backend: 
     assert len(await index_lines(daemon, result["conversation_id"])) == 1
 
 
+async def test_a_member_and_a_completion_count_on_one_circuit(short_tmp: Path, backend: dict[str, Any]) -> None:
+    """Members' failures open the circuit plain completions see, and the other way round: a failing
+    server is not asked again by anyone while its circuit is open."""
+    async with consortium_daemon(short_tmp, DEFAULT_STUBS, backend, retry_attempts=1, circuit_failures=2,
+                                 circuit_reset=60) as (daemon, stubs), connected(daemon) as client:
+        await save(client, members=["openai/ma", "openai/mb"])
+        stubs["ma"].enqueue(Reply(status=500), Reply(status=500))
+        await complete(client, model="consortium/duo", prompt="one")  # ma fails once, mb answers
+        with pytest.raises(KsiError) as caught:
+            ack = await client.request("completion:async", {"model": "openai/ma", "prompt": "two"})
+            await client.request("completion:wait", {"request_id": ack["request_id"], "timeout": 30})
+        assert caught.value.code == "provider_error"  # the second failure in a row: the circuit opens
+        asked = len(stubs["ma"].requests)
+        result = await complete(client, model="consortium/duo", prompt="three")
+        health = await client.request("system:health")
+    members = {e["model"]: e for e in await trace(daemon, result["run_id"]) if e["event"] == "member"}
+    assert members["openai/ma"]["ok"] is False and members["openai/ma"]["code"] == "provider_unavailable"
+    assert len(stubs["ma"].requests) == asked  # nobody asked the failing server while its circuit was open
+    assert health["completions"]["circuits"][f"openai/ma @ {stubs['ma'].api_base}"]["state"] == "open"
+
+
 async def test_a_member_that_fails_once_is_retried(short_tmp: Path, backend: dict[str, Any]) -> None:
     async with consortium_daemon(short_tmp, DEFAULT_STUBS, backend) as (daemon, stubs), connected(daemon) as client:
         await save(client, members=["openai/ma"])

@@ -55,7 +55,7 @@ async def test_a_cancelled_run_ends_only_after_every_members_call_is_logged_even
     provider, responses = Unanswered(), SecondWriteHeld(layout)
     parts = RunParts(provider=provider, responses=responses, traces=JsonlTraces(layout, fsync=False),
                      retry=RetryPolicy(attempts=1, base_delay=0.0, max_delay=0.0),
-                     breaker=CircuitBreaker(threshold=5, reset=30.0),
+                     breaker=CircuitBreaker(threshold=5, reset=30.0), circuit=lambda model, _options: model,
                      slot=lambda _model: contextlib.nullcontext(), default_timeout=60.0)
     definition = ConsortiumDefinition(members=["openai/ma:2"], arbiter="openai/judge")
     call = ProviderCall(model="consortium/duo", messages=[{"role": "user", "content": "x"}],

@@ -44,6 +44,7 @@ class RunParts:
     traces: TraceStore
     retry: RetryPolicy
     breaker: CircuitBreaker
+    circuit: Callable[[str, dict[str, Any]], str]  # the breaker's key of a call to a model with options
     slot: Callable[[str], AbstractAsyncContextManager[Any]]  # bounds concurrent calls per model
     default_timeout: float
 
@@ -306,7 +307,8 @@ class ConsortiumRun:
                 provider_call.timeout = allowed
                 reply = await asyncio.wait_for(
                     with_retries(lambda: self.parts.provider.complete(provider_call), self.parts.retry,
-                                 self.parts.breaker, model, outcome.attempts),
+                                 self.parts.breaker, self.parts.circuit(model, provider_call.options),
+                                 outcome.attempts),
                     allowed)
         except TimeoutError:
             outcome.code, outcome.message = ErrorCode.TIMEOUT, f"no answer within {round(allowed, 3)}s"

@@ -14,6 +14,7 @@ from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
 from ksi_daemon.providers.base import ModelAbilities, Provider, ProviderCall, ProviderReply
+from ksi_daemon.providers.options import circuit_key
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.consortium.models import (
     CONSORTIUM_PREFIX,
@@ -50,20 +51,21 @@ class ConsortiumService:
         responses: ResponseStore,
         provider: Provider,
         limits: ConcurrencyLimits,
+        breaker: CircuitBreaker,
         retry: RetryPolicy | None = None,
-        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
         self.store = store
         self.traces = traces
         self.definitions: dict[str, ConsortiumDefinition] = {}
-        # member and arbiter circuits are keyed by model: one failing member model must not
-        # silence its siblings from the same provider
+        # member and arbiter calls count on the completions' circuits, keyed by model and endpoint:
+        # one failing member model does not silence its siblings from the same provider
         self.parts = RunParts(
             provider=provider, responses=responses, traces=traces,
             retry=retry or RetryPolicy(settings.retry_attempts, settings.retry_base_delay, settings.retry_max_delay),
-            breaker=breaker or CircuitBreaker(settings.circuit_failures, settings.circuit_reset),
+            breaker=breaker, circuit=lambda model, options: circuit_key(model, settings.model_settings(model).api_base,
+                                                                        options),
             slot=limits.slot, default_timeout=settings.request_timeout,  # the completions' own limits
         )
         self.active = 0
@@ -90,8 +92,7 @@ class ConsortiumService:
                 self.definitions[name] = definition
 
     def health(self) -> dict[str, Any]:
-        return {"saved": len(self.definitions), "runs_active": self.active, "runs": self.runs,
-                "circuits": self.parts.breaker.report()}
+        return {"saved": len(self.definitions), "runs_active": self.active, "runs": self.runs}
 
     # -- events ---------------------------------------------------------------
     async def handle_save(self, data: ConsortiumSave, _context: EventContext) -> dict[str, Any]:
