@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,39 +91,42 @@ def read_index(path: Path) -> list[IndexEntry]:
     return entries
 
 
+class _Unnumbered(Exception):
+    """A legacy index line without its number: numbering it needs the whole file."""
+
+
 def read_index_tail(path: Path, token_budget: int) -> tuple[list[IndexEntry], int]:
     """The newest entries whose token counts fit `token_budget` (oldest first) and the total count.
 
     Reads the file from its end, so the cost follows the budget, not the conversation's length.
     Falls back to a forward read when it meets legacy lines that carry no number.
     """
-    picked: list[IndexEntry] = []
-    total = 0
-    spent = 0
+    try:
+        newest = _newest_first(path)
+        head = next(newest, None)
+        if head is None:
+            return [], 0
+        return _fit_tail(itertools.chain([head], newest), token_budget), head.n
+    except _Unnumbered:
+        entries = read_index(path)
+        return _fit_tail(reversed(entries), token_budget), (entries[-1].n if entries else 0)
+
+
+def _newest_first(path: Path) -> Iterator[IndexEntry]:
     for line in iter_lines_reversed(path):
         entry = parse_index_line(line, 0)
         if entry is None:
             continue
-        if entry.n == 0:  # a legacy line: numbering needs the whole file
-            entries = read_index(path)
-            return _fit_tail(entries, token_budget), (entries[-1].n if entries else 0)
-        if not total:
-            total = entry.n
-        if entry.is_feedback:
-            continue
-        cost = entry.tokens_in + entry.tokens_out
-        if spent + cost > token_budget:
-            break
-        spent += cost
-        picked.append(entry)
-    picked.reverse()
-    return picked, total
+        if entry.n == 0:
+            raise _Unnumbered
+        yield entry
 
 
-def _fit_tail(entries: list[IndexEntry], token_budget: int) -> list[IndexEntry]:
+def _fit_tail(newest_first: Iterable[IndexEntry], token_budget: int) -> list[IndexEntry]:
+    """The newest exchanges that fit the budget, oldest first; read no further than they reach."""
     picked: list[IndexEntry] = []
     spent = 0
-    for entry in reversed(entries):
+    for entry in newest_first:
         if entry.is_feedback:
             continue
         cost = entry.tokens_in + entry.tokens_out
