@@ -6,6 +6,7 @@ import logging
 import logging.handlers
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -70,32 +71,24 @@ def configure_logging(
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _mask_secrets,
     ]
-    file_handler = DaemonLogFile(log_file, max_bytes, backups)
-    file_handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
+    def formatter(renderer: Any) -> logging.Formatter:
+        """One chain for every handler; only the last step, how a record is written, differs."""
+        return structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
                 hide,  # after the traceback is text, so it is masked too
-                structlog.processors.JSONRenderer(),
+                renderer,
             ],
         )
-    )
+
+    file_handler = DaemonLogFile(log_file, max_bytes, backups)
+    file_handler.setFormatter(formatter(structlog.processors.JSONRenderer()))
     handlers: list[logging.Handler] = [file_handler]
     if console:
         console_handler = logging.StreamHandler(sys.stderr)
-        console_handler.setFormatter(
-            structlog.stdlib.ProcessorFormatter(
-                foreign_pre_chain=shared,
-                processors=[
-                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info,
-                    hide,
-                    structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-                ],
-            )
-        )
+        console_handler.setFormatter(formatter(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())))
         handlers.append(console_handler)
     root = logging.getLogger()
     for handler in list(root.handlers):
