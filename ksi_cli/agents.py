@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import locate
+from ksi_common.locate import locate
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_cli.stored import read_stored
 from ksi_common import oneshot

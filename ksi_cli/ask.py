@@ -23,7 +23,7 @@ from ksi_cli import completion
 
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.event_args import EventArgsError, json_value
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps, report_error
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError

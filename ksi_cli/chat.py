@@ -18,7 +18,7 @@ import click
 from ksi_cli import completion
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError

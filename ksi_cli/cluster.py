@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ksi_cli.locate import locate
+from ksi_common.locate import locate
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot

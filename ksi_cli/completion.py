@@ -10,7 +10,7 @@ from click.shell_completion import CompletionItem
 
 
 def _location(ctx: click.Context) -> Any:
-    from ksi_cli.locate import locate
+    from ksi_common.locate import locate
 
     params: dict[str, Any] = {}
     context: click.Context | None = ctx

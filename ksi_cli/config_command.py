@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_USAGE, fail, report_error, show, wants_json
 from ksi_common import oneshot

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT

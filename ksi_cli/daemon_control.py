@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ksi_cli.locate import Location
+from ksi_common.locate import Location
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.layout import mark_var_dir

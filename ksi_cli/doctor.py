@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
 from ksi_common.errors import KsiError

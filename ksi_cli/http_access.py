@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ksi_cli.locate import Location, _dotenv
+from ksi_common.locate import Location, _dotenv
 from ksi_common import http_token, oneshot
 from ksi_common.errors import ErrorCode, KsiError
 

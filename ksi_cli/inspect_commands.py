@@ -19,7 +19,7 @@ import click
 
 from ksi_cli import completion
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_cli.locate import locate
+from ksi_common.locate import locate
 from ksi_cli.import_command import import_conversation
 from ksi_cli.output import EXIT_ERROR, color_enabled, fail, show, table, wants_json
 from ksi_cli.pins import pin, unpin

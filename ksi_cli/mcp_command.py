@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.options import location_options
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_OK, EXIT_UNREACHABLE, dumps, report_error, wants_json
 from ksi_common.errors import ErrorCode, KsiError

@@ -12,7 +12,7 @@ import click
 from ksi_common.errors import ErrorCode, KsiError
 
 if TYPE_CHECKING:
-    from ksi_cli.locate import Location
+    from ksi_common.locate import Location
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_PENDING = 4  # a wait ended before the result: the request still runs in the daemon

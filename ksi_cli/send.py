@@ -10,7 +10,7 @@ import click
 
 from ksi_cli import completion
 from ksi_cli.event_args import EventArgsError, check_payload, event_words, json_value
-from ksi_cli.locate import Location, locate
+from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_PENDING, fail, show, wants_json
 from ksi_common import oneshot

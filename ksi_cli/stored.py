@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
-from ksi_cli.locate import Location
+from ksi_common.locate import Location
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.reading import StoredReader, open_reader
 

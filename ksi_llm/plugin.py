@@ -11,7 +11,7 @@ from typing import Any
 
 import llm
 
-from ksi_cli.locate import locate
+from ksi_common.locate import locate
 from ksi_common.errors import KsiError
 from ksi_llm.catalog import Catalog, discover, logged_names, requested_names
 from ksi_llm.model import PREFIX, AsyncKsiModel, KsiModel
