@@ -345,7 +345,7 @@ async def _session(location: Location, target: Target, profile: str | None, mode
             if target.agent_id is not None or profile is not None:
                 info = await _open(client, target.agent_id, profile, model)
                 target.agent_id = info["agent_id"]
-                name, resume = target.agent_id, f"ksi chat {target.agent_id}"
+                name = target.agent_id
                 click.secho(f"agent {name} (profile {info.get('profile') or '-'}, model {info.get('model')})",
                             bold=True)
                 click.secho(f"conversation {info['conversation_id']}, {info.get('exchanges', 0)} exchanges so far",

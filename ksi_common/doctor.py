@@ -22,11 +22,6 @@ from ksi_common.privacy import loose_modes
 from ksi_common.liveness import pid_alive, read_pid, socket_path_state
 from ksi_common.records import IndexEntry, read_index, read_response
 
-# problems `--repair` may fix without losing anything
-REPAIRABLE = frozenset({"run_dir_permissions", "loose_permissions", "torn_tail", "stale_pid", "stale_socket",
-                        "index_numbering"})
-
-
 @dataclass(slots=True)
 class Finding:
     """One thing found: `kind` is stable (snake_case), `path` the file, `detail` for people."""

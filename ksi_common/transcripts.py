@@ -8,7 +8,6 @@ Torn last lines (a crash mid-append) are skipped by the readers underneath.
 from __future__ import annotations
 
 import fnmatch
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar

@@ -58,7 +58,6 @@ from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
 
-INPUT_KINDS = frozenset({"function_call_output"})
 OUTPUT_KINDS = frozenset({"function_call", "reasoning"})
 MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD: tokens a chat message costs beyond its text
 CALL_NAME = re.compile(TOOL_NAME)  # a call names a tool: the history's calls follow the rule of `tools`

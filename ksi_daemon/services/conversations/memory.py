@@ -151,10 +151,6 @@ class ConversationMemory:
         entry = self.entry(self.total) if self.total else None
         return entry.digest if entry is not None else None
 
-    @property
-    def unloaded(self) -> int:
-        return max(0, self.first_loaded - 1 - self.base)
-
     def set_entries(self, entries: list[IndexEntry], total: int) -> None:
         self.total = max(total, self.base)
         self.entries = list(entries)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.transports.http.door import call
-from ksi_daemon.transports.http.openai import shapes, tool_shapes
+from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.lists import list_page
 from ksi_daemon.transports.http.openai.schemas import (
     AnyConversationItem,

@@ -115,13 +115,6 @@ def message_content(content: str | list[Part] | None, where: str) -> str | list[
     return parts
 
 
-def content_text(content: str | list[dict[str, Any]]) -> str:
-    """The text of content as message_content gives it (its text parts joined)."""
-    if isinstance(content, str):
-        return content
-    return "".join(str(part.get("text") or "") for part in content if part.get("type") == "input_text")
-
-
 class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]

@@ -24,7 +24,6 @@ import orjson
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, function_calls, message
 from ksi_common.items import output_items as stored_items
-from ksi_common.items import output_text as reply_text
 from ksi_daemon.providers.tool_kinds import function_form, provider_names
 from ksi_daemon.transports.http.openai.image_refs import as_history
 from ksi_daemon.transports.http.openai.schemas import (
@@ -116,14 +115,6 @@ def tool_names(fields: dict[str, Any]) -> dict[tuple[str | None, str], str]:
     tools = [tool for tool in fields.get("tools") or [] if isinstance(tool, dict) and "function" not in tool]
     # read before completion:async checks the tools: a malformed one is refused there, by name
     return provider_names(tools) if tools else {}
-
-
-def check_declared(model: str, function_calling: bool | None) -> None:
-    """Tools to a model its settings declare unable to call them: unsupported_parameter."""
-    if function_calling is False:
-        raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                       f"tools is not supported: {model} cannot call tools (its settings say so)",
-                       fields={"tools": "this model cannot call tools"}, model=model)
 
 
 def call_output(call_id: str, output: str) -> Item:
@@ -520,15 +511,3 @@ def new_input(items: list[Item]) -> dict[str, Any]:
     if any(item["type"] == "function_call_output" or not isinstance(item["content"], str) for item in items):
         return {"input": items}  # a call's output, or a message holding images, is only taken as items
     return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}
-
-
-def exchange_document(inputs: list[Item], output: list[Item]) -> dict[str, Any]:
-    """One exchange of a client's own history as an export's exchange: its input lines and reply,
-    and, when it holds calls or their outputs, its `input` and `output` items."""
-    lines = [{"type": "function_call_output", "call_id": item["call_id"], "output": item["output"]}
-             if item["type"] == "function_call_output" else {"type": "user", "content": item["content"]}
-             for item in inputs]
-    exchange: dict[str, Any] = {"inputs": lines, "reply": {"content": reply_text(output)}}
-    if function_calls(output) or any(item["type"] == "function_call_output" for item in inputs):
-        exchange.update(input=inputs, output=output)
-    return exchange
