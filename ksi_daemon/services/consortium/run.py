@@ -105,6 +105,20 @@ def with_member_system(messages: list[dict[str, Any]], extra: str | None) -> lis
     return [{"role": "system", "content": extra}, *messages]
 
 
+@dataclass(slots=True)
+class _Rounds:
+    """A run's rounds so far: what every member is sent, and the verdicts."""
+
+    member_base: list[dict[str, Any]]  # the conversation with the members' system prompt
+    system: str | None
+    history: list[dict[str, Any]]
+    new_input: list[dict[str, Any]]
+    judged: list[Judged] = field(default_factory=list)
+    rounds: list[list[MemberAnswer]] = field(default_factory=list)
+    fallback: dict[str, Any] | None = None
+    parse: str = "json"
+
+
 class ConsortiumRun:
     def __init__(self, run_id: str, name: str, definition: ConsortiumDefinition, call: ProviderCall,
                  parts: RunParts) -> None:
@@ -129,65 +143,17 @@ class ConsortiumRun:
     # -- the run --------------------------------------------------------------
     async def execute(self) -> ProviderReply:
         """Run rounds until the arbiter is confident enough or the rounds run out."""
-        d = self.definition
         system, history, new_input = split_messages(self.call.messages)
         await self._trace({"event": "start", "consortium": self.name, "model": self.call.model,
                            "request_id": self.request.get("request_id"),
                            "response_id": self.request.get("response_id"),
                            "conversation_id": self.request.get("conversation_id"),
-                           "agent_id": self.request.get("agent_id"), "definition": d.to_record(),
+                           "agent_id": self.request.get("agent_id"), "definition": self.definition.to_record(),
                            "history_messages": len(history), "new_input": new_input})
-        member_base = with_member_system(self.call.messages, d.system)
-        judged: list[Judged] = []
-        rounds: list[list[MemberAnswer]] = []
-        fallback: dict[str, Any] | None = None
-        parse = "json"
+        run = _Rounds(with_member_system(self.call.messages, self.definition.system), system, history, new_input)
         try:
-            for iteration in range(1, d.max_iterations + 1):
-                refinement = refinement_turns(judged[-1]) if judged else []
-                messages = member_base + refinement
-                inputs = new_input + refinement[1:]  # a member's raw input: the new input (+ the refine request)
-                # a task group, not gather: cancelled, gather returns as soon as one member has
-                # stopped, leaving the others to log their calls after the run has ended
-                async with asyncio.TaskGroup() as members:
-                    calls = [members.create_task(self._member(model, instance, iteration, messages, inputs))
-                             for model, instance in d.instances()]
-                outcomes = [call.result() for call in calls]
-                answers = [MemberAnswer(number, o.model, o.instance, o.content)
-                           for number, o in enumerate((o for o in outcomes if o.ok), start=1)]
-                failures = [o for o in outcomes if not o.ok]
-                if not answers:
-                    if not judged:
-                        raise self._none_answered(failures)
-                    fallback = {"reason": "members_failed", "iteration": iteration,
-                                "message": "no member answered this round; the previous round's answer stands"}
-                    await self._trace({"event": "iteration", "iteration": iteration, "answered": 0,
-                                       "failed": len(failures), "done": True, "reason": "members_failed"})
-                    break
-                rounds.append(answers)
-                arbiter = await self._arbiter(iteration, system, history, new_input, answers, judged)
-                if not arbiter.ok:
-                    chosen = self._best_ranked(judged, rounds)
-                    fallback = {"reason": "arbiter_failed", "iteration": iteration, "code": arbiter.code,
-                                "message": arbiter.message, "used": chosen[0]}
-                    judged.append(Judged(iteration, chosen[1], 0.0))
-                    await self._trace({"event": "iteration", "iteration": iteration, "answered": len(answers),
-                                       "failed": len(failures), "confidence": 0.0, "done": True,
-                                       "reason": "arbiter_failed"})
-                    break
-                verdict_round, parse_now = await self._judge(iteration, arbiter, answers)
-                judged.append(verdict_round)
-                if parse_now == "fallback":
-                    parse = "fallback"
-                confident = verdict_round.confidence >= d.confidence_threshold
-                done = (confident and iteration >= d.min_iterations) or iteration == d.max_iterations
-                reason = ("confident" if confident and iteration >= d.min_iterations else
-                          "max_iterations" if iteration == d.max_iterations else
-                          "min_iterations" if confident else "below_threshold")
-                await self._trace({"event": "iteration", "iteration": iteration, "answered": len(answers),
-                                   "failed": len(failures), "confidence": verdict_round.confidence,
-                                   "threshold": d.confidence_threshold, "done": done, "reason": reason})
-                if done:
+            for iteration in range(1, self.definition.max_iterations + 1):
+                if await self._round(iteration, run):
                     break
         except asyncio.CancelledError:
             await self._conclude({"status": "cancelled"})
@@ -200,13 +166,69 @@ class ConsortiumRun:
             await self._conclude({"status": "failed", "code": ErrorCode.INTERNAL_ERROR,
                                   "message": f"internal error: {type(exc).__name__}"})
             raise
-        final = judged[-1]
-        summary = {"name": self.name, "run_id": self.run_id, "iterations": len(judged),
-                   "confidence": final.confidence, "dissent": final.dissent, "judging": d.judging,
-                   "arbiter_parse": parse,
-                   "members_answered": len(rounds[-1]) if rounds else 0, "calls": self.calls}
-        if fallback:
-            summary["fallback"] = fallback
+        return await self._answer(run)
+
+    async def _round(self, iteration: int, run: _Rounds) -> bool:
+        """One round: every member answers, the arbiter judges; True when the run is done."""
+        refinement = refinement_turns(run.judged[-1]) if run.judged else []
+        inputs = run.new_input + refinement[1:]  # a member's raw input: the new input (+ the refine request)
+        # a task group, not gather: cancelled, gather returns as soon as one member has
+        # stopped, leaving the others to log their calls after the run has ended
+        async with asyncio.TaskGroup() as members:
+            calls = [members.create_task(self._member(model, instance, iteration, run.member_base + refinement,
+                                                      inputs))
+                     for model, instance in self.definition.instances()]
+        outcomes = [call.result() for call in calls]
+        answers = [MemberAnswer(number, o.model, o.instance, o.content)
+                   for number, o in enumerate((o for o in outcomes if o.ok), start=1)]
+        failed = sum(not o.ok for o in outcomes)
+        if not answers:
+            if not run.judged:
+                raise self._none_answered([o for o in outcomes if not o.ok])
+            run.fallback = {"reason": "members_failed", "iteration": iteration,
+                            "message": "no member answered this round; the previous round's answer stands"}
+            await self._trace({"event": "iteration", "iteration": iteration, "answered": 0,
+                               "failed": failed, "done": True, "reason": "members_failed"})
+            return True
+        run.rounds.append(answers)
+        arbiter = await self._arbiter(iteration, run.system, run.history, run.new_input, answers, run.judged)
+        if not arbiter.ok:
+            chosen = self._best_ranked(run.judged, run.rounds)
+            run.fallback = {"reason": "arbiter_failed", "iteration": iteration, "code": arbiter.code,
+                            "message": arbiter.message, "used": chosen[0]}
+            run.judged.append(Judged(iteration, chosen[1], 0.0))
+            await self._trace({"event": "iteration", "iteration": iteration, "answered": len(answers),
+                               "failed": failed, "confidence": 0.0, "done": True, "reason": "arbiter_failed"})
+            return True
+        return await self._judged(iteration, run, arbiter, answers, failed)
+
+    async def _judged(self, iteration: int, run: _Rounds, arbiter: Outcome, answers: list[MemberAnswer],
+                      failed: int) -> bool:
+        """The arbiter's verdict on a round read and traced; True when it ends the run."""
+        d = self.definition
+        verdict_round, parse_now = await self._judge(iteration, arbiter, answers)
+        run.judged.append(verdict_round)
+        if parse_now == "fallback":
+            run.parse = "fallback"
+        confident = verdict_round.confidence >= d.confidence_threshold
+        done = (confident and iteration >= d.min_iterations) or iteration == d.max_iterations
+        reason = ("confident" if confident and iteration >= d.min_iterations else
+                  "max_iterations" if iteration == d.max_iterations else
+                  "min_iterations" if confident else "below_threshold")
+        await self._trace({"event": "iteration", "iteration": iteration, "answered": len(answers),
+                           "failed": failed, "confidence": verdict_round.confidence,
+                           "threshold": d.confidence_threshold, "done": done, "reason": reason})
+        return done
+
+    async def _answer(self, run: _Rounds) -> ProviderReply:
+        """The last verdict's synthesis as the run's reply, concluded in its trace."""
+        final = run.judged[-1]
+        summary = {"name": self.name, "run_id": self.run_id, "iterations": len(run.judged),
+                   "confidence": final.confidence, "dissent": final.dissent, "judging": self.definition.judging,
+                   "arbiter_parse": run.parse,
+                   "members_answered": len(run.rounds[-1]) if run.rounds else 0, "calls": self.calls}
+        if run.fallback:
+            summary["fallback"] = run.fallback
         await self._conclude({"status": "ok", "content": final.synthesis, **summary}, durable=True)
         if self.call.on_chunk is not None:
             self.call.on_chunk(final.synthesis)  # a consortium answers whole: one chunk
