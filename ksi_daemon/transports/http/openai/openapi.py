@@ -3,6 +3,7 @@ that validate the requests; reply schemas state the fields every reply carries."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -126,6 +127,12 @@ _RESUME = [{"name": "stream", "in": "query", "schema": {"type": "boolean"}},
 _COMPLETION_ERRORS = (404, 409, 413, 429, 500, 502, 503, 504)
 
 
+Body = Callable[[type], dict[str, Any]]  # a request body of a pydantic model, by its schema's ref
+_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+_RESPONSE_REF = {"$ref": "#/components/schemas/Response"}
+_CONVERSATION_REF = {"$ref": "#/components/schemas/Conversation"}
+
+
 def openapi_document() -> dict[str, Any]:
     """The document served at /openapi.json."""
     models = [(m, "validation") for m in (ResponseCreate, ChatCompletionCreate, ConversationCreate, ConversationUpdate,
@@ -137,65 +144,7 @@ def openapi_document() -> dict[str, Any]:
     def body(model: type) -> dict[str, Any]:
         return {"required": True, "content": {"application/json": {"schema": refs[(model, "validation")]}}}
 
-    stream = {"text/event-stream": {"schema": {"type": "string"}}}
-    response_ref = {"$ref": "#/components/schemas/Response"}
-    conversation_ref = {"$ref": "#/components/schemas/Conversation"}
-    paths = {
-        "/v1/models": {"get": {"operationId": "listModels", "responses": {"200": _json(_MODELS), **_errors()}}},
-        "/v1/responses": {"post": {
-            "operationId": "createResponse", "requestBody": body(ResponseCreate),
-            "responses": {"200": {"description": "the response; server-sent events with stream: true",
-                                  "content": {"application/json": {"schema": response_ref}, **stream}},
-                          **_errors(*_COMPLETION_ERRORS)}}},
-        "/v1/responses/compact": {"post": {
-            "operationId": "compactResponse", "requestBody": {"required": True, "content": {
-                "application/json": {"schema": _COMPACT_BODY}}},
-            "description": "The context (previous_response_id, or the items this door returned) as one compaction "
-                           "item; no model is called and nothing is stored.",
-            "responses": {"200": _json(_COMPACTED), **_errors(404, 413)}}},
-        "/v1/responses/{id}": {
-            "parameters": _ID,
-            "get": {"operationId": "getResponse", "parameters": _RESUME,
-                    "description": "With stream=true, a background response's events after starting_after.",
-                    "responses": {"200": {"description": "the response; server-sent events with stream=true",
-                                          "content": {"application/json": {"schema": response_ref}, **stream}},
-                                  **_errors(404)}},
-            "delete": {"operationId": "deleteResponse", "description":
-                       "Refused (409): a response stays while its conversation does; delete the conversation.",
-                       "responses": {"200": _json(_DELETED), **_errors(404, 409)}},
-        },
-        "/v1/responses/{id}/cancel": {"post": {
-            "operationId": "cancelResponse", "parameters": _ID,
-            "description": "Cancel a background response that is queued or running (409 once it ended).",
-            "responses": {"200": _json(response_ref), **_errors(404, 409)}}},
-        "/v1/responses/{id}/input_items": {"get": {
-            "operationId": "listInputItems", "parameters": _ID + _PAGE,
-            "responses": {"200": _json(_list({"anyOf": [_MESSAGE, _CALL_OUTPUT]})), **_errors(404)}}},
-        "/v1/chat/completions": {"post": {
-            "operationId": "createChatCompletion", "requestBody": body(ChatCompletionCreate),
-            "parameters": [{"name": "X-KSI-Conversation-Id", "in": "header", "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "the completion; server-sent events with stream: true",
-                                  "content": {"application/json": {"schema": _CHAT}, **stream}},
-                          **_errors(*_COMPLETION_ERRORS)}}},
-        "/v1/conversations": {"post": {
-            "operationId": "createConversation", "requestBody": body(ConversationCreate),
-            "responses": {"200": _json(conversation_ref), **_errors(413, 429)}}},
-        "/v1/conversations/{id}": {
-            "parameters": _ID,
-            "get": {"operationId": "getConversation", "responses": {"200": _json(conversation_ref), **_errors(404)}},
-            "post": {"operationId": "updateConversation", "requestBody": body(ConversationUpdate),
-                     "responses": {"200": _json(conversation_ref), **_errors(404, 413)}},
-            "delete": {"operationId": "deleteConversation", "responses": {"200": _json(_DELETED), **_errors(404)}},
-        },
-        "/v1/conversations/{id}/items": {
-            "parameters": _ID,
-            "get": {"operationId": "listConversationItems", "parameters": _PAGE,
-                    "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}},
-            "post": {"operationId": "createConversationItems", "requestBody": body(ItemsCreate),
-                     "description": "Items are exchanges (user messages each followed by the assistant reply); user "
-                                    "messages with no reply after them wait for the next response.",
-                     "responses": {"200": _json(_list(_MESSAGE)), **_errors(404, 409, 413)}}},
-    }
+    paths = {**_responses_paths(body), **_chat_paths(body), **_conversations_paths(body)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "KSI OpenAI-compatible API", "version": __version__,
@@ -205,4 +154,73 @@ def openapi_document() -> dict[str, Any]:
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
         "paths": paths,
+    }
+
+
+def _responses_paths(body: Body) -> dict[str, Any]:
+    return {
+    "/v1/models": {"get": {"operationId": "listModels", "responses": {"200": _json(_MODELS), **_errors()}}},
+    "/v1/responses": {"post": {
+        "operationId": "createResponse", "requestBody": body(ResponseCreate),
+        "responses": {"200": {"description": "the response; server-sent events with stream: true",
+                              "content": {"application/json": {"schema": _RESPONSE_REF}, **_STREAM}},
+                      **_errors(*_COMPLETION_ERRORS)}}},
+    "/v1/responses/compact": {"post": {
+        "operationId": "compactResponse", "requestBody": {"required": True, "content": {
+            "application/json": {"schema": _COMPACT_BODY}}},
+        "description": "The context (previous_response_id, or the items this door returned) as one compaction "
+                       "item; no model is called and nothing is stored.",
+        "responses": {"200": _json(_COMPACTED), **_errors(404, 413)}}},
+    "/v1/responses/{id}": {
+        "parameters": _ID,
+        "get": {"operationId": "getResponse", "parameters": _RESUME,
+                "description": "With stream=true, a background response's events after starting_after.",
+                "responses": {"200": {"description": "the response; server-sent events with stream=true",
+                                      "content": {"application/json": {"schema": _RESPONSE_REF}, **_STREAM}},
+                              **_errors(404)}},
+        "delete": {"operationId": "deleteResponse", "description":
+                   "Refused (409): a response stays while its conversation does; delete the conversation.",
+                   "responses": {"200": _json(_DELETED), **_errors(404, 409)}},
+    },
+    "/v1/responses/{id}/cancel": {"post": {
+        "operationId": "cancelResponse", "parameters": _ID,
+        "description": "Cancel a background response that is queued or running (409 once it ended).",
+        "responses": {"200": _json(_RESPONSE_REF), **_errors(404, 409)}}},
+    "/v1/responses/{id}/input_items": {"get": {
+        "operationId": "listInputItems", "parameters": _ID + _PAGE,
+        "responses": {"200": _json(_list({"anyOf": [_MESSAGE, _CALL_OUTPUT]})), **_errors(404)}}},
+    }
+
+
+def _chat_paths(body: Body) -> dict[str, Any]:
+    return {
+    "/v1/chat/completions": {"post": {
+        "operationId": "createChatCompletion", "requestBody": body(ChatCompletionCreate),
+        "parameters": [{"name": "X-KSI-Conversation-Id", "in": "header", "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "the completion; server-sent events with stream: true",
+                              "content": {"application/json": {"schema": _CHAT}, **_STREAM}},
+                      **_errors(*_COMPLETION_ERRORS)}}},
+    }
+
+
+def _conversations_paths(body: Body) -> dict[str, Any]:
+    return {
+    "/v1/conversations": {"post": {
+        "operationId": "createConversation", "requestBody": body(ConversationCreate),
+        "responses": {"200": _json(_CONVERSATION_REF), **_errors(413, 429)}}},
+    "/v1/conversations/{id}": {
+        "parameters": _ID,
+        "get": {"operationId": "getConversation", "responses": {"200": _json(_CONVERSATION_REF), **_errors(404)}},
+        "post": {"operationId": "updateConversation", "requestBody": body(ConversationUpdate),
+                 "responses": {"200": _json(_CONVERSATION_REF), **_errors(404, 413)}},
+        "delete": {"operationId": "deleteConversation", "responses": {"200": _json(_DELETED), **_errors(404)}},
+    },
+    "/v1/conversations/{id}/items": {
+        "parameters": _ID,
+        "get": {"operationId": "listConversationItems", "parameters": _PAGE,
+                "responses": {"200": _json(_list(_MESSAGE)), **_errors(404)}},
+        "post": {"operationId": "createConversationItems", "requestBody": body(ItemsCreate),
+                 "description": "Items are exchanges (user messages each followed by the assistant reply); user "
+                                "messages with no reply after them wait for the next response.",
+                 "responses": {"200": _json(_list(_MESSAGE)), **_errors(404, 409, 413)}}},
     }
