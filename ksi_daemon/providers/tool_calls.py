@@ -92,6 +92,21 @@ def without_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if any(key in message for key in REASONING_KEYS) else message for message in messages]
 
 
+ABANDONED_ARGUMENTS = '{"abandoned": true}'  # sent instead of the arguments of a call the client abandoned
+
+
+def with_abandoned_arguments(messages: list[dict[str, Any]], abandoned: set[str]) -> list[dict[str, Any]]:
+    """`messages` in which the calls of ids `abandoned` carry `ABANDONED_ARGUMENTS`: a call the
+    client gave up (its arguments too big for the window, say) is sent small, and its arguments
+    stay stored as the model gave them."""
+    if not abandoned:
+        return messages
+    return [{**message, "tool_calls": [
+        {**call, "function": {**call["function"], "arguments": ABANDONED_ARGUMENTS}} if call["id"] in abandoned
+        else call for call in message["tool_calls"]]} if message.get("tool_calls") else message
+        for message in messages]
+
+
 def with_calls_answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`messages` in which every assistant `tool_calls` is followed by a tool message for each call
     and every tool message answers a call just made. Where history broke a pair (a pinned exchange

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ksi_common.items import Item, call_ids_abandoned, function_calls
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import fork_chain as walk_fork_chain
-from ksi_daemon.providers.tool_calls import with_calls_answered
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.providers.tool_calls import ABANDONED_ARGUMENTS, with_abandoned_arguments, with_calls_answered
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
+from ksi_daemon.services.conversations.pending import pending_items
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
 ANSWERER_LABELS_SHOWN = 4  # the answerers note stays short: at most this many models/agents...
@@ -22,6 +24,8 @@ class History:
     entries: list[IndexEntry] = field(default_factory=list)  # their index entries, same order
     total: int = 0  # history-eligible exchanges in the conversation (fork chain included)
     tokens: int = 0
+    # calls the client abandoned (conversation:abandon_calls): sent with a stand-in for their arguments
+    abandoned: set[str] = field(default_factory=set)
 
     @property
     def omitted(self) -> int:
@@ -49,14 +53,58 @@ async def fork_chain(
     return chain
 
 
+async def newest_exchange(cache: ConversationCache, memory: ConversationMemory, max_depth: int
+                          ) -> tuple[IndexEntry, Exchange] | None:
+    """The conversation's newest history exchange (a fork's may be its parent's), with its entry."""
+    await cache.load_newest(memory)
+    own = memory.eligible_between(0, memory.total)
+    if own:  # most turns: the conversation's own newest exchange, in memory since its commit
+        return own[-1], (await cache.texts(memory, own[-1:]))[0]
+    for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:  # a fork with none of its own yet
+        entries = member.eligible_between(0, member.total if upto is None else upto)
+        if entries:
+            return entries[-1], (await cache.texts(member, entries[-1:]))[0]
+    return None
+
+
+async def open_calls(cache: ConversationCache, memory: ConversationMemory, max_depth: int) -> list[Item]:
+    """The function calls of the conversation's newest history exchange; the admission rule makes
+    the next exchange answer all of them, so they are open."""
+    newest = await newest_exchange(cache, memory, max_depth)
+    return function_calls(newest[1].output) if newest is not None else []
+
+
+def with_stand_in_arguments(output: list[Item], abandoned: set[str]) -> list[Item]:
+    """`output` with the arguments of the abandoned calls replaced by their stand-in."""
+    return [{**item, "arguments": ABANDONED_ARGUMENTS}
+            if item.get("type") == "function_call" and str(item.get("call_id")) in abandoned else item
+            for item in output]
+
+
+async def _abandoned_credit(cache: ConversationCache, memory: ConversationMemory, max_depth: int,
+                            abandoned: set[str], after: int) -> int:
+    """Tokens the newest exchange's stored count holds beyond what it is sent as, when the client
+    abandoned its calls (their outputs wait in the pending input): its arguments, too big for the
+    window perhaps, are sent as a stand-in, so only the stand-in must fit."""
+    newest = await newest_exchange(cache, memory, max_depth) if abandoned else None
+    if newest is None or newest[0].n <= after:
+        return 0
+    entry, exchange = newest
+    if not {str(call["call_id"]) for call in function_calls(exchange.output)} & abandoned:
+        return 0
+    sent = items_tokens(with_stand_in_arguments(exchange.output, abandoned), cache.count_tokens, MESSAGE_OVERHEAD)
+    return max(0, entry.tokens_out - sent)
+
+
 async def select_history(
     cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0
 ) -> History:
     """Whole exchanges numbered after `after`, newest first across the fork chain, within `budget`
     tokens (`after` > 0: a summary stands in for exchanges 1..after)."""
-    history = History()
+    history = History(abandoned=set(call_ids_abandoned(pending_items(memory.meta))))
+    credit = await _abandoned_credit(cache, memory, max_depth, history.abandoned, after)
     picked: list[tuple[ConversationMemory, list[Any]]] = []
-    remaining = budget
+    remaining = budget + credit  # the newest exchange is picked first: the credit is its own
     exhausted = False
     for member, upto in await fork_chain(cache, memory, max_depth):
         eligible = member.count_eligible(upto, after)
@@ -71,9 +119,13 @@ async def select_history(
         history.tokens += used
         if not whole or not member.complete:
             exhausted = True
+    if history.tokens:
+        history.tokens -= credit
     for member, entries in reversed(picked):
         history.exchanges.extend(await cache.texts(member, entries))
         history.entries.extend(entries)
+    for exchange in history.exchanges:
+        history.abandoned.update(call_ids_abandoned(exchange.input))
     # an exchange answering calls goes only with the exchange that made them: when the budget (or a
     # summary) took that one, its outputs leave too, and so on along a chain of tool turns
     while history.exchanges and history.exchanges[0].answers_calls:
@@ -230,4 +282,4 @@ def build_messages(system: str | None, history: History, new_input: list[dict[st
     for exchange in history.exchanges:
         messages.extend(exchange.chat_messages())
     messages.extend(new_input)
-    return with_calls_answered(messages)
+    return with_calls_answered(with_abandoned_arguments(messages, history.abandoned))
