@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,31 @@ async def test_export_import_export_keeps_the_abandoned_output(stub_daemon: Daem
 
     assert exchanges(again) == exchanges(exported)
     assert shown["exchanges"][1]["input"][0]["abandoned"] is True
+
+
+async def ksi(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ksi_cli", *args, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_abandons_named_calls_then_the_rest(stub_daemon: Daemon, stub: StubOpenAI) -> None:
+    where = ["--socket", str(stub_daemon.settings.socket), "--var-dir", str(stub_daemon.settings.var_dir)]
+    async with connected(stub_daemon) as client:
+        await big_call(client, stub, "cli", ("call_a", "call_b", "call_c"))
+        named = await ksi("conversation", "abandon-calls", "cli", "--call", "call_a", "--call", "call_b",
+                          *where, "--json")
+        rest = await ksi("conversation", "abandon-calls", "cli", *where)
+        before = await stored_snapshot(stub_daemon.settings)
+        refused_again = await ksi("conversation", "abandon-calls", "cli", "--call", "call_a", *where, "--json")
+        assert await stored_snapshot(stub_daemon.settings) == before
+        stub.enqueue(Reply(text="Moving on."))
+        answered = await complete(client, prompt="Moving on.", conversation_id="cli")
+    assert named[0] == 0 and json.loads(named[1])["abandoned"] == ["call_a", "call_b"]
+    assert rest[0] == 0 and json.loads(rest[1])["abandoned"] == ["call_c"]
+    code, out, err = refused_again
+    assert code != 0 and json.loads(out or err)["error"]["code"] == "call_not_open"
+    assert answered["content"] == "Moving on."
+    assert [m["content"] for m in stub.requests[-1]["messages"] if m["role"] == "tool"] == [ABANDONED_OUTPUT] * 3
