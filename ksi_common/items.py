@@ -65,6 +65,7 @@ CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell
 CLIENT_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output",
                                  "shell_call_output"})
 ABANDONED_OUTPUT = "abandoned by the client: not run"  # the output stored for an abandoned call
+ABANDONED_ARGUMENTS = '{"abandoned": true}'  # what a model is sent for an abandoned call's arguments (kept stored)
 
 
 def with_client_form(item: Item, source: dict[str, Any]) -> Item:

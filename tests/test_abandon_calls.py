@@ -17,9 +17,8 @@ import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.items import ABANDONED_OUTPUT
+from ksi_common.items import ABANDONED_ARGUMENTS, ABANDONED_OUTPUT
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.providers.tool_calls import ABANDONED_ARGUMENTS
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index, stored_snapshot
 from tests.stub_openai import Reply, StubOpenAI
@@ -70,6 +69,7 @@ async def test_an_abandoned_call_lets_the_next_turn_be_answered_with_a_stand_in(
         stub.enqueue(Reply(text="Another one."))
         later = await complete(client, prompt="And another?", conversation_id="big")
         shown = await client.request("conversation:show", {"conversation_id": "big"})
+        rebuilt = await client.request("conversation:sent", {"conversation_id": "big", "n": 2})
     assert answer.value.code == ErrorCode.CONTEXT_WINDOW_EXCEEDED
     assert plain.code == ErrorCode.VALIDATION_ERROR and plain.details["call_ids"] == ["call_big"]
     assert abandoned["abandoned"] == ["call_big"] and abandoned["pending"][0]["item"]["abandoned"] is True
@@ -85,6 +85,9 @@ async def test_an_abandoned_call_lets_the_next_turn_be_answered_with_a_stand_in(
     assert json.loads(first["output"][0]["arguments"]) == BIG
     assert second["input"][0] == {"type": "function_call_output", "call_id": "call_big",
                                   "output": ABANDONED_OUTPUT, "abandoned": True}
+    # conversation:sent rebuilds what went out: the stand-in, not the stored arguments
+    rebuilt_calls = [call for message in rebuilt["messages"] for call in message.get("tool_calls") or []]
+    assert [call["arguments"] for call in rebuilt_calls] == [ABANDONED_ARGUMENTS]
 
 
 async def test_one_of_two_calls_abandoned_the_other_is_still_answered(stub_daemon: Daemon, stub: StubOpenAI) -> None:
@@ -112,6 +115,12 @@ async def test_bad_abandon_requests_are_refused_and_nothing_is_written(stub_daem
         empty = await refused(client, stub_daemon, event, {"conversation_id": "big", "call_ids": []})
         await client.request(event, {"conversation_id": "big", "call_ids": ["call_big"]})
         again = await refused(client, stub_daemon, event, {"conversation_id": "big"})
+        answered = await refused(client, stub_daemon, "completion:async", {
+            "input": [{"type": "function_call_output", "call_id": "call_big", "output": "12C"}],
+            "conversation_id": "big"})
+        await big_call(client, stub, "shelved")
+        await client.request("conversation:archive", {"conversation_id": "shelved"})
+        archived = await refused(client, stub_daemon, event, {"conversation_id": "shelved"})
         stub.enqueue(Reply(text="No call here."))
         await complete(client, prompt="Hello", conversation_id="plain", create=True)
         none_open = await refused(client, stub_daemon, event, {"conversation_id": "plain"})
@@ -128,6 +137,8 @@ async def test_bad_abandon_requests_are_refused_and_nothing_is_written(stub_daem
     assert wrong.details["open_call_ids"] == ["call_big"]
     assert empty.code == ErrorCode.VALIDATION_ERROR
     assert again.code == ErrorCode.CALL_NOT_OPEN and again.details["open_call_ids"] == []
+    assert answered.code == ErrorCode.VALIDATION_ERROR and answered.details["call_ids"] == ["call_big"]
+    assert archived.code == ErrorCode.CONVERSATION_ARCHIVED
     assert none_open.code == ErrorCode.CALL_NOT_OPEN
     assert busy.code == ErrorCode.TURN_IN_PROGRESS
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ksi_common.items import Item, item_text, message, part_text
+from ksi_common.items import ABANDONED_ARGUMENTS, Item, item_text, message, part_text
 
 
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,9 +90,6 @@ def without_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return messages
     return [{key: value for key, value in message.items() if key not in REASONING_KEYS}
             if any(key in message for key in REASONING_KEYS) else message for message in messages]
-
-
-ABANDONED_ARGUMENTS = '{"abandoned": true}'  # sent instead of the arguments of a call the client abandoned
 
 
 def with_abandoned_arguments(messages: list[dict[str, Any]], abandoned: set[str]) -> list[dict[str, Any]]:

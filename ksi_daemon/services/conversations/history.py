@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ksi_common.items import Item, call_ids_abandoned, function_calls
+from ksi_common.items import ABANDONED_ARGUMENTS, Item, call_ids_abandoned, function_calls
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import fork_chain as walk_fork_chain
-from ksi_daemon.providers.tool_calls import ABANDONED_ARGUMENTS, with_abandoned_arguments, with_calls_answered
+from ksi_daemon.providers.tool_calls import with_abandoned_arguments, with_calls_answered
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import pending_items
 
