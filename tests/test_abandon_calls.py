@@ -191,3 +191,19 @@ async def test_the_cli_abandons_named_calls_then_the_rest(stub_daemon: Daemon, s
     assert code != 0 and json.loads(out or err)["error"]["code"] == "call_not_open"
     assert answered["content"] == "Moving on."
     assert [m["content"] for m in stub.requests[-1]["messages"] if m["role"] == "tool"] == [ABANDONED_OUTPUT] * 3
+
+
+async def test_an_export_before_the_next_turn_leaves_the_call_open_in_the_copy(stub_daemon: Daemon,
+                                                                             stub: StubOpenAI) -> None:
+    async with connected(stub_daemon) as client:
+        await big_call(client, stub, "waiting")
+        await client.request("conversation:abandon_calls", {"conversation_id": "waiting"})
+        exported = (await client.request("conversation:export", {"conversation_id": "waiting", "format": "json"}))
+        await client.request("conversation:import", {"data": exported["content"], "new_id": "copy"})
+        again = await client.request("conversation:export", {"conversation_id": "copy", "format": "json"})
+        abandoned = await client.request("conversation:abandon_calls", {"conversation_id": "copy"})
+    # pending input is not exported: the copy waits for the call, and it can be abandoned there too
+    drop = ("response_id", "conversation_id")
+    assert [{k: v for k, v in x.items() if k not in drop} for x in orjson.loads(again["content"])["exchanges"]] == [
+        {k: v for k, v in x.items() if k not in drop} for x in orjson.loads(exported["content"])["exchanges"]]
+    assert abandoned["abandoned"] == ["call_big"]

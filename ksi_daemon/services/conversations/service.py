@@ -601,6 +601,7 @@ class ConversationService:
         if memory.meta.status == "archived":
             raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
                            conversation_id=data.conversation_id)
+        await self.cache.load_newest(memory)  # before the lock: a conversation in use is not loaded further
         async with memory.lock:
             if memory.users:  # its newest exchange may be about to change: what is open is not known yet
                 raise KsiError(ErrorCode.TURN_IN_PROGRESS,
