@@ -80,6 +80,9 @@ async def test_an_abandoned_call_lets_the_next_turn_be_answered_with_a_stand_in(
     assert {"role": "tool", "tool_call_id": "call_big", "content": ABANDONED_OUTPUT} in sent
     assert sent[-1] == {"role": "user", "content": "Never mind, tell me a joke."}
     assert BIG_TEXT not in json.dumps(sent) and BIG_TEXT not in json.dumps(stub.requests[-1]["messages"])
+    # the turn after still shows the call (its stand-in), the abandoned output and the answer to it
+    assert stub.requests[-1]["messages"][:len(sent) - 1] == sent[:-1]
+    assert later["history"]["exchanges_sent"] == 2
     # stored: the call whole, and the abandoned output as the next exchange's first input
     first, second, _third = shown["exchanges"]
     assert json.loads(first["output"][0]["arguments"]) == BIG

@@ -96,6 +96,31 @@ async def _abandoned_credit(cache: ConversationCache, memory: ConversationMemory
     return max(0, entry.tokens_out - sent)
 
 
+async def _abandoning_caller(cache: ConversationCache, chain: list[tuple[ConversationMemory, int | None]],
+                             history: History, room: int, after: int) -> bool:
+    """Put before the history the exchange whose calls its first exchange abandoned, when with the
+    stand-in arguments it fits `room` (its stored count, the whole arguments, did not); not one
+    answering calls itself, whose own partner was left out."""
+    first = history.exchanges[0]
+    if not call_ids_abandoned(first.input):
+        return False
+    n = history.entries[0].n
+    for member, upto in chain:
+        found = member.eligible_between(after, n - 1 if upto is None else min(upto, n - 1))[-1:]
+        if not found:
+            continue
+        [caller] = await cache.texts(member, found)
+        sent = items_tokens(with_stand_in_arguments(caller.output, history.abandoned), cache.count_tokens,
+                            MESSAGE_OVERHEAD)
+        if caller.answers_calls or found[0].tokens_in + sent > room:
+            return False
+        history.exchanges.insert(0, caller)
+        history.entries.insert(0, found[0])
+        history.tokens += found[0].tokens_in + sent
+        return True
+    return False
+
+
 async def select_history(
     cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0
 ) -> History:
@@ -106,7 +131,8 @@ async def select_history(
     picked: list[tuple[ConversationMemory, list[Any]]] = []
     remaining = budget + credit  # the newest exchange is picked first: the credit is its own
     exhausted = False
-    for member, upto in await fork_chain(cache, memory, max_depth):
+    chain = await fork_chain(cache, memory, max_depth)
+    for member, upto in chain:
         eligible = member.count_eligible(upto, after)
         if not member.complete:
             eligible += member.unloaded_after(after)  # older exchanges not loaded still count
@@ -129,6 +155,8 @@ async def select_history(
     # an exchange answering calls goes only with the exchange that made them: when the budget (or a
     # summary) took that one, its outputs leave too, and so on along a chain of tool turns
     while history.exchanges and history.exchanges[0].answers_calls:
+        if await _abandoning_caller(cache, chain, history, budget - history.tokens, after):
+            break  # the calls it abandoned go with their stand-in arguments, small enough
         entry = history.entries.pop(0)
         history.exchanges.pop(0)
         history.tokens -= entry.tokens_in + entry.tokens_out
