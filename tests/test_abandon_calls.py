@@ -210,3 +210,22 @@ async def test_an_export_before_the_next_turn_leaves_the_call_open_in_the_copy(s
     assert [{k: v for k, v in x.items() if k not in drop} for x in orjson.loads(again["content"])["exchanges"]] == [
         {k: v for k, v in x.items() if k not in drop} for x in orjson.loads(exported["content"])["exchanges"]]
     assert abandoned["abandoned"] == ["call_big"]
+
+
+async def test_a_fork_abandons_its_parents_call_and_keeps_it_in_later_turns(
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with running_daemon(short_tmp, **small_window(stub, backend)) as daemon, connected(daemon) as client:
+        await big_call(client, stub)
+        await client.request("conversation:fork", {"conversation_id": "big", "at": 1, "new_id": "branch"})
+        abandoned = await client.request("conversation:abandon_calls", {"conversation_id": "branch"})
+        for text in ("First in the branch.", "Second in the branch."):
+            stub.enqueue(Reply(text=text))
+            await complete(client, prompt=f"Say: {text}", conversation_id="branch")
+        plain = await refused(client, daemon, "completion:async", {"prompt": "Never mind.", "conversation_id": "big"})
+    assert abandoned["abandoned"] == ["call_big"]
+    assert plain.code == ErrorCode.VALIDATION_ERROR  # the parent still waits for its call
+    for body in stub.requests[-2:]:
+        calls = [call for message in body["messages"] for call in message.get("tool_calls") or []]
+        assert [call["function"]["arguments"] for call in calls] == [ABANDONED_ARGUMENTS]
+        assert BIG_TEXT not in json.dumps(body["messages"])
+    assert stub.requests[-1]["messages"][0] == {"role": "user", "content": "Weather?"}

@@ -107,8 +107,10 @@ async def _abandoning_caller(cache: ConversationCache, chain: list[tuple[Convers
     n = history.entries[0].n
     for member, upto in chain:
         found = member.eligible_between(after, n - 1 if upto is None else min(upto, n - 1))[-1:]
+        if not found and not member.complete:
+            return False  # older exchanges not loaded: the caller may be among them, so none is guessed
         if not found:
-            continue
+            continue  # none of its own before n: the caller is its parent's
         [caller] = await cache.texts(member, found)
         sent = items_tokens(with_stand_in_arguments(caller.output, history.abandoned), cache.count_tokens,
                             MESSAGE_OVERHEAD)
