@@ -60,6 +60,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_ITEM_TYPE = "unknown_item_type"  # an item (or message part) of a type KSI does not know
     UNKNOWN_CALL_ID = "unknown_call_id"  # a function_call_output for a call no earlier exchange made
     DUPLICATE_CALL_ID = "duplicate_call_id"  # two calls with one id, or one call answered twice
+    CALL_NOT_OPEN = "call_not_open"  # abandoning a call the conversation does not wait for
+    TURN_IN_PROGRESS = "turn_in_progress"  # a change refused while a request is queued or running on the conversation
     ARGUMENTS_NOT_JSON = "arguments_not_json"  # a function_call's arguments are not JSON text
     HISTORY_MISMATCH = "history_mismatch"  # a client-held history contradicts the conversation it names
     ITEM_NOT_FOUND = "item_not_found"  # an item_reference naming no stored item the request may see

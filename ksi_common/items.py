@@ -17,7 +17,9 @@ plain dict (it is stored, exported and sent as JSON as it is):
   name and arguments are the function the provider was given (see ksi_daemon.providers.tool_kinds)
 - ``{"type": "function_call_output", "call_id": str, "output": str}``; the output of such a call
   adds ``"client_type"`` (``custom_tool_call_output``, ``local_shell_call_output``, ...) and, when the
-  client's output was not text, ``"client_output"`` as it was sent
+  client's output was not text, ``"client_output"`` as it was sent; the stand-in output the
+  daemon stores for a call the client abandoned (``conversation:abandon_calls``) has
+  ``"output": ABANDONED_OUTPUT`` and adds ``"abandoned": true``
 - ``{"type": "reasoning", "summary": str}`` (a provider's reasoning summary, when it returns one)
 
 In a response record these are lines (see ``ksi_common.records``), and records written before
@@ -62,12 +64,17 @@ def message(role: str, content: str | list[dict[str, Any]]) -> Item:
 CLIENT_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call"})
 CLIENT_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output",
                                  "shell_call_output"})
+ABANDONED_OUTPUT = "abandoned by the client: not run"  # the output stored for an abandoned call
+ABANDONED_ARGUMENTS = '{"abandoned": true}'  # what a model is sent for an abandoned call's arguments (kept stored)
 
 
 def with_client_form(item: Item, source: dict[str, Any]) -> Item:
-    """`item` with the client's form of a call or its output that `source` carries (see above);
-    what is not such a form (an unknown type, a form that is not an object) is not kept."""
+    """`item` with the client's form of a call or its output that `source` carries (see above),
+    and an output's abandoned mark; what is not such a form (an unknown type, a form that is not
+    an object) is not kept."""
     kept: dict[str, Any] = {}
+    if source.get("abandoned") is True and item.get("type") == "function_call_output":
+        kept["abandoned"] = True
     client = source.get("client_item")
     if isinstance(client, dict) and client.get("type") in CLIENT_CALL_TYPES:
         kept["client_item"] = client
@@ -161,6 +168,12 @@ def function_calls(output: list[Item]) -> list[Item]:
 
 def call_ids_answered(inputs: list[Item]) -> list[str]:
     return [str(item["call_id"]) for item in inputs if item.get("type") == "function_call_output"]
+
+
+def call_ids_abandoned(inputs: list[Item]) -> list[str]:
+    """The ids of the calls whose outputs among `inputs` stand for calls the client abandoned."""
+    return [str(item["call_id"]) for item in inputs
+            if item.get("type") == "function_call_output" and item.get("abandoned") is True]
 
 
 def image_parts(items: Any) -> list[dict[str, Any]]:

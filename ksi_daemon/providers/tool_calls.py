@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ksi_common.items import Item, item_text, message, part_text
+from ksi_common.items import ABANDONED_ARGUMENTS, Item, item_text, message, part_text
 
 
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,6 +90,18 @@ def without_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return messages
     return [{key: value for key, value in message.items() if key not in REASONING_KEYS}
             if any(key in message for key in REASONING_KEYS) else message for message in messages]
+
+
+def with_abandoned_arguments(messages: list[dict[str, Any]], abandoned: set[str]) -> list[dict[str, Any]]:
+    """`messages` in which the calls of ids `abandoned` carry `ABANDONED_ARGUMENTS`: a call the
+    client gave up (its arguments too big for the window, say) is sent small, and its arguments
+    stay stored as the model gave them."""
+    if not abandoned:
+        return messages
+    return [{**message, "tool_calls": [
+        {**call, "function": {**call["function"], "arguments": ABANDONED_ARGUMENTS}} if call["id"] in abandoned
+        else call for call in message["tool_calls"]]} if message.get("tool_calls") else message
+        for message in messages]
 
 
 def with_calls_answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

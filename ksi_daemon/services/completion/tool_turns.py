@@ -6,32 +6,23 @@ When the history is chosen: the exchange whose calls the new input answers is se
 from __future__ import annotations
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.items import Item, call_ids_answered, function_calls
+from ksi_common.items import Item, call_ids_abandoned, call_ids_answered, function_calls
 from ksi_daemon.services.completion.models import CompletionAsync
-from ksi_daemon.services.conversations.history import History, fork_chain
+from ksi_daemon.services.conversations.history import History, open_calls
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
-
-
-async def open_calls(cache: ConversationCache, memory: ConversationMemory, max_depth: int) -> list[Item]:
-    """The function calls of the conversation's newest history exchange (a fork's may be its
-    parent's); the admission rule makes the next exchange answer all of them, so they are open."""
-    await cache.load_newest(memory)
-    own = memory.eligible_between(0, memory.total)
-    if own:  # most turns: the conversation's own newest exchange, in memory since its commit
-        return function_calls((await cache.texts(memory, own[-1:]))[0].output)
-    for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:  # a fork with none of its own yet
-        entries = member.eligible_between(0, member.total if upto is None else upto)
-        if entries:
-            return function_calls((await cache.texts(member, entries[-1:]))[0].output)
-    return []
+from ksi_daemon.services.conversations.pending import pending_items
 
 
 async def check_turn(cache: ConversationCache, memory: ConversationMemory | None, data: CompletionAsync,
                      max_depth: int) -> None:
     """Refuse (validation_error) outputs of calls that are not open, and any input while open calls
-    lack outputs; `memory` None: the request starts a conversation, where no call is open."""
+    lack outputs; `memory` None: the request starts a conversation, where no call is open. A call
+    the client abandoned is open no more: its stand-in output waits in the pending input."""
     answered = call_ids_answered(data.input_items())
     made = [] if memory is None or not memory.total else await open_calls(cache, memory, max_depth)
+    if made:
+        abandoned = set(call_ids_abandoned(pending_items(memory.meta))) if memory is not None else set()
+        made = [call for call in made if str(call["call_id"]) not in abandoned]
     check_answers(answered, made)
 
 

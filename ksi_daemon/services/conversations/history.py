@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ksi_common.items import ABANDONED_ARGUMENTS, Item, call_ids_abandoned, function_calls
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import fork_chain as walk_fork_chain
-from ksi_daemon.providers.tool_calls import with_calls_answered
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.providers.tool_calls import with_abandoned_arguments, with_calls_answered
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange, items_tokens
+from ksi_daemon.services.conversations.pending import pending_items
 
 NOTE_RESERVE = 96  # tokens kept free for the notes on the system message (omitted history, answerers)
 ANSWERER_LABELS_SHOWN = 4  # the answerers note stays short: at most this many models/agents...
@@ -22,6 +24,8 @@ class History:
     entries: list[IndexEntry] = field(default_factory=list)  # their index entries, same order
     total: int = 0  # history-eligible exchanges in the conversation (fork chain included)
     tokens: int = 0
+    # calls the client abandoned (conversation:abandon_calls): sent with a stand-in for their arguments
+    abandoned: set[str] = field(default_factory=set)
 
     @property
     def omitted(self) -> int:
@@ -49,16 +53,88 @@ async def fork_chain(
     return chain
 
 
+async def newest_exchange(cache: ConversationCache, memory: ConversationMemory, max_depth: int
+                          ) -> tuple[IndexEntry, Exchange] | None:
+    """The conversation's newest history exchange (a fork's may be its parent's), with its entry."""
+    await cache.load_newest(memory)
+    own = memory.eligible_between(0, memory.total)
+    if own:  # most turns: the conversation's own newest exchange, in memory since its commit
+        return own[-1], (await cache.texts(memory, own[-1:]))[0]
+    for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:  # a fork with none of its own yet
+        entries = member.eligible_between(0, member.total if upto is None else upto)
+        if entries:
+            return entries[-1], (await cache.texts(member, entries[-1:]))[0]
+    return None
+
+
+async def open_calls(cache: ConversationCache, memory: ConversationMemory, max_depth: int) -> list[Item]:
+    """The function calls of the conversation's newest history exchange; the admission rule makes
+    the next exchange answer all of them, so they are open."""
+    newest = await newest_exchange(cache, memory, max_depth)
+    return function_calls(newest[1].output) if newest is not None else []
+
+
+def with_stand_in_arguments(output: list[Item], abandoned: set[str]) -> list[Item]:
+    """`output` with the arguments of the abandoned calls replaced by their stand-in."""
+    return [{**item, "arguments": ABANDONED_ARGUMENTS}
+            if item.get("type") == "function_call" and str(item.get("call_id")) in abandoned else item
+            for item in output]
+
+
+async def _abandoned_credit(cache: ConversationCache, memory: ConversationMemory, max_depth: int,
+                            abandoned: set[str], after: int) -> int:
+    """Tokens the newest exchange's stored count holds beyond what it is sent as, when the client
+    abandoned its calls (their outputs wait in the pending input): its arguments, too big for the
+    window perhaps, are sent as a stand-in, so only the stand-in must fit."""
+    newest = await newest_exchange(cache, memory, max_depth) if abandoned else None
+    if newest is None or newest[0].n <= after:
+        return 0
+    entry, exchange = newest
+    if not {str(call["call_id"]) for call in function_calls(exchange.output)} & abandoned:
+        return 0
+    sent = items_tokens(with_stand_in_arguments(exchange.output, abandoned), cache.count_tokens, MESSAGE_OVERHEAD)
+    return max(0, entry.tokens_out - sent)
+
+
+async def _abandoning_caller(cache: ConversationCache, chain: list[tuple[ConversationMemory, int | None]],
+                             history: History, room: int, after: int) -> bool:
+    """Put before the history the exchange whose calls its first exchange abandoned, when with the
+    stand-in arguments it fits `room` (its stored count, the whole arguments, did not); not one
+    answering calls itself, whose own partner was left out."""
+    first = history.exchanges[0]
+    if not call_ids_abandoned(first.input):
+        return False
+    n = history.entries[0].n
+    for member, upto in chain:
+        found = member.eligible_between(after, n - 1 if upto is None else min(upto, n - 1))[-1:]
+        if not found and not member.complete:
+            return False  # older exchanges not loaded: the caller may be among them, so none is guessed
+        if not found:
+            continue  # none of its own before n: the caller is its parent's
+        [caller] = await cache.texts(member, found)
+        sent = items_tokens(with_stand_in_arguments(caller.output, history.abandoned), cache.count_tokens,
+                            MESSAGE_OVERHEAD)
+        if caller.answers_calls or found[0].tokens_in + sent > room:
+            return False
+        history.exchanges.insert(0, caller)
+        history.entries.insert(0, found[0])
+        history.tokens += found[0].tokens_in + sent
+        return True
+    return False
+
+
 async def select_history(
     cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0
 ) -> History:
     """Whole exchanges numbered after `after`, newest first across the fork chain, within `budget`
     tokens (`after` > 0: a summary stands in for exchanges 1..after)."""
-    history = History()
+    history = History(abandoned=set(call_ids_abandoned(pending_items(memory.meta))))
+    credit = await _abandoned_credit(cache, memory, max_depth, history.abandoned, after)
     picked: list[tuple[ConversationMemory, list[Any]]] = []
-    remaining = budget
+    remaining = budget + credit  # the newest exchange is picked first: the credit is its own
     exhausted = False
-    for member, upto in await fork_chain(cache, memory, max_depth):
+    chain = await fork_chain(cache, memory, max_depth)
+    for member, upto in chain:
         eligible = member.count_eligible(upto, after)
         if not member.complete:
             eligible += member.unloaded_after(after)  # older exchanges not loaded still count
@@ -71,12 +147,18 @@ async def select_history(
         history.tokens += used
         if not whole or not member.complete:
             exhausted = True
+    if history.tokens:
+        history.tokens -= credit
     for member, entries in reversed(picked):
         history.exchanges.extend(await cache.texts(member, entries))
         history.entries.extend(entries)
+    for exchange in history.exchanges:
+        history.abandoned.update(call_ids_abandoned(exchange.input))
     # an exchange answering calls goes only with the exchange that made them: when the budget (or a
     # summary) took that one, its outputs leave too, and so on along a chain of tool turns
     while history.exchanges and history.exchanges[0].answers_calls:
+        if await _abandoning_caller(cache, chain, history, budget - history.tokens, after):
+            break  # the calls it abandoned go with their stand-in arguments, small enough
         entry = history.entries.pop(0)
         history.exchanges.pop(0)
         history.tokens -= entry.tokens_in + entry.tokens_out
@@ -230,4 +312,4 @@ def build_messages(system: str | None, history: History, new_input: list[dict[st
     for exchange in history.exchanges:
         messages.extend(exchange.chat_messages())
     messages.extend(new_input)
-    return with_calls_answered(messages)
+    return with_calls_answered(with_abandoned_arguments(messages, history.abandoned))

@@ -16,6 +16,7 @@ CONVERSATION_FORK = "conversation:fork"  # ConversationFork
 CONVERSATION_APPEND = "conversation:append"  # ConversationAppend
 CONVERSATION_IMPORT = "conversation:import"  # ConversationImport
 CONVERSATION_CHANGED = "conversation:changed"  # emitted: {conversation_id, change}
+CONVERSATION_ABANDON_CALLS = "conversation:abandon_calls"  # ConversationAbandonCalls
 
 
 class ConversationRef(EventData):
@@ -193,3 +194,9 @@ class ConversationPend(ConversationRef):
     inputs: list[NonBlank] = Field(min_length=1, max_length=1000,
                                    description="user messages without a reply yet; the next request here takes them "
                                                "as its first input")
+
+
+class ConversationAbandonCalls(ConversationRef):
+    call_ids: list[NonBlank] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="the open calls to abandon; null: every call the newest exchange left open")

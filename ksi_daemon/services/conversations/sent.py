@@ -13,7 +13,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import is_safe_id
-from ksi_common.items import function_calls, item_line, output_text
+from ksi_common.items import ABANDONED_ARGUMENTS, call_ids_abandoned, function_calls, item_line, output_text
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import Transcripts, exchange_items
 from ksi_daemon.services.completion.stand_ins import Block, summary_block
@@ -47,12 +47,13 @@ def _input_messages(exchange: dict[str, Any], part: str, n: int) -> list[dict[st
     return messages
 
 
-def _reply_message(exchange: dict[str, Any], n: int) -> dict[str, Any]:
+def _reply_message(exchange: dict[str, Any], n: int, abandoned: set[str]) -> dict[str, Any]:
     """An exchange's output as the one assistant message a history shows: its text and its tool
-    calls (a reasoning summary is not sent back)."""
+    calls, an abandoned call's arguments as their stand-in (a reasoning summary is not sent back)."""
     _lines, _inputs, output = exchange_items(exchange)
     message: dict[str, Any] = {"role": "assistant", "content": output_text(output), "part": "history", "n": n}
-    calls = [{"call_id": c.get("call_id"), "name": c.get("name"), "arguments": c.get("arguments")}
+    calls = [{"call_id": c.get("call_id"), "name": c.get("name"),
+              "arguments": ABANDONED_ARGUMENTS if str(c.get("call_id")) in abandoned else c.get("arguments")}
              for c in function_calls(output)]
     if calls:
         message["tool_calls"] = calls
@@ -92,6 +93,21 @@ async def _stand_in(reader: Transcripts, sent: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _history_messages(exchanges: dict[int, dict[str, Any]], shown: list[int], n: int) -> list[dict[str, Any]]:
+    """The history exchanges `shown` with exchange `n`, as chat messages; the calls an output among
+    them abandoned went with their stand-in arguments."""
+    abandoned = {call_id for k in [*shown, n] for call_id in call_ids_abandoned(exchange_items(exchanges[k])[1])}
+    messages: list[dict[str, Any]] = []
+    for k in shown:
+        past = exchanges[k]
+        turn = _input_messages(past, "history", k)
+        if not turn or past.get("reply") is None:
+            continue  # the daemon leaves out an exchange whose input or reply it cannot read
+        messages.extend(turn)
+        messages.append(_reply_message(past, k, abandoned))
+    return messages
+
+
 async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: float) -> dict[str, Any]:
     """The messages of exchange `n` of a conversation (its fork chain included), as sent."""
     transcript = await reader.transcript(conversation_id, True, now)
@@ -123,13 +139,7 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
     system_text = "\n\n".join([system, *notes] if system else notes)
     if system_text:
         messages.append({"role": "system", "content": system_text, "part": "system"})
-    for k in shown:
-        past = exchanges[k]
-        turn = _input_messages(past, "history", k)
-        if not turn or past.get("reply") is None:
-            continue  # the daemon leaves out an exchange whose input or reply it cannot read
-        messages.extend(turn)
-        messages.append(_reply_message(past, k))
+    messages.extend(_history_messages(exchanges, shown, n))
     inputs = _input_messages(exchange, "input", n)
     users = [m for m in inputs if m["role"] == "user"]
     if files and users:

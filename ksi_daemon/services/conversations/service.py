@@ -20,7 +20,7 @@ import structlog
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.items import canonical_text, item_text
+from ksi_common.items import ABANDONED_OUTPUT, call_ids_answered, canonical_text, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -28,11 +28,13 @@ from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
+    CONVERSATION_ABANDON_CALLS,
     CONVERSATION_APPEND,
     CONVERSATION_CHANGED,
     CONVERSATION_FORK,
     CONVERSATION_IMPORT,
     AppendedExchange,
+    ConversationAbandonCalls,
     ConversationAppend,
     ConversationArchive,
     ConversationDelete,
@@ -49,7 +51,7 @@ from ksi_daemon.services.conversations.models import (
     ResponseRef,
 )
 from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
-from ksi_daemon.services.conversations.history import fork_chain
+from ksi_daemon.services.conversations.history import fork_chain, open_calls
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
 from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
@@ -148,6 +150,9 @@ class ConversationService:
                        "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
             r.register("conversation:pend", self.handle_pend, ConversationPend,
                        "Hold user messages without a reply; the next request in the conversation takes them first."),
+            r.register(CONVERSATION_ABANDON_CALLS, self.handle_abandon_calls, ConversationAbandonCalls,
+                       "Give up calls the newest exchange left open: each gets a stored stand-in output, so the "
+                       "next turn is a plain one and the model sees a stand-in for their arguments."),
             r.register("response:show", self.handle_response_show, ResponseRef,
                        "One response: its inputs, outcome, and its place in its conversation."),
             r.register("response:delete", self.handle_response_delete, ResponseRef,
@@ -588,6 +593,39 @@ class ConversationService:
             await self.writer.save_meta(memory, meta)
         self._changed(memory.conversation_id, "updated", context)
         return {"conversation_id": memory.conversation_id, "added": added, "pending": [*pending, *added]}
+
+    async def handle_abandon_calls(self, data: ConversationAbandonCalls, context: EventContext) -> dict[str, Any]:
+        """Open calls given up: an output marked abandoned is held for each, as a call's output a
+        client added waits, for the next turn to take as its first input."""
+        memory = await self.cache.require(data.conversation_id)
+        if memory.meta.status == "archived":
+            raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
+                           conversation_id=data.conversation_id)
+        await self.cache.load_newest(memory)  # before the lock: a conversation in use is not loaded further
+        async with memory.lock:
+            if memory.users:  # its newest exchange may be about to change: what is open is not known yet
+                raise KsiError(ErrorCode.TURN_IN_PROGRESS,
+                               f"a request is queued or running on conversation {data.conversation_id}; "
+                               "abandon its calls once it has ended", conversation_id=data.conversation_id)
+            answered = set(call_ids_answered(pending_items(memory.meta)))
+            made = await open_calls(self.cache, memory, self.settings.max_fork_depth)
+            open_ids = [str(call["call_id"]) for call in made if str(call["call_id"]) not in answered]
+            chosen = open_ids if data.call_ids is None else list(dict.fromkeys(data.call_ids))
+            not_open = [call_id for call_id in chosen if call_id not in open_ids]
+            if not_open or not chosen:
+                raise KsiError(ErrorCode.CALL_NOT_OPEN,
+                               f"conversation {data.conversation_id} waits for no call "
+                               f"{', '.join(not_open) if not_open else 'at all'} "
+                               f"(open: {', '.join(open_ids) if open_ids else 'none'})",
+                               fields={"call_ids": "not open: " + ", ".join(not_open or ["none open"])},
+                               call_ids=not_open, open_call_ids=open_ids)
+            outputs = [{"type": "function_call_output", "call_id": call_id, "output": ABANDONED_OUTPUT,
+                        "abandoned": True} for call_id in chosen]
+            now = format_ts(self.clock())
+            extra, added = pended(data.conversation_id, memory.meta.extra, list(outputs), now, "call_ids")
+            await self.writer.save_meta(memory, memory.meta.model_copy(update={"extra": extra, "last_activity": now}))
+        self._changed(memory.conversation_id, "updated", context)
+        return {"conversation_id": memory.conversation_id, "abandoned": chosen, "pending": added}
 
     # -- responses ------------------------------------------------------------
     async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:
