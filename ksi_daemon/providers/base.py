@@ -34,6 +34,9 @@ class ProviderCall:
     # who is asking: request_id, response_id, conversation_id, agent_id, and an inline consortium
     # definition when there is one; answerers that log calls of their own (consortium) use it
     request: dict[str, Any] = field(default_factory=dict)
+    # what the system message opens with, in order, that changes least (the system prompt, then the
+    # stored summaries up to the newest): a provider taking cache breakpoints closes each of them
+    stable_system: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import hashlib
 import math
 import os
 import re
@@ -33,7 +34,7 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
-from ksi_daemon.providers.cache_markers import with_breakpoints
+from ksi_daemon.providers.cache_markers import with_prefix_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
@@ -359,10 +360,12 @@ class LiteLLMProvider:
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
-            kwargs["messages"] = with_breakpoints(kwargs["messages"])
+            kwargs["messages"] = with_prefix_breakpoints(kwargs["messages"], call.stable_system, overrides.cache_ttl)
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
+        if overrides.cache_slots and overrides.cache_placement == "on":
+            kwargs["extra_body"] = {**_slot_options(call, overrides.cache_slots), **kwargs.get("extra_body", {})}
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
@@ -549,6 +552,19 @@ def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
     if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
         return None
     return f"ksi:{conversation_id}"
+
+
+def _slot_options(call: ProviderCall, slots: int) -> dict[str, Any]:
+    """A llama.cpp-style server's prompt-cache options: keep the prompt cached, in the conversation's
+    own slot, so its next turn finds its prefix there (the server evaluates only what follows).
+    The slot comes from a digest of the conversation id: the same on every turn and every daemon.
+    The client's own values are kept (the caller lays its extra_body over these)."""
+    options: dict[str, Any] = {"cache_prompt": True}
+    conversation_id = call.request.get("conversation_id")
+    if conversation_id:
+        digest = hashlib.sha256(str(conversation_id).encode()).digest()
+        options["id_slot"] = int.from_bytes(digest[:8], "big") % slots
+    return options
 
 
 def _usage_dict(usage: Any) -> dict[str, int]:
