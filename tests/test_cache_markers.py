@@ -6,7 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ksi_daemon.providers.cache_markers import EPHEMERAL, lifetime, with_breakpoints, with_prefix_breakpoints
+from ksi_daemon.providers.cache_markers import (
+    EPHEMERAL,
+    OPENAI_BREAKPOINT,
+    lifetime,
+    with_breakpoints,
+    with_openai_breakpoints,
+    with_prefix_breakpoints,
+)
 
 MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"},
@@ -45,3 +52,15 @@ def test_a_part_the_system_message_does_not_open_with_is_not_cut_at() -> None:
     placed = with_prefix_breakpoints([system, *MESSAGES[1:]], ["be quick"], "1h")
     assert placed == with_breakpoints([system, *MESSAGES[1:]])
     assert lifetime("5m") == EPHEMERAL
+
+
+def test_explicit_openai_breakpoints_close_the_stable_parts_and_the_newest_message_not_the_assistants() -> None:
+    system = {"role": "system", "content": "be brief\n\n[Summary]\n\nnotes"}
+    messages = [system, MESSAGES[1], {"role": "assistant", "content": "hello"}]
+    placed = with_openai_breakpoints(messages, ["be brief", "[Summary]"])
+    assert [block.get("prompt_cache_breakpoint") for block in placed[0]["content"]] == [
+        OPENAI_BREAKPOINT, OPENAI_BREAKPOINT, None]
+    assert placed[1]["content"] == [{"type": "text", "text": "hi", "prompt_cache_breakpoint": OPENAI_BREAKPOINT}]
+    assert placed[2] == messages[2]
+    own = [system, {"role": "user", "content": [{"type": "text", "text": "x", "prompt_cache_breakpoint": {}}]}]
+    assert with_openai_breakpoints(own, ["be brief"]) == own

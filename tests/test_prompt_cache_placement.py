@@ -117,3 +117,31 @@ async def test_a_local_server_with_slots_gets_cache_prompt_and_one_stable_slot_p
     assert all(0 <= slot < 4 for slot in slots) and len(set(slots)) > 1
     assert bodies[10]["id_slot"] == 9  # the client's own slot is kept
     assert "cache_prompt" not in bodies[11] and "id_slot" not in bodies[11]
+
+
+def openai_marks(body: dict[str, Any]) -> list[str]:
+    """The roles of the messages whose blocks carry an explicit OpenAI breakpoint, once a block."""
+    return [m["role"] for m in body["messages"] if isinstance(m["content"], list)
+            for block in m["content"] if "prompt_cache_breakpoint" in block]
+
+
+async def test_openai_models_that_take_explicit_breakpoints_get_them_on_the_system_prompt_and_newest_message(
+        short_tmp: Path, backend: dict[str, Any]) -> None:
+    explicit, automatic = "openai/gpt-5.6", "openai/gpt-4o"
+    async with CacheEmulator() as emulator:
+        models = {name: {"api_base": emulator.api_base} for name in (explicit, automatic)}
+        models["openai/gpt-5.6-off"] = {"api_base": emulator.api_base, "cache_placement": "off"}
+        async with running_daemon(short_tmp, models=models, default_model=explicit, summariser="off",
+                                  **backend) as daemon:
+            async with connected(daemon) as client:
+                await complete(client, prompt="one", conversation_id="o", create=True, system="be brief",
+                               model=explicit)
+                await complete(client, prompt="two", conversation_id="o", model=explicit)
+                await complete(client, prompt="three", conversation_id="o", model=automatic)
+                await complete(client, prompt="four", conversation_id="o", model="openai/gpt-5.6-off")
+    first, second, third, fourth = emulator.requests
+    assert openai_marks(first) == ["system", "user"] and openai_marks(second) == ["system", "user"]
+    assert second["messages"][0]["content"] == [{"type": "text", "text": "be brief",
+                                                 "prompt_cache_breakpoint": {"mode": "explicit"}}]
+    assert [m["content"] for m in second["messages"][1:3]] == ["one", "answer 1"]  # history as it was
+    assert openai_marks(third) == [] and openai_marks(fourth) == []

@@ -94,3 +94,43 @@ def with_prefix_breakpoints(messages: list[dict[str, Any]], stable: list[str], t
             block["cache_control"] = lifetime(ttl)
         placed[index] = {**placed[index], "content": blocks}
     return placed
+
+
+# OpenAI's explicit breakpoint (models from gpt-5.6 on): at most four cache writes a request, one of
+# them the provider's own implicit one
+OPENAI_BREAKPOINT = {"mode": "explicit"}
+OPENAI_MAX_BREAKPOINTS = 3
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content or []]
+
+
+def has_openai_breakpoints(messages: list[dict[str, Any]]) -> bool:
+    """Whether any block of a message carries a client's own prompt_cache_breakpoint."""
+    return any(isinstance(m.get("content"), list) and any(isinstance(b, dict) and "prompt_cache_breakpoint" in b
+                                                          for b in m["content"]) for m in messages)
+
+
+def with_openai_breakpoints(messages: list[dict[str, Any]], stable: list[str]) -> list[dict[str, Any]]:
+    """KSI's explicit OpenAI breakpoints: the end of each `stable` part the system message opens
+    with (or of the whole system message), and the newest message not the assistant's (OpenAI takes
+    none on an assistant's output), at most three. A request carrying a client's own is sent as it came."""
+    if has_markers(messages) or has_openai_breakpoints(messages):
+        return messages
+    split, frozen = _split_system(messages, stable)
+    placed = list(split)
+    system = next((i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") == "system"), None)
+    newest = next((i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") != "assistant"), None)
+    room = OPENAI_MAX_BREAKPOINTS
+    for index in dict.fromkeys(i for i in (system, newest) if i is not None):
+        if not isinstance(placed[index].get("content"), (str, list)):
+            continue
+        blocks = _blocks(placed[index])
+        ends = range(frozen) if index == system and frozen else range(len(blocks) - 1, len(blocks))
+        for end in [e for e in ends if blocks[e].get("type") == "text"][:room]:
+            blocks[end]["prompt_cache_breakpoint"] = OPENAI_BREAKPOINT
+            room -= 1
+        placed[index] = {**placed[index], "content": blocks}
+    return placed

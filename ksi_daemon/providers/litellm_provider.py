@@ -34,7 +34,7 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
-from ksi_daemon.providers.cache_markers import with_prefix_breakpoints
+from ksi_daemon.providers.cache_markers import with_openai_breakpoints, with_prefix_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
@@ -361,6 +361,8 @@ class LiteLLMProvider:
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
             kwargs["messages"] = with_prefix_breakpoints(kwargs["messages"], call.stable_system, overrides.cache_ttl)
+        elif overrides.cache_placement == "on" and _takes_openai_breakpoints(call.model):
+            kwargs["messages"] = with_openai_breakpoints(kwargs["messages"], call.stable_system)
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
@@ -552,6 +554,15 @@ def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
     if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
         return None
     return f"ksi:{conversation_id}"
+
+
+def _takes_openai_breakpoints(model: str) -> bool:
+    """Whether an OpenAI model takes explicit prompt_cache_breakpoint blocks (gpt-5.6 on, or as
+    litellm's model list says); litellm carries the blocks to it as they are."""
+    if provider_of(model) != "openai":
+        return False
+    from litellm.integrations.anthropic_cache_control_hook import supports_openai_prompt_cache_breakpoint
+    return bool(supports_openai_prompt_cache_breakpoint(model.removeprefix("openai/")))
 
 
 def _slot_options(call: ProviderCall, slots: int) -> dict[str, Any]:
