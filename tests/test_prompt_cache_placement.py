@@ -145,3 +145,25 @@ async def test_openai_models_that_take_explicit_breakpoints_get_them_on_the_syst
                                                  "prompt_cache_breakpoint": {"mode": "explicit"}}]
     assert [m["content"] for m in second["messages"][1:3]] == ["one", "answer 1"]  # history as it was
     assert openai_marks(third) == [] and openai_marks(fourth) == []
+
+
+async def test_each_exchange_records_its_cost_and_the_cost_without_the_cache(
+        short_tmp: Path, backend: dict[str, Any]) -> None:
+    priced = "openai/gpt-4o"  # litellm's price list knows it, cached input at its own rate
+    async with CacheEmulator() as emulator:
+        async with running_daemon(short_tmp, models={priced: {"api_base": emulator.api_base}}, default_model=priced,
+                                  summariser="off", **backend) as daemon:
+            async with connected(daemon) as client:
+                for n in range(2):
+                    await complete(client, prompt=f"q{n}", conversation_id="p", create=n == 0, system=SYSTEM,
+                                   model=priced)
+        async with running_daemon(short_tmp, models={priced: {"api_base": emulator.api_base}}, default_model=priced,
+                                  summariser="off", **backend) as daemon:
+            async with connected(daemon) as client:
+                cache = (await client.request("conversation:stats", {"conversation_id": "p"}))["cache"]
+    first, second = cache["turns"]
+    assert second["read"] >= MINIMUM
+    assert first["cost"] > 0 and first["cost_uncached"] == first["cost"]  # nothing was read: the same
+    assert second["cost_uncached"] > second["cost"] > 0  # the cached tokens were billed lower
+    assert cache["cost_uncached"] == round(first["cost_uncached"] + second["cost_uncached"], 10)
+    assert cache["models"][priced]["cost"] == cache["cost"]

@@ -46,6 +46,7 @@ class ProviderReply:
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     cost: float | None = None
+    cost_uncached: float | None = None  # the same usage priced with no cache read or written
     provider: str | None = None
     provider_response_id: str | None = None
     session_id: str | None = None  # CLI-session providers: the session that now holds this exchange

@@ -519,6 +519,7 @@ class LiteLLMProvider:
         if size > self.settings.max_response_bytes:
             raise self._too_large(size)
         hidden = getattr(response, "_hidden_params", {}) or {}
+        usage = _usage_dict(getattr(response, "usage", None))
         cost = hidden.get("response_cost")
         if cost is None and call.model not in self._unpriced:
             try:
@@ -530,8 +531,9 @@ class LiteLLMProvider:
             content=content,
             model=call.model,
             finish_reason="tool_calls" if called else choice.finish_reason,
-            usage=_usage_dict(getattr(response, "usage", None)),
+            usage=usage,
             cost=float(cost) if cost else None,
+            cost_uncached=_uncached_cost(litellm, call.model, usage) if cost else None,
             provider=provider_of(call.model),
             provider_response_id=getattr(response, "id", None),
             # set by a CLI's handler only: the session that now holds this exchange
@@ -563,6 +565,20 @@ def _takes_openai_breakpoints(model: str) -> bool:
         return False
     from litellm.integrations.anthropic_cache_control_hook import supports_openai_prompt_cache_breakpoint
     return bool(supports_openai_prompt_cache_breakpoint(model.removeprefix("openai/")))
+
+
+def _uncached_cost(litellm: ModuleType, model: str, usage: dict[str, int]) -> float | None:
+    """What the reply would have cost had the provider read and written no cache: its prompt and
+    answer tokens at the model's plain prices (litellm's prompt_tokens include the cached ones).
+    None when the provider reported no cache use (the cost is then the same) or has no price."""
+    if not (usage.get("cache_read_input_tokens") or usage.get("cache_creation_input_tokens")):
+        return None
+    try:
+        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=usage.get("prompt_tokens", 0),
+                                                    completion_tokens=usage.get("completion_tokens", 0))
+    except Exception:  # no price for the model: nothing to compare with
+        return None
+    return float(prompt) + float(completion)
 
 
 def _slot_options(call: ProviderCall, slots: int) -> dict[str, Any]:
