@@ -167,3 +167,21 @@ async def test_each_exchange_records_its_cost_and_the_cost_without_the_cache(
     assert second["cost_uncached"] > second["cost"] > 0  # the cached tokens were billed lower
     assert cache["cost_uncached"] == round(first["cost_uncached"] + second["cost_uncached"], 10)
     assert cache["models"][priced]["cost"] == cache["cost"]
+
+
+async def test_health_gives_each_models_cache_reads_and_hit_rate_since_start(
+        short_tmp: Path, backend: dict[str, Any]) -> None:
+    model = "openai/cache-health"
+    async with CacheEmulator() as emulator:
+        async with running_daemon(short_tmp, models={model: {"api_base": emulator.api_base}}, default_model=model,
+                                  summariser="off", **backend) as daemon:
+            async with connected(daemon) as client:
+                for n in range(2):
+                    await complete(client, prompt=f"q{n}", conversation_id="h", create=n == 0, system=SYSTEM,
+                                   model=model)
+                health = await client.request("system:health", {})
+    counts = health["completions"]["since_start"][model]
+    read = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in emulator.usages)
+    prompts = sum(usage["prompt_tokens"] for usage in emulator.usages)
+    assert counts["cache_read"] == read >= MINIMUM
+    assert counts["cache_hit_rate"] == round(read / prompts, 4)
