@@ -103,6 +103,12 @@ class ModelSettings(BaseModel):
     cache_placement: Literal["on", "off"] = "on"
     """Whether KSI places prompt-cache markers itself (Anthropic `cache_control`, OpenAI `prompt_cache_key`);
     a client's own are always kept."""
+    cache_ttl: Literal["5m", "1h"] = "5m"
+    """How long the Anthropic breakpoints on the system prompt and the newest stored summary keep
+    their prefix cached; `1h` outlives a pause between turns but costs twice the input price to write."""
+    cache_slots: int | None = Field(default=None, gt=0)
+    """For a llama.cpp-style local server: its slot count. Each request then asks it to keep the
+    prompt cached (`cache_prompt`) in the slot of its conversation (`id_slot`, the same for every turn)."""
     drop_hosted_tools: list[str] = Field(default_factory=list)
     """Hosted tool types (`web_search`, `file_search`, ...) the Responses door leaves out of a request
     to this model instead of refusing it (Codex sends `web_search` with every request)."""

@@ -123,6 +123,8 @@ def exchange_view(entry: IndexEntry, record: ResponseRecord | None, owner: str, 
         outcome = record.outcome
         reply = {key: outcome.get(key) for key in
                  ("content", "model", "provider", "finish_reason", "usage", "cost", "duration_ms", "ts")}
+        if outcome.get("cost_uncached") is not None:  # recorded only when the provider used its cache
+            reply["cost_uncached"] = outcome["cost_uncached"]
         output_list = [item_public(item) for item in output_items(outcome)]
     view: dict[str, Any] = {
         "n": entry.n,
@@ -175,26 +177,35 @@ def _hit_rate(read: int, prompt: int) -> float | None:
 
 def cache_use(exchanges: list[dict[str, Any]]) -> dict[str, Any]:
     """Prompt-cache reads and writes the providers reported: in all, per turn and per model; a hit
-    rate is the share of the prompt's tokens read from the cache."""
+    rate is the share of the prompt's tokens read from the cache. Each also has its cost and what
+    the same tokens would have cost with no cache (`cost_uncached`, the cost itself when none was used)."""
     turns: list[dict[str, Any]] = []
     models: dict[str, dict[str, Any]] = {}
     for exchange in exchanges:
-        usage = (exchange.get("reply") or {}).get("usage") or {}
+        reply = exchange.get("reply") or {}
+        usage = reply.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         read = int(usage.get("cache_read_input_tokens") or 0)
         created = int(usage.get("cache_creation_input_tokens") or 0)
+        cost = float(reply.get("cost") or 0.0)
+        uncached = float(reply.get("cost_uncached") or cost)
         turns.append({"n": exchange.get("n"), "model": exchange.get("model"), "prompt_tokens": prompt,
-                      "read": read, "created": created, "hit_rate": _hit_rate(read, prompt)})
-        per_model = models.setdefault(str(exchange.get("model")), {"prompt_tokens": 0, "read": 0, "created": 0})
-        per_model["prompt_tokens"] += prompt
-        per_model["read"] += read
-        per_model["created"] += created
+                      "read": read, "created": created, "hit_rate": _hit_rate(read, prompt),
+                      "cost": cost, "cost_uncached": uncached})
+        per_model = models.setdefault(str(exchange.get("model")), {"prompt_tokens": 0, "read": 0, "created": 0,
+                                                                   "cost": 0.0, "cost_uncached": 0.0})
+        for key in ("prompt_tokens", "read", "created", "cost", "cost_uncached"):
+            per_model[key] += turns[-1][key]
     for per_model in models.values():
         per_model["hit_rate"] = _hit_rate(per_model["read"], per_model["prompt_tokens"])
+        for key in ("cost", "cost_uncached"):
+            per_model[key] = round(per_model[key], 10)
     prompt_total = sum(t["prompt_tokens"] for t in turns)
     read_total = sum(t["read"] for t in turns)
     return {"read": read_total, "created": sum(t["created"] for t in turns),
-            "hit_rate": _hit_rate(read_total, prompt_total), "models": models, "turns": turns}
+            "hit_rate": _hit_rate(read_total, prompt_total), "models": models, "turns": turns,
+            "cost": round(sum(t["cost"] for t in turns), 10),
+            "cost_uncached": round(sum(t["cost_uncached"] for t in turns), 10)}
 
 
 def stats_of(transcript: dict[str, Any]) -> dict[str, Any]:

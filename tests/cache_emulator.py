@@ -19,6 +19,8 @@ from aiohttp import web
 MINIMUM = 1024  # no prefix shorter than this is cached
 STEP = 128  # cached prefixes grow in these steps
 LIFETIME_S = 300.0  # an unused prefix is evicted after five minutes
+LIFETIMES = {"5m": LIFETIME_S, "1h": 3600.0}  # Anthropic's breakpoint lifetimes by `ttl`
+MAX_BREAKPOINTS = 4  # Anthropic refuses a request with more
 
 
 def prompt_words(body: dict[str, Any]) -> list[str]:
@@ -55,7 +57,9 @@ class CacheEmulator:
         self.usages: list[dict[str, Any]] = []
         self.anthropic_requests: list[dict[str, Any]] = []
         self.anthropic_usages: list[dict[str, Any]] = []
-        self.anthropic_cached: dict[str, float] = {}  # prefix digest (up to a breakpoint) -> last used
+        # prefix digest (up to a breakpoint) -> (last used, lifetime in seconds)
+        self.anthropic_cached: dict[str, tuple[float, float]] = {}
+        self.skew = 0.0  # seconds the emulator's clock is ahead: a test moves time without waiting
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -78,9 +82,12 @@ class CacheEmulator:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def now(self) -> float:
+        return time.monotonic() + self.skew
+
     def read_from_cache(self, words: list[str]) -> int:
         """The cached tokens of a prompt, by the rules above; the prompt is cached afterwards."""
-        now = time.monotonic()
+        now = self.now()
         self.cached = [(prompt, used) for prompt, used in self.cached if now - used < LIFETIME_S]
         longest = max((shared_prefix(prompt, words) for prompt, _used in self.cached), default=0)
         read = longest // STEP * STEP if longest >= MINIMUM else 0
@@ -121,12 +128,13 @@ class CacheEmulator:
         await response.write_eof()
         return response
 
-    def anthropic_cache(self, blocks: list[tuple[str, int, bool]]) -> tuple[int, int]:
-        """Anthropic's rules over (block text, tokens, breakpoint) in prompt order: each breakpoint
-        caches the prefix up to it; a read is the longest cached prefix ending at a breakpoint or at
-        one of the 20 blocks before it. Returns (tokens read, tokens written)."""
-        now = time.monotonic()
-        self.anthropic_cached = {k: t for k, t in self.anthropic_cached.items() if now - t < LIFETIME_S}
+    def anthropic_cache(self, blocks: list[tuple[str, int, float]]) -> tuple[int, int]:
+        """Anthropic's rules over (block text, tokens, breakpoint lifetime or 0) in prompt order: each
+        breakpoint caches the prefix up to it for its lifetime; a read is the longest cached prefix
+        ending at a breakpoint or at one of the 20 blocks before it, and refreshes that prefix's
+        lifetime. Returns (tokens read, tokens written)."""
+        now = self.now()
+        self.anthropic_cached = {k: (t, life) for k, (t, life) in self.anthropic_cached.items() if now - t < life}
         digests, totals, running, total = [], [], hashlib.sha256(), 0
         for text, tokens, _mark in blocks:
             running.update(text.encode() + b"\0")
@@ -138,12 +146,12 @@ class CacheEmulator:
             for back in range(index, max(-1, index - 21), -1):
                 if digests[back] in self.anthropic_cached:
                     read = max(read, totals[back])
-                    self.anthropic_cached[digests[back]] = now
+                    self.anthropic_cached[digests[back]] = (now, self.anthropic_cached[digests[back]][1])
                     break
         written = 0
         for index in (i for i, block in enumerate(blocks) if block[2]):
             if totals[index] >= MINIMUM and digests[index] not in self.anthropic_cached:
-                self.anthropic_cached[digests[index]] = now
+                self.anthropic_cached[digests[index]] = (now, blocks[index][2])
                 written = max(written, totals[index] - read)
         return read, written
 
@@ -151,6 +159,10 @@ class CacheEmulator:
         body = await request.json()
         self.anthropic_requests.append(body)
         blocks = anthropic_blocks(body)
+        refusal = breakpoint_refusal([life for _t, _n, life in blocks if life])
+        if refusal:
+            return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
+                                                                 "message": refusal}}, status=400)
         read, written = self.anthropic_cache(blocks)
         total = sum(tokens for _t, tokens, _m in blocks)
         usage = {"input_tokens": total - read - written, "output_tokens": 2,
@@ -162,19 +174,35 @@ class CacheEmulator:
             "content": [{"type": "text", "text": f"answer {len(self.anthropic_requests)}"}]})
 
 
-def anthropic_blocks(body: dict[str, Any]) -> list[tuple[str, int, bool]]:
-    """A Messages request as (text, tokens, breakpoint) blocks in cache order: tools, system, messages."""
-    blocks: list[tuple[str, int, bool]] = []
+def breakpoint_refusal(lifetimes: list[float]) -> str | None:
+    """Anthropic's refusal of a request's breakpoints (their lifetimes in prompt order), if any."""
+    if len(lifetimes) > MAX_BREAKPOINTS:
+        return f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(lifetimes)}."
+    if any(shorter < longer for shorter, longer in zip(lifetimes, lifetimes[1:], strict=False)):
+        return "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block"
+    return None
+
+
+def breakpoint_lifetime(block: dict[str, Any]) -> float:
+    """The lifetime of a block's breakpoint in seconds; 0 when it carries none."""
+    marker = block.get("cache_control")
+    return LIFETIMES[marker.get("ttl", "5m")] if isinstance(marker, dict) else 0.0
+
+
+def anthropic_blocks(body: dict[str, Any]) -> list[tuple[str, int, float]]:
+    """A Messages request as (text, tokens, breakpoint lifetime or 0) blocks in cache order: tools,
+    system, messages."""
+    blocks: list[tuple[str, int, float]] = []
     for tool in body.get("tools") or []:
-        text = json.dumps(tool, sort_keys=True)
-        blocks.append((text, len(text.split()), "cache_control" in tool))
+        text = json.dumps({k: v for k, v in tool.items() if k != "cache_control"}, sort_keys=True)
+        blocks.append((text, len(text.split()), breakpoint_lifetime(tool)))
     system = body.get("system") or []
     for block in [{"type": "text", "text": system}] if isinstance(system, str) else system:
-        blocks.append((block.get("text", ""), len(block.get("text", "").split()), "cache_control" in block))
+        blocks.append((block.get("text", ""), len(block.get("text", "").split()), breakpoint_lifetime(block)))
     for message in body.get("messages") or []:
         content = message.get("content")
         for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
             text = message["role"] + json.dumps({k: v for k, v in block.items() if k != "cache_control"},
                                                 sort_keys=True)
-            blocks.append((text, len(text.split()), "cache_control" in block))
+            blocks.append((text, len(text.split()), breakpoint_lifetime(block)))
     return blocks

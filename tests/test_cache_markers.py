@@ -6,7 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ksi_daemon.providers.cache_markers import EPHEMERAL, with_breakpoints
+from ksi_daemon.providers.cache_markers import (
+    EPHEMERAL,
+    OPENAI_BREAKPOINT,
+    lifetime,
+    with_breakpoints,
+    with_openai_breakpoints,
+    with_prefix_breakpoints,
+)
 
 MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"},
@@ -27,3 +34,33 @@ def test_a_clients_own_cache_control_is_kept_and_ksi_adds_none() -> None:
     own = copy.deepcopy(MESSAGES)
     own[1]["content"] = [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     assert with_breakpoints(own) == own
+
+
+def test_the_stable_parts_the_system_message_opens_with_each_get_a_breakpoint_of_the_models_lifetime() -> None:
+    summary = "[Summary of exchanges 1-4]\nthe user wants tea"
+    system = {"role": "system", "content": f"be brief\n\n{summary}\n\n[Note: 2 earlier exchanges were left out]"}
+    placed = with_prefix_breakpoints([system, *MESSAGES[1:]], ["be brief", summary], "1h")
+    blocks = placed[0]["content"]
+    assert "".join(block["text"] for block in blocks) == system["content"]  # the same text, cut
+    assert [block["text"] for block in blocks[:2]] == ["be brief", f"\n\n{summary}"]
+    assert [block["cache_control"] for block in blocks] == [lifetime("1h"), lifetime("1h"), EPHEMERAL]
+    assert placed[3]["content"][-1]["cache_control"] == EPHEMERAL  # the newest message: five minutes
+
+
+def test_a_part_the_system_message_does_not_open_with_is_not_cut_at() -> None:
+    system = {"role": "system", "content": "be brief\n\nnotes"}
+    placed = with_prefix_breakpoints([system, *MESSAGES[1:]], ["be quick"], "1h")
+    assert placed == with_breakpoints([system, *MESSAGES[1:]])
+    assert lifetime("5m") == EPHEMERAL
+
+
+def test_explicit_openai_breakpoints_close_the_stable_parts_and_the_newest_message_not_the_assistants() -> None:
+    system = {"role": "system", "content": "be brief\n\n[Summary]\n\nnotes"}
+    messages = [system, MESSAGES[1], {"role": "assistant", "content": "hello"}]
+    placed = with_openai_breakpoints(messages, ["be brief", "[Summary]"])
+    assert [block.get("prompt_cache_breakpoint") for block in placed[0]["content"]] == [
+        OPENAI_BREAKPOINT, OPENAI_BREAKPOINT, None]
+    assert placed[1]["content"] == [{"type": "text", "text": "hi", "prompt_cache_breakpoint": OPENAI_BREAKPOINT}]
+    assert placed[2] == messages[2]
+    own = [system, {"role": "user", "content": [{"type": "text", "text": "x", "prompt_cache_breakpoint": {}}]}]
+    assert with_openai_breakpoints(own, ["be brief"]) == own

@@ -34,6 +34,9 @@ class ProviderCall:
     # who is asking: request_id, response_id, conversation_id, agent_id, and an inline consortium
     # definition when there is one; answerers that log calls of their own (consortium) use it
     request: dict[str, Any] = field(default_factory=dict)
+    # what the system message opens with, in order, that changes least (the system prompt, then the
+    # stored summaries up to the newest): a provider taking cache breakpoints closes each of them
+    stable_system: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -43,6 +46,7 @@ class ProviderReply:
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     cost: float | None = None
+    cost_uncached: float | None = None  # the same usage priced with no cache read or written
     provider: str | None = None
     provider_response_id: str | None = None
     session_id: str | None = None  # CLI-session providers: the session that now holds this exchange

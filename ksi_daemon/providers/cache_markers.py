@@ -46,3 +46,91 @@ def with_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(placed[index].get("content"), (str, list)):
             placed[index] = _marked(placed[index])
     return placed
+
+
+def lifetime(ttl: str) -> dict[str, str]:
+    """A breakpoint living `ttl` ("5m" or "1h"); five minutes is Anthropic's default, sent as before."""
+    return EPHEMERAL if ttl == "5m" else {**EPHEMERAL, "ttl": ttl}
+
+
+def _split_system(messages: list[dict[str, Any]], stable: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """`messages` with the last system message cut into blocks at the ends of the `stable` parts it
+    opens with (what follows each part starts the next block, so the text sent is the same), and
+    how many blocks are stable parts. Parts it does not open with, in order, are not cut at."""
+    index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "system"), None)
+    content = messages[index].get("content") if index is not None else None
+    if index is None or not isinstance(content, str):
+        return messages, 0
+    ends, cursor = [], 0
+    for part in stable:
+        start = content.find(part, cursor)
+        if start < cursor or content[cursor:start].strip():
+            break  # only whitespace (the separator the parts were joined with) may lie between parts
+        cursor = start + len(part)
+        ends.append(cursor)
+    cuts = [0, *ends] + ([len(content)] if cursor < len(content) else [])
+    blocks = [{"type": "text", "text": content[a:b]} for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    if not blocks:
+        return messages, 0
+    split = list(messages)
+    split[index] = {**messages[index], "content": blocks}
+    return split, len(ends)
+
+
+def with_prefix_breakpoints(messages: list[dict[str, Any]], stable: list[str], ttl: str) -> list[dict[str, Any]]:
+    """KSI's breakpoints where the call says its stable prefix ends: the end of each `stable` part
+    the system message opens with (system prompt, newest stored summary) lives `ttl`; the end of
+    the system message and the newest message live five minutes, as `with_breakpoints` places them.
+    At most four, and the longer lifetimes come first (the system comes before the messages), as
+    Anthropic requires. A request carrying a client's own markers is sent as it came."""
+    if has_markers(messages):
+        return messages
+    split, frozen = _split_system(messages, stable)
+    placed = with_breakpoints(split)
+    if frozen:
+        index = next(i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") == "system")
+        blocks = [dict(block) for block in placed[index]["content"]]
+        for block in blocks[:frozen]:
+            block["cache_control"] = lifetime(ttl)
+        placed[index] = {**placed[index], "content": blocks}
+    return placed
+
+
+# OpenAI's explicit breakpoint (models from gpt-5.6 on): at most four cache writes a request, one of
+# them the provider's own implicit one
+OPENAI_BREAKPOINT = {"mode": "explicit"}
+OPENAI_MAX_BREAKPOINTS = 3
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content or []]
+
+
+def has_openai_breakpoints(messages: list[dict[str, Any]]) -> bool:
+    """Whether any block of a message carries a client's own prompt_cache_breakpoint."""
+    return any(isinstance(m.get("content"), list) and any(isinstance(b, dict) and "prompt_cache_breakpoint" in b
+                                                          for b in m["content"]) for m in messages)
+
+
+def with_openai_breakpoints(messages: list[dict[str, Any]], stable: list[str]) -> list[dict[str, Any]]:
+    """KSI's explicit OpenAI breakpoints: the end of each `stable` part the system message opens
+    with (or of the whole system message), and the newest message not the assistant's (OpenAI takes
+    none on an assistant's output), at most three. A request carrying a client's own is sent as it came."""
+    if has_markers(messages) or has_openai_breakpoints(messages):
+        return messages
+    split, frozen = _split_system(messages, stable)
+    placed = list(split)
+    system = next((i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") == "system"), None)
+    newest = next((i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") != "assistant"), None)
+    room = OPENAI_MAX_BREAKPOINTS
+    for index in dict.fromkeys(i for i in (system, newest) if i is not None):
+        if not isinstance(placed[index].get("content"), (str, list)):
+            continue
+        blocks = _blocks(placed[index])
+        ends = range(frozen) if index == system and frozen else range(len(blocks) - 1, len(blocks))
+        for end in [e for e in ends if blocks[e].get("type") == "text"][:room]:
+            blocks[end]["prompt_cache_breakpoint"] = OPENAI_BREAKPOINT
+            room -= 1
+        placed[index] = {**placed[index], "content": blocks}
+    return placed

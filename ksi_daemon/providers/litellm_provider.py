@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import hashlib
 import math
 import os
 import re
@@ -33,7 +34,7 @@ from ksi_daemon.providers.base import (
     ProviderReply,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
-from ksi_daemon.providers.cache_markers import with_breakpoints
+from ksi_daemon.providers.cache_markers import with_openai_breakpoints, with_prefix_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
@@ -359,10 +360,14 @@ class LiteLLMProvider:
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
-            kwargs["messages"] = with_breakpoints(kwargs["messages"])
+            kwargs["messages"] = with_prefix_breakpoints(kwargs["messages"], call.stable_system, overrides.cache_ttl)
+        elif overrides.cache_placement == "on" and _takes_openai_breakpoints(call.model):
+            kwargs["messages"] = with_openai_breakpoints(kwargs["messages"], call.stable_system)
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent
+        if overrides.cache_slots and overrides.cache_placement == "on":
+            kwargs["extra_body"] = {**_slot_options(call, overrides.cache_slots), **kwargs.get("extra_body", {})}
         return kwargs
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
@@ -514,6 +519,7 @@ class LiteLLMProvider:
         if size > self.settings.max_response_bytes:
             raise self._too_large(size)
         hidden = getattr(response, "_hidden_params", {}) or {}
+        usage = _usage_dict(getattr(response, "usage", None))
         cost = hidden.get("response_cost")
         if cost is None and call.model not in self._unpriced:
             try:
@@ -525,8 +531,9 @@ class LiteLLMProvider:
             content=content,
             model=call.model,
             finish_reason="tool_calls" if called else choice.finish_reason,
-            usage=_usage_dict(getattr(response, "usage", None)),
+            usage=usage,
             cost=float(cost) if cost else None,
+            cost_uncached=_uncached_cost(litellm, call.model, usage) if cost else None,
             provider=provider_of(call.model),
             provider_response_id=getattr(response, "id", None),
             # set by a CLI's handler only: the session that now holds this exchange
@@ -549,6 +556,42 @@ def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
     if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
         return None
     return f"ksi:{conversation_id}"
+
+
+def _takes_openai_breakpoints(model: str) -> bool:
+    """Whether an OpenAI model takes explicit prompt_cache_breakpoint blocks (gpt-5.6 on, or as
+    litellm's model list says); litellm carries the blocks to it as they are."""
+    if provider_of(model) != "openai":
+        return False
+    from litellm.integrations.anthropic_cache_control_hook import supports_openai_prompt_cache_breakpoint
+    return bool(supports_openai_prompt_cache_breakpoint(model.removeprefix("openai/")))
+
+
+def _uncached_cost(litellm: ModuleType, model: str, usage: dict[str, int]) -> float | None:
+    """What the reply would have cost had the provider read and written no cache: its prompt and
+    answer tokens at the model's plain prices (litellm's prompt_tokens include the cached ones).
+    None when the provider reported no cache use (the cost is then the same) or has no price."""
+    if not (usage.get("cache_read_input_tokens") or usage.get("cache_creation_input_tokens")):
+        return None
+    try:
+        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=usage.get("prompt_tokens", 0),
+                                                    completion_tokens=usage.get("completion_tokens", 0))
+    except Exception:  # no price for the model: nothing to compare with
+        return None
+    return float(prompt) + float(completion)
+
+
+def _slot_options(call: ProviderCall, slots: int) -> dict[str, Any]:
+    """A llama.cpp-style server's prompt-cache options: keep the prompt cached, in the conversation's
+    own slot, so its next turn finds its prefix there (the server evaluates only what follows).
+    The slot comes from a digest of the conversation id: the same on every turn and every daemon.
+    The client's own values are kept (the caller lays its extra_body over these)."""
+    options: dict[str, Any] = {"cache_prompt": True}
+    conversation_id = call.request.get("conversation_id")
+    if conversation_id:
+        digest = hashlib.sha256(str(conversation_id).encode()).digest()
+        options["id_slot"] = int.from_bytes(digest[:8], "big") % slots
+    return options
 
 
 def _usage_dict(usage: Any) -> dict[str, int]:

@@ -24,6 +24,7 @@ class ModelActivity:
     cancelled: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cache_read: int = 0  # prompt tokens the provider read from its cache
     cost: float = 0.0
     latency_ms_total: float = 0.0  # of the succeeded requests: queue wait excluded, retries included
     latency_ms_last: float | None = None
@@ -34,6 +35,8 @@ class ModelActivity:
         return {
             "requests": self.requests, "succeeded": self.succeeded, "failed": self.failed,
             "cancelled": self.cancelled, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+            "cache_read": self.cache_read,
+            "cache_hit_rate": round(self.cache_read / self.tokens_in, 4) if self.tokens_in else None,
             "cost": round(self.cost, 10),
             "latency_ms_mean": round(self.latency_ms_total / self.succeeded, 1) if self.succeeded else None,
             "latency_ms_last": None if self.latency_ms_last is None else round(self.latency_ms_last, 1),
@@ -69,6 +72,7 @@ class CompletionActivity:
         counts.succeeded += 1
         counts.tokens_in += int(usage.get("prompt_tokens") or 0)
         counts.tokens_out += int(usage.get("completion_tokens") or 0)
+        counts.cache_read += int(usage.get("cache_read_input_tokens") or 0)
         counts.cost += cost or 0.0
         counts.latency_ms_total += duration_ms
         counts.latency_ms_last = duration_ms

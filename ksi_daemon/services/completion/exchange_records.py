@@ -54,6 +54,8 @@ def outcome_line(state: RequestState, reply: ProviderReply, attempts: list[dict[
         "provider_response_id": reply.provider_response_id, "attempts": attempts, "ts": ts,
         "request_id": state.request_id, "conversation_id": state.conversation_id,
     })
+    if reply.cost_uncached is not None:
+        line["cost_uncached"] = reply.cost_uncached  # what the cache saved is the difference
     if state.request.instructions is not None:
         line["instructions"] = state.request.instructions  # the system prompt of this exchange alone
     if sent is not None:

@@ -24,6 +24,7 @@ from ksi_daemon.services.completion.client_history import own_history
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.images import Images
 from ksi_daemon.services.completion.requests import RequestState
+from ksi_daemon.services.completion.stand_ins import stable_parts
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -202,6 +203,7 @@ class TurnPreparation:
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
                      "consortium": data.consortium},
+            stable_system=stable_parts(sent_system, stand_in if own is None else None),
         )
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in attached.notes],
                            stand_in.to_record() if stand_in is not None else None)

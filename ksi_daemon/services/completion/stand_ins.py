@@ -65,6 +65,18 @@ class StandIn:
     def to_record(self) -> list[dict[str, Any]]:
         return [block.to_record() for block in self.blocks]
 
+    def frozen_text(self) -> str:
+        """The text of the blocks up to the newest stored one: it stays the same until a new summary
+        is stored, while the turn's own fallback after it changes every turn."""
+        stored = [i for i, block in enumerate(self.blocks) if block.kind in ("summary", "fallback")]
+        return "\n\n".join(block.render() for block in self.blocks[:stored[-1] + 1]) if stored else ""
+
+
+def stable_parts(system: str | None, stand_in: StandIn | None) -> list[str]:
+    """What a turn's system message opens with that changes least: its system prompt, then the
+    stored summaries standing in for the oldest exchanges."""
+    return [part for part in (system, stand_in.frozen_text() if stand_in is not None else None) if part]
+
 
 def summary_block(summary: Summary) -> Block:
     return Block(summary.first, summary.upto, "fallback" if summary.fallback else "summary", summary.text,

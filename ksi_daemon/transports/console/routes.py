@@ -185,9 +185,10 @@ class Console:
         conversation_id = request.path_params["conversation_id"]
         try:
             shown = await self._turns(conversation_id, request)
+            stats = await self.read("conversation:stats", {"conversation_id": conversation_id})
         except KsiError as error:
             return self.failure(error)
-        return self.render("conversation.html", page="conversations", **shown)
+        return self.render("conversation.html", page="conversations", cache=stats.get("cache"), **shown)
 
     async def sent_fragment(self, request: Request) -> Response:
         data = {"conversation_id": request.path_params["conversation_id"], "n": request.path_params["n"]}

@@ -92,9 +92,10 @@ def usage_line(usage: Any) -> str:
         total = tokens_in + tokens_out
     if total is not None:
         parts.append(f"{count(total)} tokens")
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    cached = usage.get("cache_read_input_tokens") or (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     if cached:
-        parts.append(f"{count(cached)} cached")
+        rate = f" ({cached / tokens_in:.0%})" if isinstance(tokens_in, int) and tokens_in else ""
+        parts.append(f"{count(cached)} cached{rate}")
     reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     if reasoning:
         parts.append(f"{count(reasoning)} reasoning")
