@@ -31,6 +31,7 @@ from ksi_daemon.providers.base import (
     ProviderCall,
     ProviderFailure,
     ProviderReply,
+    calls_anthropic,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.cache_markers import with_breakpoints
@@ -53,6 +54,8 @@ log = structlog.get_logger("ksi.providers.litellm")
 
 _OFFLINE_DEFAULTS = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # the table of Anthropic beta names litellm passes on: its bundled copy, not one fetched per start
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
     "LITELLM_MODE": "PRODUCTION",
     "LITELLM_LOG": "ERROR",
 }
@@ -360,6 +363,10 @@ class LiteLLMProvider:
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
             kwargs["messages"] = with_breakpoints(kwargs["messages"])
+        if call.anthropic_beta and calls_anthropic(call.model):
+            # merged into headers a model's settings may allow; no other provider has this header
+            beta = ",".join(call.anthropic_beta)
+            kwargs["extra_headers"] = {**kwargs.get("extra_headers", {}), "anthropic-beta": beta}
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent

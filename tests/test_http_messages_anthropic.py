@@ -1,0 +1,73 @@
+"""What the Messages door passes on to models called through Anthropic's API and to no other:
+the client's `anthropic-beta` header. The provider is the cache emulator, which answers both
+Anthropic's Messages shape and chat completions, reached through real litellm; the client is
+the official `anthropic` SDK."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.cache_emulator import CacheEmulator
+from tests.conftest import HttpDaemon, running_http_daemon
+from tests.stored import stored_snapshot
+from tests.test_http_messages import conversations, sdk
+
+pytestmark = pytest.mark.backends
+
+ANTHROPIC_MODEL = "anthropic/emulated"
+OPENAI_MODEL = "openai/emulated"
+BETA = ["fine-grained-tool-streaming-2025-05-14", "interleaved-thinking-2025-05-14"]
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[CacheEmulator]:
+    async with CacheEmulator() as running:
+        yield running
+
+
+@pytest.fixture
+async def http(short_tmp: Path, emulator: CacheEmulator, backend: dict[str, Any],
+               monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HttpDaemon]:
+    monkeypatch.setenv("EMULATOR_KEY", "sk-ant-local")
+    models = {ANTHROPIC_MODEL: {"api_base": emulator.api_base.removesuffix("/v1"), "api_key_env": "EMULATOR_KEY"},
+              OPENAI_MODEL: {"api_base": emulator.api_base}}
+    async with running_http_daemon(short_tmp, models=models, default_model=OPENAI_MODEL, summariser="off",
+                                   **backend) as running:
+        yield running
+
+
+def betas(headers: dict[str, str]) -> list[str]:
+    return [name.strip() for name in headers.get("anthropic-beta", "").split(",") if name.strip()]
+
+
+async def test_anthropic_beta_reaches_anthropic_models_only(http: HttpDaemon, emulator: CacheEmulator) -> None:
+    async with sdk(http) as client:
+        for model in (ANTHROPIC_MODEL, OPENAI_MODEL):
+            await client.messages.create(model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
+                                         extra_headers={"anthropic-beta": ",".join(BETA)})
+        await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20,
+                                     messages=[{"role": "user", "content": "no beta"}])
+    to_anthropic, to_openai, without = emulator.headers
+    assert set(BETA) <= set(betas(to_anthropic))
+    assert "anthropic-beta" not in {name.lower() for name in to_openai}
+    assert not set(BETA) & set(betas(without))
+
+
+async def test_a_beta_name_that_could_end_the_header_is_refused_and_nothing_is_written(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    before = await stored_snapshot(http.daemon.settings)
+    async with sdk(http) as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20,
+                                         messages=[{"role": "user", "content": "hi"}],
+                                         extra_headers={"anthropic-beta": "ok-1, bad name;x=1"})
+    body: Any = refused.value.body
+    assert body["error"]["code"] == "validation_error"
+    assert "anthropic-beta" in body["error"]["message"]
+    assert emulator.headers == [] and await conversations(http) == {}
+    assert await stored_snapshot(http.daemon.settings) == before
