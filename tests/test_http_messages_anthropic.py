@@ -1,5 +1,5 @@
 """What the Messages door passes on to models called through Anthropic's API and to no other:
-the client's `anthropic-beta` header. The provider is the cache emulator, which answers both
+the client's `anthropic-beta` header and its `cache_control` breakpoints. The provider is the cache emulator, which answers both
 Anthropic's Messages shape and chat completions, reached through real litellm; the client is
 the official `anthropic` SDK."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.cache_emulator import CacheEmulator
+from tests.cache_emulator import MINIMUM, CacheEmulator
 from tests.conftest import HttpDaemon, running_http_daemon
-from tests.stored import stored_snapshot
+from tests.stored import stored_response, stored_snapshot
 from tests.test_http_messages import conversations, sdk
 
 pytestmark = pytest.mark.backends
@@ -71,3 +71,49 @@ async def test_a_beta_name_that_could_end_the_header_is_refused_and_nothing_is_w
     assert "anthropic-beta" in body["error"]["message"]
     assert emulator.headers == [] and await conversations(http) == {}
     assert await stored_snapshot(http.daemon.settings) == before
+
+
+SYSTEM = " ".join(f"rule{i}" for i in range(MINIMUM + 200))  # long enough to be cached
+MARK = {"type": "ephemeral"}
+
+
+def marked_text(text: str) -> list[dict[str, Any]]:
+    """A user turn as Claude Code sends its newest: a text block carrying the client's breakpoint."""
+    return [{"type": "text", "text": text, "cache_control": MARK}]
+
+
+def client_markers(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each block a Messages request marks, as (role, its text)."""
+    return [(message["role"], block.get("text", "")) for message in body["messages"]
+            if isinstance(message["content"], list) for block in message["content"] if "cache_control" in block]
+
+
+async def test_a_clients_cache_control_is_stored_and_sent_to_anthropic_models_where_it_put_it(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    first = [{"role": "user", "content": marked_text("first question")}]
+    async with sdk(http) as client:
+        answer = await client.messages.with_raw_response.create(model=ANTHROPIC_MODEL, max_tokens=20, system=SYSTEM,
+                                                                messages=first)
+        reply = await answer.parse()
+        second = [{"role": "user", "content": [{"type": "text", "text": "first question"}]},
+                  {"role": "assistant", "content": reply.content[0].text},  # type: ignore[union-attr]
+                  {"role": "user", "content": marked_text("second question")}]
+        await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20, system=SYSTEM, messages=second)
+    sent = emulator.anthropic_requests
+    assert client_markers(sent[0]) == [("user", "first question")]
+    assert client_markers(sent[1])[-1] == ("user", "second question")  # KSI placed none of its own
+    assert not any("cache_control" in block for block in sent[1].get("system") or [])
+    assert [u["cache_read_input_tokens"] for u in emulator.anthropic_usages][1] > MINIMUM
+    assert await conversations(http) == {answer.headers["x-ksi-conversation-id"]: 2}
+    lines = await stored_response(http.daemon, answer.headers["request-id"])
+    assert lines is not None
+    assert [line.get("cache_control") for line in lines if line["type"] == "user"] == [MARK]
+
+
+async def test_a_clients_cache_control_is_left_out_of_what_other_providers_are_sent(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    async with sdk(http) as client:
+        reply = await client.messages.create(model=OPENAI_MODEL, max_tokens=20,
+                                             messages=[{"role": "user", "content": marked_text("hi")}])
+    assert reply.content[0].text == "answer 1"  # type: ignore[union-attr]
+    assert "cache_control" not in str(emulator.requests[0])

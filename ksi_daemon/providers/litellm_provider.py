@@ -36,6 +36,7 @@ from ksi_daemon.providers.base import (
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.cache_markers import with_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
+from ksi_daemon.providers.client_markers import sendable_markers
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
@@ -361,6 +362,7 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        kwargs["messages"] = sendable_markers(kwargs["messages"], calls_anthropic(call.model))
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
             kwargs["messages"] = with_breakpoints(kwargs["messages"])
         if call.anthropic_beta and calls_anthropic(call.model):
