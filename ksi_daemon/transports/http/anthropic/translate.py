@@ -43,6 +43,8 @@ def _answers(calls: list[Item], turn: list[Item], position: int, continuing: boo
     conversation's calls only when the request names it (the engine checks those)."""
     made = {call["call_id"] for call in calls if call["type"] == "function_call"}
     answered = [item["call_id"] for item in turn if item["type"] == "function_call_output"]
+    if not made and not answered:
+        return  # most turns of a resent history: text alone, nothing to pair
     for call_id in answered:
         if call_id not in made and not (position == 0 and continuing):
             raise invalid(f"messages.{position}.content",
