@@ -5,6 +5,7 @@ the official `anthropic` SDK."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from tests.cache_emulator import MINIMUM, CacheEmulator
 from tests.conftest import HttpDaemon, running_http_daemon
+from tests.image_bytes import png
 from tests.stored import stored_response, stored_snapshot
 from tests.test_http_messages import conversations, sdk
 
@@ -117,3 +119,15 @@ async def test_a_clients_cache_control_is_left_out_of_what_other_providers_are_s
                                              messages=[{"role": "user", "content": marked_text("hi")}])
     assert reply.content[0].text == "answer 1"  # type: ignore[union-attr]
     assert "cache_control" not in str(emulator.requests[0])
+
+
+async def test_a_marker_on_a_turn_with_an_image_reaches_anthropic_on_its_last_block(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    image = {"type": "image", "cache_control": MARK,
+             "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(8, 8)).decode()}}
+    async with sdk(http) as client:
+        await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}])
+    (turn,) = emulator.anthropic_requests[0]["messages"]
+    assert [block["type"] for block in turn["content"]] == ["text", "image"]
+    assert [block.get("cache_control") for block in turn["content"]] == [None, MARK]
