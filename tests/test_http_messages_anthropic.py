@@ -131,3 +131,17 @@ async def test_a_marker_on_a_turn_with_an_image_reaches_anthropic_on_its_last_bl
     (turn,) = emulator.anthropic_requests[0]["messages"]
     assert [block["type"] for block in turn["content"]] == ["text", "image"]
     assert [block.get("cache_control") for block in turn["content"]] == [None, MARK]
+
+
+async def test_a_cache_control_of_no_known_kind_is_refused_and_nothing_is_written(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    before = await stored_snapshot(http.daemon.settings)
+    async with sdk(http) as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "hi", "cache_control": {"type": "forever"}}]}])
+    body: Any = refused.value.body
+    assert body["error"]["code"] == "validation_error"
+    assert "cache_control" in body["error"]["message"]
+    assert emulator.anthropic_requests == [] and await conversations(http) == {}
+    assert await stored_snapshot(http.daemon.settings) == before
