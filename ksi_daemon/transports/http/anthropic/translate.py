@@ -134,6 +134,8 @@ def provider_options(body: MessagesCreate, model: str) -> dict[str, Any]:
         options["thinking"] = body.thinking
     if body.metadata is not None and body.metadata.user_id:
         options["user"] = body.metadata.user_id
+    if not options:
+        return options  # most requests: nothing to check, and the check validates a model
     try:
         return check_request_options(options, where="options.")
     except KsiError as error:
