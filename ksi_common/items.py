@@ -97,7 +97,10 @@ def input_items(lines: list[dict[str, Any]]) -> list[Item]:
         elif kind in ("user", "feedback", "system"):
             parts = line.get("parts")
             role = "system" if kind == "system" else "user"
-            items.append(message(role, list(parts) if isinstance(parts, list) else str(line.get("content") or "")))
+            item = message(role, list(parts) if isinstance(parts, list) else str(line.get("content") or ""))
+            if isinstance(line.get("cache_control"), dict):
+                item["cache_control"] = line["cache_control"]  # the client's cache breakpoint at its end
+            items.append(item)
     return items
 
 
@@ -110,11 +113,12 @@ def input_line_fields(item: Item, user_type: str = "user", text: str | None = No
                                  "output": item.get("output")}, item)
     kind = "system" if item.get("role") == "system" else user_type
     content = item.get("content")
+    marker = {"cache_control": item["cache_control"]} if "cache_control" in item else {}
     if not isinstance(content, list):
-        return {"type": kind, "content": str(content or "")}
+        return {"type": kind, "content": str(content or ""), **marker}
     if text is None:
         text = " ".join(str(part.get("text") or "") for part in content if part.get("type") == "input_text")
-    return {"type": kind, "content": text, "parts": content}
+    return {"type": kind, "content": text, "parts": content, **marker}
 
 
 _ITEM_TEXT_FIELDS = {"function_call": ("call_id", "name", "arguments"), "function_call_output": ("call_id", "output"),

@@ -56,6 +56,7 @@ class CacheEmulator:
         self.requests: list[dict[str, Any]] = []
         self.usages: list[dict[str, Any]] = []
         self.anthropic_requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # every request's headers, in order, whichever route
         self.anthropic_usages: list[dict[str, Any]] = []
         # prefix digest (up to a breakpoint) -> (last used, lifetime in seconds)
         self.anthropic_cached: dict[str, tuple[float, float]] = {}
@@ -97,6 +98,7 @@ class CacheEmulator:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.headers.append(dict(request.headers))
         self.requests.append(body)
         words = prompt_words(body)
         usage = {"prompt_tokens": len(words), "completion_tokens": 2, "total_tokens": len(words) + 2,
@@ -157,6 +159,7 @@ class CacheEmulator:
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.headers.append(dict(request.headers))
         self.anthropic_requests.append(body)
         blocks = anthropic_blocks(body)
         refusal = breakpoint_refusal([life for _t, _n, life in blocks if life])

@@ -9,6 +9,15 @@ from typing import Any, Protocol
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message
 
+# models litellm calls through Anthropic's own API: the only ones that take Anthropic's own fields
+# (thinking as it is, anthropic-beta, cache_control on blocks)
+ANTHROPIC_ROUTES = ("anthropic/", "claude-")
+
+
+def calls_anthropic(model: str) -> bool:
+    return model.startswith(ANTHROPIC_ROUTES)
+
+
 # a streamed piece: text, or a tool call's delta ({"index", "call_id", "name", "arguments"})
 ChunkSink = Callable[[str | dict[str, Any]], None]
 
@@ -31,6 +40,8 @@ class ProviderCall:
     on_chunk: ChunkSink | None = None
     # CLI-session providers: resume this session (None starts a fresh one seeded with `messages`).
     resume_session: str | None = None
+    # the client's `anthropic-beta` features: a header of Anthropic's API, sent to its models only
+    anthropic_beta: list[str] = field(default_factory=list)
     # who is asking: request_id, response_id, conversation_id, agent_id, and an inline consortium
     # definition when there is one; answerers that log calls of their own (consortium) use it
     request: dict[str, Any] = field(default_factory=dict)

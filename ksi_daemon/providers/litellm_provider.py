@@ -32,10 +32,12 @@ from ksi_daemon.providers.base import (
     ProviderCall,
     ProviderFailure,
     ProviderReply,
+    calls_anthropic,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
 from ksi_daemon.providers.cache_markers import with_openai_breakpoints, with_prefix_breakpoints
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
+from ksi_daemon.providers.client_markers import sendable_markers
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
 from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
@@ -54,6 +56,8 @@ log = structlog.get_logger("ksi.providers.litellm")
 
 _OFFLINE_DEFAULTS = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # the table of Anthropic beta names litellm passes on: its bundled copy, not one fetched per start
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
     "LITELLM_MODE": "PRODUCTION",
     "LITELLM_LOG": "ERROR",
 }
@@ -359,10 +363,15 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
+        kwargs["messages"] = sendable_markers(kwargs["messages"], calls_anthropic(call.model))
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
             kwargs["messages"] = with_prefix_breakpoints(kwargs["messages"], call.stable_system, overrides.cache_ttl)
         elif overrides.cache_placement == "on" and _takes_openai_breakpoints(call.model):
             kwargs["messages"] = with_openai_breakpoints(kwargs["messages"], call.stable_system)
+        if call.anthropic_beta and calls_anthropic(call.model):
+            # merged into headers a model's settings may allow; no other provider has this header
+            beta = ",".join(call.anthropic_beta)
+            kwargs["extra_headers"] = {**kwargs.get("extra_headers", {}), "anthropic-beta": beta}
         cache_key = _prompt_cache_key(call, overrides.cache_placement)
         if cache_key is not None:
             kwargs.setdefault("prompt_cache_key", cache_key)  # a client's own key is kept as sent

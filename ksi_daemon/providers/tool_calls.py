@@ -45,7 +45,10 @@ def input_messages(items: Iterable[Item]) -> list[dict[str, Any]]:
         if kind == "function_call_output":
             results.append({"role": "tool", "tool_call_id": str(item["call_id"]), "content": str(item.get("output") or "")})
         elif kind == "message" and item.get("role") != "system":
-            users.append({"role": "user", "content": chat_content(item.get("content") or "")})
+            user = {"role": "user", "content": chat_content(item.get("content") or "")}
+            if "cache_control" in item:  # a client's breakpoint; the provider adapter sends it where it is taken
+                user["cache_control"] = item["cache_control"]
+            users.append(user)
     return [*results, *users]
 
 

@@ -40,10 +40,20 @@ class InputFile(BaseModel):
 Part = Annotated[InputText | InputImage | InputFile, Field(discriminator="type")]
 
 
+class CacheControl(_Shape):
+    """A client's prompt-cache breakpoint (Anthropic's form): the prefix up to its message is cached."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class MessageItem(_Shape):
     type: Literal["message"] = "message"
     role: Literal["user", "system"] = Field(description="user or system; history is never sent by clients")
     content: Annotated[str, Field(min_length=1)] | Annotated[list[Part], Field(min_length=1)]
+    cache_control: CacheControl | None = Field(
+        default=None, description="a prompt-cache breakpoint at the message's end, kept with it and sent to "
+                                  "providers that take one (Anthropic's)")
     id: str | None = None  # SDKs echo item ids; not kept
 
 
@@ -81,7 +91,10 @@ def items_of(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[Item]:
             out.append(with_client_form({"type": "function_call_output", "call_id": item.call_id,
                                          "output": item.output}, item.model_dump(exclude_none=True)))
         else:
-            out.append(message(item.role, resolve_parts(item.content, f"input.{position}.content")))
+            kept = message(item.role, resolve_parts(item.content, f"input.{position}.content"))
+            if item.cache_control is not None:
+                kept["cache_control"] = item.cache_control.model_dump(exclude_none=True)
+            out.append(kept)
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message
@@ -26,6 +26,8 @@ from ksi_daemon.services.completion.input_items import (
 # sampling fields a request may give at its top level; they reach the provider as options do
 SAMPLING_FIELDS = ("seed", "stop", "top_p", "presence_penalty", "frequency_penalty", "reasoning_effort",
                    "response_format")
+# one name of Anthropic's anthropic-beta header ("prompt-caching-2024-07-31"): nothing that could end the header
+BetaName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,100}$")]
 TOOL_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
@@ -81,6 +83,10 @@ class CompletionAsync(EventData):
     tool_choice: ToolChoice | None = Field(
         default=None, description='"auto", "none", "required", or {"type": "function" or "custom", "name": NAME}')
     parallel_tool_calls: bool | None = Field(default=None, description="whether the model may call several tools at once")
+    anthropic_beta: list[BetaName] = Field(
+        default_factory=list, max_length=32,
+        description="Anthropic API beta features (its anthropic-beta header), sent to models called through "
+                    "Anthropic's API only; other providers have no such header")
     response_format: ResponseFormat | None = Field(
         default=None, description='{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}')
     seed: int | None = Field(default=None, description="sampling seed, for providers that take one")

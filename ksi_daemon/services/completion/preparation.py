@@ -198,7 +198,7 @@ class TurnPreparation:
         call = ProviderCall(
             model=state.model, messages=messages, temperature=data.temperature, max_tokens=data.max_tokens,
             timeout=data.timeout or self.settings.request_timeout, options=options, **data.tool_fields(),
-            on_chunk=on_chunk,
+            on_chunk=on_chunk, anthropic_beta=data.anthropic_beta,
             resume_session=self._resumable_session(memory, state.model, sent_system),
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,

@@ -41,6 +41,8 @@ def request_lines(items: list[Item], *, is_feedback: bool, system: str | None, t
         else:
             line.update(type="feedback" if is_feedback and item["role"] == "user" else item["role"],
                         content=item["content"])
+            if "cache_control" in item:
+                line["cache_control"] = item["cache_control"]
         line.update(ts=ts, **ids)
         if metadata:
             line["metadata"] = metadata

@@ -99,8 +99,14 @@ def user_items(content: str | list[Block], where: str) -> list[Item]:
     if not parts:
         return outputs
     if all(part["type"] == "input_text" for part in parts):
-        return [*outputs, message("user", "\n\n".join(part["text"] for part in parts))]
-    return [*outputs, message("user", parts)]
+        said = message("user", "\n\n".join(part["text"] for part in parts))
+    else:
+        said = message("user", parts)
+    marker = next((block["cache_control"] for block in reversed(content)
+                   if block.get("type") in ("text", "image") and block.get("cache_control") is not None), None)
+    if marker is not None:  # the blocks become one message: the client's breakpoint goes at its end
+        said["cache_control"] = marker
+    return [*outputs, said]
 
 
 def assistant_items(content: str | list[Block], where: str) -> list[Item]:

@@ -37,6 +37,7 @@ from ksi_daemon.transports.http.openai.translate import HISTORY_HEADER, Door, hi
 
 CONVERSATION_HEADER = "x-ksi-conversation-id"
 VERSION_HEADER = "anthropic-version"
+BETA_HEADER = "anthropic-beta"  # comma-separated names, possibly over several header lines
 UNSENT_HEADER = "x-ksi-unsent"  # request fields this answer's provider could not take (see unsent_fields)
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -55,13 +56,18 @@ def in_anthropic_shape(handler: Handler, only_when_asked: bool = False) -> Handl
     return handle
 
 
+def beta_names(lines: list[str]) -> list[str]:
+    return [name.strip() for line in lines for name in line.split(",") if name.strip()]
+
+
 class Messages:
     def __init__(self, door: Door) -> None:
         self.door = door
 
     async def create(self, request: Request) -> Response:
         body: MessagesCreate = await self.door.body(request, MessagesCreate)
-        payload = messages_payload(body, self.door.settings, request.headers.get(CONVERSATION_HEADER))
+        payload = messages_payload(body, self.door.settings, request.headers.get(CONVERSATION_HEADER),
+                                   beta_names(request.headers.getlist(BETA_HEADER)))
         unsent = unsent_fields(body, self.door.settings.aliased(body.model))
         noted = {UNSENT_HEADER: ",".join(unsent)} if unsent else {}
         if body.stream:

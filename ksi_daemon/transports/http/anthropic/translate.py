@@ -13,6 +13,7 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message
 from ksi_common.settings import Settings
+from ksi_daemon.providers.base import calls_anthropic
 from ksi_daemon.providers.options import check_request_options
 from ksi_daemon.transports.http.anthropic.blocks import assistant_items, invalid, refused, system_text, user_items
 from ksi_daemon.transports.http.anthropic.schemas import MessagesCreate
@@ -22,11 +23,10 @@ from ksi_daemon.transports.http.openai.translate import AGENT_PREFIX, renamed
 
 # completion:async's field names in the Messages API's terms, for the errors it raises
 FIELDS = {"prompt": "messages", "input": "messages", "history": "messages", "stop": "stop_sequences",
-          "user": "metadata.user_id", "instructions": "system", "agent_id": "model"}
+          "user": "metadata.user_id", "instructions": "system", "agent_id": "model",
+          "anthropic_beta": "anthropic-beta"}
 SERVER_TOOL = "is a server tool Anthropic runs; KSI runs client tools only (the client runs each call)"
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-# models litellm calls through Anthropic's own API: the only ones that take `thinking` as it is
-ANTHROPIC_ROUTES = ("anthropic/", "claude-")
 
 
 @dataclass(slots=True)
@@ -43,6 +43,8 @@ def _answers(calls: list[Item], turn: list[Item], position: int, continuing: boo
     conversation's calls only when the request names it (the engine checks those)."""
     made = {call["call_id"] for call in calls if call["type"] == "function_call"}
     answered = [item["call_id"] for item in turn if item["type"] == "function_call_output"]
+    if not made and not answered:
+        return  # most turns of a resent history: text alone, nothing to pair
     for call_id in answered:
         if call_id not in made and not (position == 0 and continuing):
             raise invalid(f"messages.{position}.content",
@@ -113,7 +115,7 @@ def unsent_fields(body: MessagesCreate, model: str) -> list[str]:
     carries it) to a model not called through Anthropic's API, where it fails the call itself. An
     answer names them in a header, so none is dropped silently."""
     wants = body.thinking is not None and body.thinking.get("type") != "disabled"
-    return ["thinking"] if wants and not model.startswith(ANTHROPIC_ROUTES) else []
+    return ["thinking"] if wants and not calls_anthropic(model) else []
 
 
 def provider_options(body: MessagesCreate, model: str) -> dict[str, Any]:
@@ -132,14 +134,18 @@ def provider_options(body: MessagesCreate, model: str) -> dict[str, Any]:
         options["thinking"] = body.thinking
     if body.metadata is not None and body.metadata.user_id:
         options["user"] = body.metadata.user_id
+    if not options:
+        return options  # most requests: nothing to check, and the check validates a model
     try:
         return check_request_options(options, where="options.")
     except KsiError as error:
         raise renamed(error, FIELDS) from None
 
 
-def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: str | None) -> dict[str, Any]:
-    """POST /v1/messages as completion:async data (the errors it raises name the body's fields)."""
+def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: str | None,
+                     beta: list[str]) -> dict[str, Any]:
+    """POST /v1/messages as completion:async data (the errors it raises name the body's fields);
+    `beta`: the anthropic-beta header's names."""
     turns = split_turns(body, continuing=conversation_id is not None)
     payload: dict[str, Any] = {**tool_shapes.new_input(turns.new), **tool_fields(body), "origin": "http",
                                "max_tokens": body.max_tokens}
@@ -155,6 +161,8 @@ def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: 
         payload["conversation_id"] = conversation_id
     if body.temperature is not None:
         payload["temperature"] = body.temperature
+    if beta:
+        payload["anthropic_beta"] = beta
     options = provider_options(body, model)
     if options:
         payload["options"] = options
