@@ -141,6 +141,13 @@ class ConversationStore(StoredReader, Protocol):
         are untouched (they are named by response id)."""
         ...
 
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta) -> bool:
+        """The exchanges of `source_id` (index, summaries) become those of `conversation_id`, which
+        holds none yet; `meta` replaces its metadata, the source's response records name it from
+        then on and the source is removed. False, and nothing changed, when `conversation_id`
+        already holds an exchange."""
+        ...
+
     async def discard_unused(self, conversation_id: str) -> bool:
         """Remove a conversation that holds no exchange (made for a request that failed before
         any was stored), its response records left as they are; False, and nothing removed, when

@@ -228,6 +228,16 @@ class ConversationWriter:
         self.forget(conversation_id, *forks)
         return forks
 
+    async def adopt(self, memory: ConversationMemory, source: ConversationMemory, meta: ConversationMeta) -> bool:
+        """The exchanges of `source` become those of `memory` (which holds none), `meta` its
+        metadata; the source is removed. Both memories are forgotten (reloaded when next asked);
+        the callers hold both locks. False, and nothing changed, when `memory` holds an exchange."""
+        adopted = await self._store.adopt(memory.conversation_id, source.conversation_id, meta)
+        if adopted:
+            source.retired = True
+            self.forget(memory.conversation_id, source.conversation_id)
+        return adopted
+
     def forget(self, *conversation_ids: str) -> None:
         for conversation_id in conversation_ids:
             self.cache.forget(conversation_id)
