@@ -145,7 +145,7 @@ class ConversationStore(StoredReader, Protocol):
         """The exchanges of `source_id` (index, summaries) become those of `conversation_id`, which
         holds none yet; `meta` replaces its metadata, the source's response records name it from
         then on and the source is removed. False, and nothing changed, when `conversation_id`
-        already holds an exchange."""
+        already holds an exchange or the source is gone."""
         ...
 
     async def discard_unused(self, conversation_id: str) -> bool:

@@ -484,7 +484,7 @@ class JsonlConversations(JsonlReader):
 
     def _adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta) -> bool:
         self._heads.pop(conversation_id, None)  # asked of the file itself: another writer may have appended
-        if self._head(conversation_id):
+        if self._head(conversation_id) or self._load_meta(source_id) is None:
             return False
         entries = self.files.entries(source_id)
         self._forget(source_id)  # no later save may write the source's metadata again
