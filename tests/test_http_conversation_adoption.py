@@ -1,9 +1,10 @@
 """A session's conversation takes over its run's own conversation, through the official `openai`
 SDK as a session uses it: the session's conversation is made empty, the run's responses name no
 conversation (so KSI stores them in a new one), and the run's items are added to the session's
-conversation after the run. When they are exactly that run's exchanges, made moments before for
-the same scope and continued by nothing since, the session's conversation takes those exchanges:
-one conversation, the run's response ids continuing it. In every other case (the session's
+conversation after the run. When the run's conversation holds exactly the session's items (none,
+or a copy the run began with) then those, made moments before for the same scope and continued by
+nothing since, the session's conversation takes those exchanges: one conversation, the run's
+response ids continuing it. In every other case (the session's
 conversation not empty, other items, the run's conversation continued since, another scope) the
 items are added as any others and the run's conversation is left as it was."""
 
@@ -79,6 +80,30 @@ async def test_the_run_s_items_added_to_an_empty_session_conversation_make_one_c
                                                     "user"]
     assert await listed(http) == {session.id: 4}
     assert run_conversation != session.id
+
+
+async def test_a_session_conversation_whose_items_the_run_began_with_takes_the_run(
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    opening: list[Any] = [{"type": "message", "role": "user", "content": "Hello"},
+                          {"type": "message", "role": "assistant", "content": "Hi."}]
+    session = await api.conversations.create(items=opening)
+    # the session's items sent as history under instructions the session's conversation lacks:
+    # no stored history matches, so the run's conversation begins with a copy of them
+    stub.enqueue(Reply(calls=[{"id": "call_1", "name": "weather", "arguments": {"city": "Oslo"}}]), "It is 12C.")
+    first = await api.responses.create(model="openai/stub-model", instructions="Answer briefly.",
+                                       input=[*opening, QUESTION], tools=[WEATHER])
+    assert first.conversation is not None and first.conversation.id != session.id
+    last = await api.responses.create(model="openai/stub-model", instructions="Answer briefly.",
+                                      input=[*opening, QUESTION, CALL, OUTPUT], tools=[WEATHER])
+    assert await listed(http) == {session.id: 1, first.conversation.id: 3}
+    added = await api.conversations.items.create(session.id, items=[QUESTION, CALL, OUTPUT, ANSWER])
+    assert [item.type for item in added.data] == ["message", "function_call", "function_call_output", "message"]
+    assert await listed(http) == {session.id: 3}
+    stub.enqueue("Still 12C.")
+    more = await api.responses.create(model="openai/stub-model", previous_response_id=last.id, input="And now?")
+    assert more.conversation is not None and more.conversation.id == session.id
+    assert [m["role"] for m in stub.messages()] == ["system", "user", "assistant", "user", "assistant", "tool",
+                                                    "assistant", "user"]
 
 
 async def test_a_session_conversation_holding_other_exchanges_takes_nothing(

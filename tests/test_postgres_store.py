@@ -245,7 +245,7 @@ async def test_summaries_follow_their_conversation_and_calibration_is_one_docume
     assert await calibration.load() == {"m": {"ratio": 1.1, "samples": 4}}
 
 
-async def test_adopt_moves_a_conversation_into_an_empty_one_as_the_files_do(database: Database,
+async def test_adopt_moves_a_conversation_into_another_as_the_files_do(database: Database,
                                                                              short_tmp: Path) -> None:
     files, rows = both_stores(database, short_tmp)
     readers = (JsonlResponses(VarLayout(short_tmp), fsync=False), PostgresResponses(database))
@@ -277,3 +277,15 @@ async def test_adopt_moves_a_conversation_into_an_empty_one_as_the_files_do(data
             assert {line["conversation_id"] for line in (*record.inputs, record.outcome)} == {"session"}
         later = entry(3)
         await store.append_exchange("session", later, response=lines(later, "session"))
+    copied = [entry(1), entry(2), entry(3)]
+    for store in (files, rows):  # a target's exchanges replaced by a source that begins with their copy
+        await store.create(ConversationMeta(conversation_id="opened"))
+        await store.append_exchange("opened", other, response=lines(other, "opened"))
+        await store.create(ConversationMeta(conversation_id="copy"))
+        for e in copied:
+            await store.append_exchange("copy", e, response=lines(e, "copy"))
+        assert await store.adopt("opened", "copy", ConversationMeta(conversation_id="opened"), replaced=0) is False
+        assert await store.adopt("opened", "copy", ConversationMeta(conversation_id="opened", exchanges=3),
+                                 replaced=1) is True
+        assert [e.response_id for e in await store.entries("opened")] == [e.response_id for e in copied]
+        assert await store.head("opened") == 3 and await store.exists("copy") is False

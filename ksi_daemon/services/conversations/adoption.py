@@ -2,11 +2,12 @@
 that run's items to it after the run.
 
 A session that keeps its history in a conversation S, but asks its responses without naming S
-(sending S's items and the new message instead), gets its first run answered in a new
-conversation A: S was empty, so no stored history matched. After the run it adds the run's items
-to S. When those items are exactly A's exchanges, A was made for the same scope moments before,
-and nothing has continued A since, the two are one conversation: S takes A's exchanges, A's
-response ids resolve into S, and A is removed. On OpenAI the same requests end in two stored
+(sending S's items and the new message instead), gets a run answered in a new conversation A
+when no stored history matched: S was empty, or its items were sent under another system prompt
+(A then begins with a copy of them). After the run it adds the run's items to S. When A's
+exchanges are exactly S's items then those, A was made for the same scope moments before, and
+nothing has continued A since, the two are one conversation: S takes A's exchanges in place of
+its own, A's response ids resolve into S, and A is removed. On OpenAI the same requests end in two stored
 copies of the run (the responses' and the items added to S); KSI keeps one readable conversation.
 """
 
@@ -30,8 +31,8 @@ MADE_FOR_RUN = "made_for_run"
 
 def may_take_over(memory: ConversationMemory) -> bool:
     """Whether `memory` (the conversation items are added to) could take a run's exchanges: it
-    holds no exchange and no pending input, and is no fork."""
-    return memory.total == 0 and not pending_of(memory.meta) and memory.meta.parent_id is None
+    holds no pending input and is no fork."""
+    return not pending_of(memory.meta) and memory.meta.parent_id is None
 
 
 def candidates(memory: ConversationMemory, held: Iterable[ConversationMemory], now: float,
@@ -52,11 +53,14 @@ def candidates(memory: ConversationMemory, held: Iterable[ConversationMemory], n
     return found
 
 
-def repeats(exchanges: list[Exchange], added: list[items.Item]) -> bool:
-    """Whether the items added are exactly the exchanges' items, in order (compared as the items
-    a conversation already holds are)."""
-    stored = [item for exchange in exchanges for item in (*exchange.input, *exchange.output)]
-    return [item_key(item) for item in stored] == [item_key(item) for item in added]
+def exchange_items(exchanges: list[Exchange]) -> list[items.Item]:
+    return [item for exchange in exchanges for item in (*exchange.input, *exchange.output)]
+
+
+def repeats(exchanges: list[Exchange], held: list[items.Item], added: list[items.Item]) -> bool:
+    """Whether the exchanges' items are exactly the items held then the items added, in order
+    (compared as the items a conversation already holds are)."""
+    return [item_key(item) for item in exchange_items(exchanges)] == [item_key(item) for item in (*held, *added)]
 
 
 def adopted_meta(meta: ConversationMeta, source: ConversationMeta) -> ConversationMeta:

@@ -229,10 +229,11 @@ class ConversationWriter:
         return forks
 
     async def adopt(self, memory: ConversationMemory, source: ConversationMemory, meta: ConversationMeta) -> bool:
-        """The exchanges of `source` become those of `memory` (which holds none), `meta` its
-        metadata; the source is removed. Both memories are forgotten (reloaded when next asked);
-        the callers hold both locks. False, and nothing changed, when `memory` holds an exchange."""
-        adopted = await self._store.adopt(memory.conversation_id, source.conversation_id, meta)
+        """The exchanges of `source` become those of `memory`, in place of the ones it holds
+        (which `source` begins with), `meta` its metadata; the source is removed. Both memories
+        are forgotten (reloaded when next asked); the callers hold both locks. False, and nothing
+        changed, when `memory`'s stored exchanges are not the ones it holds."""
+        adopted = await self._store.adopt(memory.conversation_id, source.conversation_id, meta, memory.total)
         if adopted:
             source.retired = True
             self.forget(memory.conversation_id, source.conversation_id)

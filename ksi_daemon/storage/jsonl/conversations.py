@@ -478,23 +478,26 @@ class JsonlConversations(JsonlReader):
         await self.checkpoint()  # a replay must never write the old id's exchanges again
         return await asyncio.to_thread(self._move, conversation_id, new_id, note)
 
-    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta) -> bool:
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int = 0) -> bool:
         await self.checkpoint()  # a replay must never write the source's exchanges under its old id
-        return await asyncio.to_thread(self._adopt, conversation_id, source_id, meta)
+        return await asyncio.to_thread(self._adopt, conversation_id, source_id, meta, replaced)
 
-    def _adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta) -> bool:
+    def _adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int) -> bool:
         self._heads.pop(conversation_id, None)  # asked of the file itself: another writer may have appended
-        if self._head(conversation_id) or self._load_meta(source_id) is None:
+        if self._head(conversation_id) != replaced or self._load_meta(source_id) is None:
             return False
         entries = self.files.entries(source_id)
         self._forget(source_id)  # no later save may write the source's metadata again
         summaries = self.layout.summaries_file(source_id)
+        self.layout.summaries_file(conversation_id).unlink(missing_ok=True)  # those of the replaced exchanges
         if summaries.exists():
             os.rename(summaries, self.layout.summaries_file(conversation_id))
-        # the index moves first: from here the exchanges are the target's; a crash before the
-        # records below are repointed leaves those responses unresolved, never listed twice
+        # the index moves first (over the replaced one): from here the exchanges are the target's;
+        # a crash before the records below are repointed leaves those responses unresolved
         index = self.layout.index_file(source_id)
         if index.exists():
+            if replaced:
+                self.digests.dropped(conversation_id)
             os.rename(index, self.layout.index_file(conversation_id))
             self.digests.moved(source_id, conversation_id)
         for entry in entries:

@@ -293,17 +293,18 @@ class PostgresConversations(PostgresReader):
         self._versions.pop(new_id, None)
         return await self.database.run(work, retry=False)
 
-    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta) -> bool:
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int = 0) -> bool:
         async def work(conn: asyncpg.Connection) -> bool:
             async with conn.transaction():
                 target = await conn.fetchrow(
                     "SELECT head FROM ksi_conversations WHERE conversation_id = $1 FOR UPDATE", conversation_id)
                 source = await conn.fetchrow(
                     "SELECT head, tokens FROM ksi_conversations WHERE conversation_id = $1 FOR UPDATE", source_id)
-                if target is None or source is None or target["head"] or await conn.fetchval(
-                        "SELECT 1 FROM ksi_exchanges WHERE conversation_id = $1 LIMIT 1", conversation_id):
+                if target is None or source is None or target["head"] != replaced or await conn.fetchval(
+                        "SELECT count(*) FROM ksi_exchanges WHERE conversation_id = $1", conversation_id) != replaced:
                     return False
                 for table in ("ksi_exchanges", "ksi_summaries"):  # the index and its summaries move together
+                    await conn.execute(f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id)
                     await conn.execute(f"UPDATE {table} SET conversation_id = $2 WHERE conversation_id = $1",
                                        source_id, conversation_id)
                 await self._repoint_responses(conn, source_id, conversation_id)
