@@ -548,7 +548,10 @@ class ConversationService:
         conversation of their own, this one takes those exchanges (see adoption.py); None when not."""
         if not raw or not may_take_over(memory):
             return None
-        added = added_items(raw, 0, holds_pending=False)
+        try:  # read whole: items the conversation holds already may open them, which the normal path takes
+            added = added_items(raw, 0, holds_pending=False)
+        except KsiError:
+            return None
         if added.pending or added.reply_to_pending is not None or not added.exchanges:
             return None
         wanted = [normalised(item, f"items.{position}") for position, item in enumerate(raw)]
