@@ -100,6 +100,9 @@ class ModelSettings(BaseModel):
     supports_web_search: bool | None = None
     """Whether the model searches the web itself (`web_search_options`): a Responses `web_search`
     tool is then passed on to it; unset: as litellm's model list says, refused when it does not say so."""
+    supports_custom_tools: bool = False
+    """Whether the model's chat API takes `custom` tools as they are (OpenAI's GPT-5 models do);
+    for an `openai/` model they are then sent in that form, else as a function of one string."""
     cache_placement: Literal["on", "off"] = "on"
     """Whether KSI places prompt-cache markers itself (Anthropic `cache_control`, OpenAI `prompt_cache_key`);
     a client's own are always kept."""

@@ -33,7 +33,8 @@ class Reply:
     cut: bool = False  # a stream that stops after its text: no finish reason, no [DONE]
     endless: bool = False  # a 200 body that never ends (until the client stops reading)
     gate: asyncio.Event | None = None  # a stream holds its rest after the first chunk until this is set
-    # tool calls the answer makes: {"name", "arguments" (JSON text or an object), "id" (made up when left out)}
+    # tool calls the answer makes: {"name", "arguments" (JSON text or an object), "id" (made up when left out)};
+    # one with "input" (free text) is a custom tool's call, in OpenAI's chat form {"type": "custom", ...}
     calls: list[dict[str, Any]] = field(default_factory=list)
     reasoning: str | None = None  # a reasoning summary given beside the answer (reasoning_content)
     # Anthropic only: a thinking block (its text, its signature) before the answer's blocks
@@ -46,7 +47,8 @@ class Reply:
         for position, call in enumerate(self.calls):
             arguments = call.get("arguments", {})
             settled.append({"id": call.get("id") or f"call_{position}_{uuid.uuid4().hex[:8]}", "name": call["name"],
-                            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+                            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                            **({"input": call["input"]} if "input" in call else {})})
         self.calls = settled  # a retried request sees the same ids
         return settled
 
@@ -196,7 +198,8 @@ class StubOpenAI:
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
         calls = reply.tool_calls()
         if calls:
-            message["tool_calls"] = [{"id": c["id"], "type": "function",
+            message["tool_calls"] = [{"id": c["id"], "type": "custom", "custom": {"name": c["name"], "input": c["input"]}}
+                                     if "input" in c else {"id": c["id"], "type": "function",
                                       "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
@@ -266,6 +269,11 @@ class StubOpenAI:
             pieces = [{"index": index, "id": call["id"], "type": "function",
                        "function": {"name": call["name"], "arguments": call["arguments"][:half]}},
                       {"index": index, "function": {"arguments": call["arguments"][half:]}}]
+            if "input" in call:  # a custom tool's call: its free text input in two halves
+                half = len(call["input"]) // 2
+                pieces = [{"index": index, "id": call["id"], "type": "custom",
+                           "custom": {"name": call["name"], "input": call["input"][:half]}},
+                          {"index": index, "custom": {"input": call["input"][half:]}}]
             for piece in pieces:
                 chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
                          "model": body.get("model", "stub"),

@@ -6,7 +6,9 @@ function tool, the SDK runs it and sends its output back, the model answers):
 - the Vercel AI SDK's `openai.responses(...)` with `store` on (its default), resending the whole
   conversation each turn: the answers it was given come back as `item_reference` items;
 - the same SDK with `previousResponseId` (the previous turn's response) and only the new message:
-  each step resends its own call and the call's output after that same point.
+  each step resends its own call and the call's output after that same point;
+- the Agents SDK's `OpenAIConversationsSession`: its conversation made empty, each run's responses
+  naming none (the session's items and the new message as input), the run's items added after it.
 
 Each ends as ONE KSI conversation, every call and output replayed to the provider in later turns
 (read from the stub's log)."""
@@ -58,6 +60,32 @@ for (const city of JSON.parse(process.env.CITIES)) {
 }
 console.log(JSON.stringify({ finals }));
 """
+
+AGENTS = """
+import OpenAI from "openai";
+import { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled,
+         OpenAIConversationsSession } from "@openai/agents";
+const client = new OpenAI({ baseURL: process.env.KSI_BASE_URL, apiKey: process.env.KSI_TOKEN });
+setDefaultOpenAIClient(client);
+setOpenAIAPI("responses");
+setTracingDisabled(true);
+const weather = tool({
+  name: "weather", description: "the weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"],
+                additionalProperties: false },
+  strict: true, execute: async ({ city }) => `sunny in ${city}`,
+});
+const agent = new Agent({ name: "forecaster", instructions: "Answer briefly.", model: "openai/stub-model",
+                          tools: [weather] });
+const session = new OpenAIConversationsSession({ client });
+const finals = [];
+for (const city of JSON.parse(process.env.CITIES)) {
+  const result = await run(agent, `Weather in ${city}?`, { session });
+  finals.push(result.finalOutput);
+}
+console.log(JSON.stringify({ finals, session: await session.getSessionId() }));
+"""
+
 
 @pytest.fixture(scope="session")
 def js_clients() -> Path:
@@ -127,3 +155,15 @@ async def test_the_vercel_ai_sdk_over_three_multi_step_tool_turns_is_one_convers
         assert out["finals"] == [f"It is sunny in {city}." for city in CITIES]
         assert replayed(stub.messages()) == every_turn()
         await one_conversation(http)
+
+
+async def test_the_agents_sdk_conversations_session_over_three_tool_runs_is_one_conversation(
+        js_clients: Path, short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> None:
+    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as http:
+        stub.enqueue(*replies())
+        out = await run_node(js_clients, AGENTS, {"KSI_BASE_URL": f"{http.base_url}/v1", "KSI_TOKEN": http.token,
+                                                  "CITIES": json.dumps(CITIES)})
+        assert out["finals"] == [f"It is sunny in {city}." for city in CITIES]
+        assert replayed(stub.messages()) == every_turn()
+        conversation = await one_conversation(http)
+        assert conversation["conversation_id"] == out["session"]  # the session's own, holding its first run

@@ -16,6 +16,7 @@ from ksi_common.records import IndexEntry
 from ksi_common.summaries import Summary
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
+from ksi_daemon.storage.jsonl.responses import JsonlResponses
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, ExchangeConflict, StoredTail
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
@@ -242,3 +243,49 @@ async def test_summaries_follow_their_conversation_and_calibration_is_one_docume
     await calibration.save({"m": {"ratio": 1.2, "samples": 3}})
     await calibration.save({"m": {"ratio": 1.1, "samples": 4}})
     assert await calibration.load() == {"m": {"ratio": 1.1, "samples": 4}}
+
+
+async def test_adopt_moves_a_conversation_into_another_as_the_files_do(database: Database,
+                                                                             short_tmp: Path) -> None:
+    files, rows = both_stores(database, short_tmp)
+    readers = (JsonlResponses(VarLayout(short_tmp), fsync=False), PostgresResponses(database))
+    made = [entry(1), entry(2)]
+    other = entry(1)
+    for store in (files, rows):
+        await store.create(ConversationMeta(conversation_id="session", title="mine"))
+        await store.create(ConversationMeta(conversation_id="run", exchanges=2))
+        await store.create(ConversationMeta(conversation_id="held"))
+        for e in made:
+            await store.append_exchange("run", e, response=lines(e, "run"))
+        await store.append_exchange("held", other, response=lines(other, "held"))
+    for store, responses in zip((files, rows), readers, strict=True):
+        # a target that holds an exchange takes nothing: both stay as they were
+        refused = ConversationMeta(conversation_id="held", exchanges=3)
+        assert await store.adopt("held", "run", refused) is False
+        assert [e.n for e in await store.entries("held")] == [1] and await store.head("run") == 2
+        assert await store.adopt("session", "gone", ConversationMeta(conversation_id="session")) is False
+        taken = ConversationMeta(conversation_id="session", title="mine", exchanges=2)
+        assert await store.adopt("session", "run", taken) is True
+        assert await store.exists("run") is False
+        assert [e.response_id for e in await store.entries("session")] == [e.response_id for e in made]
+        assert await store.head("session") == 2
+        meta = await store.load_meta("session")
+        assert meta is not None and (meta.title, meta.exchanges) == ("mine", 2)
+        for e in made:  # the records name the conversation that now lists them
+            record = await responses.read(e.response_id)
+            assert record is not None
+            assert {line["conversation_id"] for line in (*record.inputs, record.outcome)} == {"session"}
+        later = entry(3)
+        await store.append_exchange("session", later, response=lines(later, "session"))
+    copied = [entry(1), entry(2), entry(3)]
+    for store in (files, rows):  # a target's exchanges replaced by a source that begins with their copy
+        await store.create(ConversationMeta(conversation_id="opened"))
+        await store.append_exchange("opened", other, response=lines(other, "opened"))
+        await store.create(ConversationMeta(conversation_id="copy"))
+        for e in copied:
+            await store.append_exchange("copy", e, response=lines(e, "copy"))
+        assert await store.adopt("opened", "copy", ConversationMeta(conversation_id="opened"), replaced=0) is False
+        assert await store.adopt("opened", "copy", ConversationMeta(conversation_id="opened", exchanges=3),
+                                 replaced=1) is True
+        assert [e.response_id for e in await store.entries("opened")] == [e.response_id for e in copied]
+        assert await store.head("opened") == 3 and await store.exists("copy") is False

@@ -40,6 +40,7 @@ from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.client_markers import sendable_markers
 from ksi_daemon.providers.echo_answer import answer_without_litellm
 from ksi_daemon.providers.model_faults import missing_command, missing_key, unknown_model
+from ksi_daemon.providers.native_tools import native_chat_tools, native_history, native_tool_choice
 from ksi_daemon.providers.options import KEPT_OPTIONS, SAMPLING_OPTIONS, check_options, is_routing_option
 from ksi_daemon.providers.tool_calls import (
     ReasoningDeltas,
@@ -346,12 +347,17 @@ class LiteLLMProvider:
             kwargs["max_tokens"] = call.max_tokens
         if call.timeout is not None:
             kwargs["timeout"] = call.timeout
-        if call.tools:
+        if call.tools and overrides.supports_custom_tools and provider_of(call.model) == "openai":
+            # litellm passes OpenAI's custom tool shapes through unchanged (native_tools.py)
+            kwargs.update(tools=native_chat_tools(call.tools), messages=native_history(messages, call.tools))
+            if call.tool_choice is not None:
+                kwargs["tool_choice"] = native_tool_choice(call.tool_choice, catalog(call.tools))
+        elif call.tools:
             kwargs["tools"] = chat_tools(as_functions(call.tools))
             if call.tool_choice is not None:
                 kwargs["tool_choice"] = chat_tool_choice(call.tool_choice)
-            if call.parallel_tool_calls is not None:
-                kwargs["parallel_tool_calls"] = call.parallel_tool_calls
+        if call.tools and call.parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = call.parallel_tool_calls
         if overrides.api_base:
             kwargs.setdefault("api_base", overrides.api_base)
         if overrides.api_key_env and os.environ.get(overrides.api_key_env):

@@ -8,7 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from ksi_common.items import ABANDONED_ARGUMENTS, Item, item_text, message, part_text
+
+CUSTOM_INPUT = "input"  # the one string argument a custom tool's call is kept with (see tool_kinds.py)
 
 
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,10 +166,21 @@ def reply_items(reply_message: Any) -> list[Item]:
         items.append(message("assistant", text))
     for call in calls:
         function = getattr(call, "function", None)
+        custom = _field(call, "custom")
+        if custom is not None:  # a custom tool's call, given as sent (native_tools.py): its one argument
+            items.append({"type": "function_call", "call_id": str(getattr(call, "id", "") or ""),
+                          "name": str(_field(custom, "name") or ""),
+                          "arguments": orjson.dumps({CUSTOM_INPUT: str(_field(custom, "input") or "")}).decode()})
+            continue
         items.append({"type": "function_call", "call_id": str(getattr(call, "id", "") or ""),
                       "name": str(getattr(function, "name", "") or ""),
                       "arguments": str(getattr(function, "arguments", "") or "{}")})
     return items
+
+
+def _field(value: Any, name: str) -> Any:
+    """A field of a litellm object or of the plain dict it left a shape it does not know as."""
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
 def reasoning_item(text: Any, blocks: Any) -> Item | None:
@@ -215,6 +230,7 @@ class ToolCallDeltas:
 
     def __init__(self) -> None:
         self._calls: dict[int, dict[str, str]] = {}
+        self._custom: set[int] = set()  # the calls of custom tools, their arguments the input text
 
     def __bool__(self) -> bool:
         return bool(self._calls)
@@ -226,9 +242,14 @@ class ToolCallDeltas:
             index = int(getattr(delta, "index", 0) or 0)
             call = self._calls.setdefault(index, {"call_id": "", "name": "", "arguments": ""})
             function = getattr(delta, "function", None)
+            custom = _field(delta, "custom")
+            if custom is not None:  # a custom tool's call: its free text input arrives in pieces
+                self._custom.add(index)
+                function = None
             call_id = getattr(delta, "id", None) or ""
-            name = getattr(function, "name", None) or ""
-            arguments = getattr(function, "arguments", None) or ""
+            name = _field(custom, "name") if custom is not None else getattr(function, "name", None)
+            name = name or ""
+            arguments = (_field(custom, "input") if custom is not None else getattr(function, "arguments", None)) or ""
             call["call_id"] = call["call_id"] or call_id
             call["name"] = call["name"] or name
             call["arguments"] += arguments
@@ -237,5 +258,6 @@ class ToolCallDeltas:
 
     def items(self) -> list[Item]:
         return [{"type": "function_call", "call_id": call["call_id"], "name": call["name"],
-                 "arguments": call["arguments"] or "{}"}
-                for _index, call in sorted(self._calls.items())]
+                 "arguments": orjson.dumps({CUSTOM_INPUT: call["arguments"]}).decode() if index in self._custom
+                 else call["arguments"] or "{}"}
+                for index, call in sorted(self._calls.items())]

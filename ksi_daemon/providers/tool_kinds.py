@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 
 from ksi_common.items import Item
+from ksi_daemon.providers.tool_calls import CUSTOM_INPUT
 
-INPUT_ARGUMENT = "input"  # the one string argument a custom tool becomes
+INPUT_ARGUMENT = CUSTOM_INPUT  # the one string argument a custom tool becomes
 CUSTOM_PARAMETERS: dict[str, Any] = {
     "type": "object", "properties": {INPUT_ARGUMENT: {"type": "string", "description": "the tool's free text input"}},
     "required": [INPUT_ARGUMENT], "additionalProperties": False}
@@ -56,6 +57,12 @@ def _entries(tools: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str | No
         else:
             found.append((tool, None))
     return found
+
+
+def tool_entries(tools: list[dict[str, Any]]) -> list[tuple[dict[str, Any], tuple[str | None, str]]]:
+    """Every tool the client runs (a namespace's in its place) with its (namespace, name), in the
+    order `as_functions` gives them."""
+    return [(tool, (namespace, _client_name(tool))) for tool, namespace in _entries(tools)]
 
 
 def _client_name(tool: dict[str, Any]) -> str:

@@ -141,6 +141,15 @@ class ConversationStore(StoredReader, Protocol):
         are untouched (they are named by response id)."""
         ...
 
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int = 0) -> bool:
+        """The exchanges of `source_id` (index, summaries) become those of `conversation_id`,
+        in place of the `replaced` exchanges it holds (the source holds copies of them); `meta`
+        replaces its metadata, the source's response records name it from then on and the source
+        is removed. False, and nothing changed, when `conversation_id` does not hold exactly
+        `replaced` exchanges or the source is gone. The replaced exchanges' response records stay,
+        indexed nowhere, until the conversation is deleted."""
+        ...
+
     async def discard_unused(self, conversation_id: str) -> bool:
         """Remove a conversation that holds no exchange (made for a request that failed before
         any was stored), its response records left as they are; False, and nothing removed, when

@@ -33,6 +33,7 @@ from ksi_daemon.services.completion.item_references import ItemReferences
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.completion.scheduler import Scheduler
+from ksi_daemon.services.conversations.adoption import MADE_FOR_RUN
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.models import CONVERSATION_FORK
 from ksi_daemon.services.conversations.pending import pending_taken
@@ -318,9 +319,10 @@ class Admission:
         extra.update(scope_extra(request_scope(data.agent_id, data.options)))  # whom a resent history matches for
         # the preview is recorded with the creation, so the first exchange's metadata differs from
         # it only in its totals (which the JSONL store saves lazily) and costs no extra write
-        if conversation_id is None:
+        if conversation_id is None:  # a session may add this run's items to its own conversation later
             return await self._create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
-                                                   system=agent.system if agent else None, extra=extra,
+                                                   system=agent.system if agent else None,
+                                                   extra={**extra, MADE_FOR_RUN: True},
                                                    origin=data.origin, preview=records.first_input_preview(data))
         memory = await self.cache.get(conversation_id)
         if memory is not None and not memory.retired:  # a retired one is being discarded: gone

@@ -477,7 +477,7 @@ class ClientHistory:
             "exchanges": [{"input": inputs, "output": outputs, "reply": {"content": items.output_text(outputs)}}
                           for inputs, outputs in turns.exchanges],
         }
-        request: dict[str, Any] = {"data": document, "format": "json"}
+        request: dict[str, Any] = {"data": document, "format": "json", "for_run": True}
         if new_id is not None:
             request["new_id"] = new_id
         if data.origin is not None:

@@ -11,6 +11,7 @@ from ksi_common.items import Item, message
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, SafeId, Text
 from ksi_daemon.providers.options import REFUSED_OPTIONS, Penalty, ResponseFormat, check_request_options
+from ksi_daemon.services.completion.tool_call_cap import call_limit
 from ksi_daemon.services.completion.input_items import (
     MAX_TOOLS,
     ClientTool,
@@ -124,6 +125,7 @@ class CompletionAsync(EventData):
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
                            "; ".join(f"{name} is not taken in options: {why}" for name, why in tooled.items()),
                            fields=tooled)
+        call_limit(value)  # a bad max_tool_calls is refused before anything is written
         # refused options (tools, n > 1, stream, ...) fail with unsupported_parameter, before anything is written
         return check_request_options(value)
 

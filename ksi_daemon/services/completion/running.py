@@ -22,6 +22,7 @@ from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.preparation import ChunkSink, Prepared, TurnPreparation
+from ksi_daemon.services.completion.tool_call_cap import call_limit, capped_reply, capped_sink
 from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD
 from ksi_daemon.services.conversations.memory import ConversationMemory, Exchange, items_tokens
@@ -78,8 +79,9 @@ class TurnRunner:
         state.started_at = time.perf_counter()
         attempts: list[dict[str, Any]] = []
         inputs = records.input_lines(state)
+        limit = call_limit(state.request.options)  # KSI's to keep: no chat provider takes it
         try:
-            prepared = await self.preparation.prepare(state, chunk_sink())
+            prepared = await self.preparation.prepare(state, capped_sink(chunk_sink(), limit))
             inputs = prepared.inputs
             answerer = self.answerers.for_model(state.model)
             try:
@@ -89,9 +91,10 @@ class TurnRunner:
                     raise
                 # the model counts more tokens than we thought: count more strictly, retry once
                 self.calibration.tighten(state.model)
-                prepared = await self.preparation.prepare(state, chunk_sink())
+                prepared = await self.preparation.prepare(state, capped_sink(chunk_sink(), limit))
                 inputs = prepared.inputs
                 reply = await self._call(state, answerer, prepared, attempts, attempt_started)
+            reply = capped_reply(reply, limit)
             async with prepared.memory.lock:  # conversation:update/delete change metadata under it too
                 result = await self._commit(state, prepared, reply, attempts)
         except asyncio.CancelledError:

@@ -21,7 +21,7 @@ from ksi_daemon.services.conversations.models import AppendedExchange
 FIELD = "items"
 
 
-def _key(item: items.Item) -> Any:
+def item_key(item: items.Item) -> Any:
     """What two items are compared by: their canonical form (a reasoning item by its type alone)."""
     return items.canonical_item(item) or {"type": item.get("type", "message"), "role": item.get("role")}
 
@@ -29,7 +29,7 @@ def _key(item: items.Item) -> Any:
 def not_held(tail: list[items.Item], added: list[items.Item]) -> int:
     """How many leading items of `added` the conversation's newest items (`tail`) end with."""
     for length in range(min(len(added), len(tail)), 0, -1):
-        if [_key(i) for i in added[:length]] == [_key(i) for i in tail[-length:]]:
+        if [item_key(i) for i in added[:length]] == [item_key(i) for i in tail[-length:]]:
             return length
     return 0
 

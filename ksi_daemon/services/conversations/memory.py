@@ -241,6 +241,10 @@ class ConversationCache:
     def cached(self, conversation_id: str) -> ConversationMemory | None:
         return self._items.get(conversation_id)
 
+    def held(self) -> list[ConversationMemory]:
+        """The conversations in memory, the most recently used first."""
+        return list(reversed(self._items.values()))
+
     def _keep(self, memory: ConversationMemory) -> ConversationMemory:
         self._items[memory.conversation_id] = memory
         self._items.move_to_end(memory.conversation_id)

@@ -92,6 +92,8 @@ class ConversationImport(EventData):
                                     description="user messages after the exchanges, without a reply yet: held as "
                                                 "the new conversation's pending input, in the same write")
     metadata: dict[str, Any] | None = Field(default=None, description="the client's metadata, kept in its extras")
+    for_run: bool = Field(default=False, description="made for a response whose history matched no stored "
+                                                     "conversation (a session may take it over, see adoption)")
 
 
 class ConversationFork(ConversationRef):

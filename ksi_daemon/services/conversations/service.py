@@ -54,6 +54,9 @@ from ksi_daemon.services.conversations.digests import fork_point_digest, record_
 from ksi_daemon.services.conversations.history import fork_chain, open_calls
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
+from ksi_daemon.services.conversations.adoption import (
+    MADE_FOR_RUN, adopted_meta, candidates, exchange_items, may_take_over, repeats,
+)
 from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, item_line
@@ -371,6 +374,8 @@ class ConversationService:
         if data.continues is not None:
             meta.extra["continues"] = data.continues
         meta.extra.update(scope_extra(data.scope or {}))
+        if data.for_run:
+            meta.extra[MADE_FOR_RUN] = True
         if data.metadata:
             meta.extra["metadata"] = dict(data.metadata)
         if data.pending:  # items without a reply: one write with the exchanges, all or nothing
@@ -475,6 +480,9 @@ class ConversationService:
             raise KsiError(ErrorCode.CONVERSATION_ARCHIVED, f"conversation {data.conversation_id} is archived",
                            conversation_id=data.conversation_id)
         if data.items is not None:
+            taken = await self._take_over_run(memory, data.items, context)
+            if taken is not None:
+                return taken
             written = await self._from_items(memory, data)
             if written is None:  # every item is held already
                 return {"conversation_id": memory.conversation_id, "response_ids": [], "exchanges": []}
@@ -538,6 +546,41 @@ class ConversationService:
         return {"conversation_id": memory.conversation_id,
                 "response_ids": [e.response_id for e in held_entries] + [x.entry.response_id for x in appended],
                 "exchanges": [e.n for e in held_entries] + [x.entry.n for x in appended]}
+
+    async def _take_over_run(self, memory: ConversationMemory, raw: list[dict[str, Any]],
+                             context: EventContext) -> dict[str, Any] | None:
+        """When a run's responses just stored this conversation's items then the items added in a
+        conversation of their own, this one takes those exchanges (see adoption.py); None when not."""
+        if not raw or not may_take_over(memory):
+            return None
+        try:  # read whole: items the conversation holds already may open them, which the normal path takes
+            added = added_items(raw, 0, holds_pending=False)
+        except KsiError:
+            return None
+        if added.pending or added.reply_to_pending is not None or not added.exchanges:
+            return None
+        wanted = [normalised(item, f"items.{position}") for position, item in enumerate(raw)]
+        if not memory.complete:
+            await self.cache.load_all(memory)
+        held = exchange_items(await self.cache.texts(memory, memory.entries))
+        count = memory.total + len(added.exchanges)
+        for source in candidates(memory, self.cache.held(), self.clock(), count):
+            if not source.complete:
+                await self.cache.load_all(source)
+            entries = [entry for entry in source.entries if entry.n > source.base]
+            if not repeats(await self.cache.texts(source, entries), held, wanted):
+                continue
+            async with memory.lock, source.lock:
+                if source.retired or source.total != count or memory.total != count - len(added.exchanges):
+                    return None  # moved meanwhile: the items are added as any others
+                if not await self.writer.adopt(memory, source, adopted_meta(memory.meta, source.meta)):
+                    return None
+            self._changed(source.conversation_id, "deleted", context)
+            self._changed(memory.conversation_id, "updated", context)
+            taken = entries[count - len(added.exchanges):]  # the run's own: what the items added
+            return {"conversation_id": memory.conversation_id, "response_ids": [e.response_id for e in taken],
+                    "exchanges": [e.n for e in taken], "adopted_from": source.conversation_id}
+        return None
 
     async def _from_items(self, memory: ConversationMemory, data: ConversationAppend) -> ConversationAppend | None:
         """The append `data.items` make after what the conversation holds (None: nothing new)."""

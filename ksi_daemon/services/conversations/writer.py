@@ -228,6 +228,17 @@ class ConversationWriter:
         self.forget(conversation_id, *forks)
         return forks
 
+    async def adopt(self, memory: ConversationMemory, source: ConversationMemory, meta: ConversationMeta) -> bool:
+        """The exchanges of `source` become those of `memory`, in place of the ones it holds
+        (which `source` begins with), `meta` its metadata; the source is removed. Both memories
+        are forgotten (reloaded when next asked); the callers hold both locks. False, and nothing
+        changed, when `memory`'s stored exchanges are not the ones it holds."""
+        adopted = await self._store.adopt(memory.conversation_id, source.conversation_id, meta, memory.total)
+        if adopted:
+            source.retired = True
+            self.forget(memory.conversation_id, source.conversation_id)
+        return adopted
+
     def forget(self, *conversation_ids: str) -> None:
         for conversation_id in conversation_ids:
             self.cache.forget(conversation_id)

@@ -478,6 +478,47 @@ class JsonlConversations(JsonlReader):
         await self.checkpoint()  # a replay must never write the old id's exchanges again
         return await asyncio.to_thread(self._move, conversation_id, new_id, note)
 
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int = 0) -> bool:
+        await self.checkpoint()  # a replay must never write the source's exchanges under its old id
+        return await asyncio.to_thread(self._adopt, conversation_id, source_id, meta, replaced)
+
+    def _adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int) -> bool:
+        self._heads.pop(conversation_id, None)  # asked of the file itself: another writer may have appended
+        if self._head(conversation_id) != replaced or self._load_meta(source_id) is None:
+            return False
+        entries = self.files.entries(source_id)
+        self._forget(source_id)  # no later save may write the source's metadata again
+        summaries = self.layout.summaries_file(source_id)
+        self.layout.summaries_file(conversation_id).unlink(missing_ok=True)  # those of the replaced exchanges
+        if summaries.exists():
+            os.rename(summaries, self.layout.summaries_file(conversation_id))
+        # the index moves first (over the replaced one): from here the exchanges are the target's;
+        # a crash before the records below are repointed leaves those responses unresolved
+        index = self.layout.index_file(source_id)
+        if index.exists():
+            if replaced:
+                self.digests.dropped(conversation_id)
+            os.rename(index, self.layout.index_file(conversation_id))
+            self.digests.moved(source_id, conversation_id)
+        for entry in entries:
+            self._repoint_response(entry.response_id, source_id, conversation_id)
+        self._save_meta(meta)
+        self.layout.meta_file(source_id).unlink(missing_ok=True)
+        self._heads.pop(source_id, None)
+        self._heads.pop(conversation_id, None)
+        return True
+
+    def _repoint_response(self, response_id: str, source_id: str, conversation_id: str) -> None:
+        """Rewrite a response file whose lines name `source_id` so they name `conversation_id`."""
+        path = self.layout.response_file(response_id)
+        if not is_safe_id(response_id) or not path.exists():
+            return
+        lines = [orjson.loads(raw) for raw in path.read_bytes().splitlines() if raw.strip()]
+        for line in lines:
+            if isinstance(line, dict) and line.get("conversation_id") == source_id:
+                line["conversation_id"] = conversation_id
+        replace_file(path, jsonl(lines), self.fsync)
+
     def _delete(self, conversation_id: str) -> list[str]:
         """The index, its summaries, the metadata and the response files of this conversation."""
         # A response file belongs to the conversation whose index lists it. Its lines keep the

@@ -293,6 +293,42 @@ class PostgresConversations(PostgresReader):
         self._versions.pop(new_id, None)
         return await self.database.run(work, retry=False)
 
+    async def adopt(self, conversation_id: str, source_id: str, meta: ConversationMeta, replaced: int = 0) -> bool:
+        async def work(conn: asyncpg.Connection) -> bool:
+            async with conn.transaction():
+                target = await conn.fetchrow(
+                    "SELECT head FROM ksi_conversations WHERE conversation_id = $1 FOR UPDATE", conversation_id)
+                source = await conn.fetchrow(
+                    "SELECT head, tokens FROM ksi_conversations WHERE conversation_id = $1 FOR UPDATE", source_id)
+                if target is None or source is None or target["head"] != replaced or await conn.fetchval(
+                        "SELECT count(*) FROM ksi_exchanges WHERE conversation_id = $1", conversation_id) != replaced:
+                    return False
+                for table in ("ksi_exchanges", "ksi_summaries"):  # the index and its summaries move together
+                    await conn.execute(f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id)
+                    await conn.execute(f"UPDATE {table} SET conversation_id = $2 WHERE conversation_id = $1",
+                                       source_id, conversation_id)
+                await self._repoint_responses(conn, source_id, conversation_id)
+                await conn.execute(UPSERT_META, *meta_columns(meta))
+                await conn.execute("UPDATE ksi_conversations SET head = $2, tokens = $3 WHERE conversation_id = $1",
+                                   conversation_id, source["head"], source["tokens"])
+                await conn.execute("DELETE FROM ksi_conversations WHERE conversation_id = $1", source_id)
+                return True
+
+        self._versions.pop(conversation_id, None)
+        self._versions.pop(source_id, None)
+        return bool(await self.database.run(work, retry=False))
+
+    @staticmethod
+    async def _repoint_responses(conn: asyncpg.Connection, source_id: str, conversation_id: str) -> None:
+        """The source's response records, their lines naming `conversation_id` instead."""
+        rows = await conn.fetch("SELECT response_id, lines FROM ksi_responses WHERE conversation_id = $1", source_id)
+        for row in rows:
+            lines = [{**line, "conversation_id": conversation_id}
+                     if isinstance(line, dict) and line.get("conversation_id") == source_id else line
+                     for line in row["lines"]]
+            await conn.execute("UPDATE ksi_responses SET conversation_id = $2, lines = $3::json WHERE response_id = $1",
+                               row["response_id"], conversation_id, lines)
+
     async def discard_unused(self, conversation_id: str) -> bool:
         gone = await self.database.run(lambda c: c.fetchval(
             "DELETE FROM ksi_conversations WHERE conversation_id = $1 AND head = 0 AND NOT EXISTS "
