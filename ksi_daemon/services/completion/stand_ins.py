@@ -65,6 +65,9 @@ class StandIn:
     def to_record(self) -> list[dict[str, Any]]:
         return [block.to_record() for block in self.blocks]
 
+    def kinds(self) -> list[str]:
+        return [block.kind for block in self.blocks]
+
 
 def summary_block(summary: Summary) -> Block:
     return Block(summary.first, summary.upto, "fallback" if summary.fallback else "summary", summary.text,
