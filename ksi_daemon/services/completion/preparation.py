@@ -128,7 +128,7 @@ class TurnPreparation:
         self.answerers = answerers  # what a model's answerer can take, and whether it keeps a session
         self.budget = budget
         self.calibration = budget.calibration
-        self.planner = TurnPlanner(cache, compactor, attachments, settings.max_fork_depth)
+        self.planner = TurnPlanner(cache, compactor, attachments, settings.max_fork_depth, settings.history_step)
         self.images = images
         self.clock = clock
 

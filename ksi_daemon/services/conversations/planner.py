@@ -77,11 +77,12 @@ class TurnPlanner(Generic[NotesT]):
     """Plans each turn's history within its budget, across the conversation's fork chain."""
 
     def __init__(self, cache: ConversationCache, stand_ins: StandIns, files: FileReader[NotesT],
-                 max_fork_depth: int) -> None:
+                 max_fork_depth: int, step: int) -> None:
         self.cache = cache
         self.stand_ins = stand_ins
         self.files = files
         self.max_fork_depth = max_fork_depth
+        self.step = step  # exchanges the window's start moves by (history.stepped)
 
     async def plan(self, memory: ConversationMemory, budget: TurnBudget, new_paths: Sequence[str]
                    ) -> TurnPlan[NotesT]:
@@ -105,7 +106,7 @@ class TurnPlanner(Generic[NotesT]):
         return TurnPlan(history, files, stand_in, pinned)
 
     async def _select(self, memory: ConversationMemory, budget: int, after: int = 0) -> History:
-        return await select_history(self.cache, memory, budget, self.max_fork_depth, after)
+        return await select_history(self.cache, memory, budget, self.max_fork_depth, after, self.step)
 
     async def _stand_in(self, memory: ConversationMemory, budget: TurnBudget, history: History
                         ) -> StandIn | None:
