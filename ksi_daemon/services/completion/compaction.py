@@ -37,11 +37,11 @@ from ksi_daemon.services.completion.salience import (
     Verdict,
     check_candidate,
     exchange_items,
+    digest,
     fallback_text,
     text_items,
 )
 from ksi_daemon.services.conversations.salient import Items
-from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import (
     NEWEST_TAIL_BUDGET,
@@ -49,6 +49,7 @@ from ksi_daemon.services.conversations.memory import (
     ConversationMemory,
     Exchange,
 )
+from ksi_daemon.services.conversations.stand_ins import Block, StandIn, cover, summary_block
 from ksi_daemon.services.conversations.turn_budget import MIN_SUMMARY_TOKENS, summaries_share
 from ksi_daemon.services.conversations.writer import ConversationWriter
 

@@ -209,7 +209,7 @@ class TurnPreparation:
             stats.update(own.stats() if own is not None else {"source": "stored"})
         if stand_in is not None and own is None:
             stats["summary_upto"] = stand_in.upto
-            stats["summary_kinds"] = stand_in.kinds()
+            stats["summary_kinds"] = [block.kind for block in stand_in.blocks]
         sent = sent_record(history, [{"path": n.path, "status": n.status, "tokens": n.tokens} for n in files.notes],
                            stand_in.to_record() if stand_in is not None else None)
         if own is not None:

@@ -10,26 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Generic, Protocol, Self, TypeVar
 
 from ksi_daemon.services.conversations.history import History, Pinned, pinned_exchanges, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
+from ksi_daemon.services.conversations.stand_ins import StandIn
 from ksi_daemon.services.conversations.turn_budget import TurnBudget
-
-
-class StandIn(Protocol):
-    """What stands in for exchanges 1..upto in one turn."""
-
-    tokens: int
-
-    @property
-    def upto(self) -> int: ...
-
-    def text(self) -> str: ...
-
-    def to_record(self) -> list[dict[str, Any]]: ...
-
-    def kinds(self) -> list[str]: ...
 
 
 class StandIns(Protocol):
