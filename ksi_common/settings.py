@@ -254,6 +254,9 @@ class Settings(BaseSettings):
     """The model that summarises left-out exchanges; unset: the conversation's own model; `off`: none."""
     compaction_step: int = Field(default=4, ge=1)  # summarise this many exchanges ahead, so once per step turns
     """Exchanges a summary chunk reaches ahead, so compaction runs about once per this many turns."""
+    history_step: int = Field(default=4, ge=1)  # the window's start moves by this many exchanges
+    """Exchanges the history window's start moves by when the budget leaves older ones out, so
+    requests between two moves extend each other and a provider's prompt cache holds; 1: one at a time."""
     summary_max_tokens: int = Field(default=512, gt=0)  # one summariser answer at most
     """Tokens of one summariser answer at most."""
     summary_share: float = Field(default=0.3, gt=0, le=0.8)  # of a turn's history budget, for summaries

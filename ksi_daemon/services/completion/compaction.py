@@ -37,11 +37,11 @@ from ksi_daemon.services.completion.salience import (
     Verdict,
     check_candidate,
     exchange_items,
+    digest,
     fallback_text,
     text_items,
 )
 from ksi_daemon.services.conversations.salient import Items
-from ksi_daemon.services.completion.stand_ins import Block, StandIn, cover, digest, summary_block
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.memory import (
     NEWEST_TAIL_BUDGET,
@@ -49,6 +49,8 @@ from ksi_daemon.services.conversations.memory import (
     ConversationMemory,
     Exchange,
 )
+from ksi_daemon.services.conversations.stand_ins import Block, StandIn, cover, summary_block
+from ksi_daemon.services.conversations.turn_budget import MIN_SUMMARY_TOKENS, summaries_share
 from ksi_daemon.services.conversations.writer import ConversationWriter
 
 log = structlog.get_logger("ksi.compaction")
@@ -64,7 +66,6 @@ SUMMARISER_SYSTEM = (
     + "\nAt most about {words} words."
 )
 MERGE_REQUEST = "Merge these summaries of consecutive parts of one conversation into one, section by section."
-MIN_SUMMARY_TOKENS = 48  # a share smaller than this still lets a summary say something
 GAP_EXCHANGES = 64  # a turn's fallback reads at most this many left-out exchanges not yet covered
 LOAD_ROUNDS = 6  # index tails read, each four times wider, before the whole index is read instead
 # a stand-in block's header line ("[Summary of exchanges 1-40 of this conversation, ...]"), at most:
@@ -157,7 +158,7 @@ class Compactor:
                 "fallbacks": self.fallbacks}
 
     def share(self, budget: int) -> int:
-        return max(MIN_SUMMARY_TOKENS, int(budget * self.settings.summary_share))
+        return summaries_share(budget, self.settings.summary_share)
 
     # -- reading ------------------------------------------------------------
     async def summaries(self, memory: ConversationMemory) -> list[Summary]:
@@ -172,13 +173,14 @@ class Compactor:
             found.extend((summary, upto) for summary in await self.summaries(member))
         return cover(found)
 
-    async def for_turn(self, memory: ConversationMemory, model: str, budget: int) -> StandIn | None:
+    async def for_turn(self, memory: ConversationMemory, model: str, budget: int,
+                       share: int | None = None) -> StandIn | None:
         """What stands in for the exchanges this turn leaves out: the stored summaries covering
         them from exchange 1, then this turn's fallback for those no summary covers yet, within
-        the summaries' share of `budget` (a stored summary that does not fit is cut to its items)."""
+        the summaries' `share` of `budget` (a stored summary that does not fit is cut to its items)."""
         if self.off(model):
             return None
-        share = self.share(budget)
+        share = self.share(budget) if share is None else share
         kept = await select_history(self.cache, memory, budget - share, self.settings.max_fork_depth)
         if not kept.omitted:
             return None

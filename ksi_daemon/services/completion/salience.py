@@ -21,6 +21,10 @@ EXCHANGE_TEXT_LIMIT = 8000  # characters of one exchange's texts a summariser is
 ITEM_CHARS = 160  # one item is cut to this many characters
 USER_INPUT_CHARS = 400  # one user input, as the fallback shows it
 MIN_KEPT_SHARE = 0.9  # a candidate that keeps fewer of its input's items is not used
+DIGEST_ITEMS = 40  # a summary cut to its salient items keeps at most this many
+# what summaries and fallbacks add around their content: exchange numbers, list marks, headings
+_MARKUP = re.compile(r"^(?:\s*(?:[-*#>]+\s*|\[\d+\] (?:User|Assistant): |Summary of exchanges [\d-]+:|"
+                     r"The user said: |Items named: ))+", re.MULTILINE)
 
 _URL = r"https?://[^\s<>\"')\]]+"
 _PATH = r"(?<![\w/])(?:~|\.{1,2})?/(?:[\w.@%+-]+/)*[\w.@%+-]+"
@@ -260,4 +264,21 @@ def fallback_text(exchanges: list[tuple[int, Exchange]], limit: int, count_token
                 return "\n".join(lines)
             who = "Tool" if item.get("type") == "function_call_output" else "User"
             add(f"[{n}] {who}: {_clip(item_text(item), min(USER_INPUT_CHARS, room))}")
+    return "\n".join(lines)
+
+
+def digest(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
+    """The salient items of a summary's text (the user's statements first, then the items they do
+    not already hold), in order, within `limit` tokens."""
+    text = _MARKUP.sub("", text)
+    statements = self_statements(text)
+    items = [*statements, *(i for i in salient_items(text) if not any(i in s for s in statements))]
+    lines: list[str] = []
+    used = 0
+    for item in list(dict.fromkeys(items))[:DIGEST_ITEMS]:
+        cost = count_tokens(item) + 2
+        if used + cost > limit:
+            continue  # a shorter one further on may still fit
+        lines.append(f"- {item}")
+        used += cost
     return "\n".join(lines)

@@ -124,10 +124,12 @@ async def _abandoning_caller(cache: ConversationCache, chain: list[tuple[Convers
 
 
 async def select_history(
-    cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0
+    cache: ConversationCache, memory: ConversationMemory, budget: int, max_depth: int, after: int = 0,
+    step: int = 1,
 ) -> History:
     """Whole exchanges numbered after `after`, newest first across the fork chain, within `budget`
-    tokens (`after` > 0: a summary stands in for exchanges 1..after)."""
+    tokens (`after` > 0: a summary stands in for exchanges 1..after). When some are left out, the
+    first shown is numbered after + 1 + k * `step` (see `stepped`)."""
     history = History(abandoned=set(call_ids_abandoned(pending_items(memory.meta))))
     credit = await _abandoned_credit(cache, memory, max_depth, history.abandoned, after)
     picked: list[tuple[ConversationMemory, list[Any]]] = []
@@ -149,6 +151,8 @@ async def select_history(
             exhausted = True
     if history.tokens:
         history.tokens -= credit
+    if step > 1 and history.total > sum(len(entries) for _member, entries in picked):
+        history.tokens -= stepped(picked, after, step)
     for member, entries in reversed(picked):
         history.exchanges.extend(await cache.texts(member, entries))
         history.entries.extend(entries)
@@ -163,6 +167,27 @@ async def select_history(
         history.exchanges.pop(0)
         history.tokens -= entry.tokens_in + entry.tokens_out
     return history
+
+
+def stepped(picked: list[tuple[ConversationMemory, list[IndexEntry]]], after: int, step: int) -> int:
+    """Move the window's start (in `picked`, newest member first) on to the next of the numbers
+    after + 1, after + 1 + step, ...; returns the tokens that leaves out. The start then stays put
+    while the conversation grows by up to `step` exchanges, so each request extends the previous
+    one and a provider's prompt cache holds. A window too small to keep an exchange past the next
+    step keeps its start where the budget put it."""
+    shown = [entry for _member, entries in picked for entry in entries]
+    if not shown:
+        return 0
+    first = min(entry.n for entry in shown)
+    start = after + 1 + -(-(first - after - 1) // step) * step
+    if start == first or max(entry.n for entry in shown) < start:
+        return 0
+    left_out = 0
+    for position, (member, entries) in enumerate(picked):
+        kept = [entry for entry in entries if entry.n >= start]
+        left_out += sum(entry.tokens_in + entry.tokens_out for entry in entries[:len(entries) - len(kept)])
+        picked[position] = (member, kept)
+    return left_out
 
 
 @dataclass(slots=True)

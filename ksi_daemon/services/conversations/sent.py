@@ -16,8 +16,8 @@ from ksi_common.ids import is_safe_id
 from ksi_common.items import ABANDONED_ARGUMENTS, call_ids_abandoned, function_calls, item_line, output_text
 from ksi_common.records import IndexEntry
 from ksi_common.transcripts import Transcripts, exchange_items
-from ksi_daemon.services.completion.stand_ins import Block, summary_block
 from ksi_daemon.services.conversations.history import system_notes
+from ksi_daemon.services.conversations.stand_ins import Block, summary_block
 
 FILES_PLACEHOLDER = "[attached files were embedded here; their content is read at send time and not stored]"
 

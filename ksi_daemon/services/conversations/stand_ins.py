@@ -1,21 +1,13 @@
 """What stands in for a turn's left-out exchanges: stored summaries (or fallbacks) by range, a
-fallback made for the turn, and a summary cut to its salient items to fit; how a conversation's
-summaries are chosen to cover exchanges 1..n, and how each shows on the system message."""
+fallback made for the turn, and a summary cut to its salient items to fit (salience.digest); how a
+conversation's summaries are chosen to cover exchanges 1..n, and how each shows on the system message."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.summaries import Summary
-from ksi_daemon.services.completion.salience import salient_items, self_statements
-
-DIGEST_ITEMS = 40
-# what summaries and fallbacks add around their content: exchange numbers, list marks, headings
-_MARKUP = re.compile(r"^(?:\s*(?:[-*#>]+\s*|\[\d+\] (?:User|Assistant): |Summary of exchanges [\d-]+:|"
-                     r"The user said: |Items named: ))+", re.MULTILINE)
 
 
 @dataclass(slots=True)
@@ -101,20 +93,3 @@ def cover(found: list[tuple[Summary, int | None]]) -> list[Summary]:
         chosen.append(by_first[start])
         start = chosen[-1].upto + 1
     return chosen
-
-
-def digest(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
-    """The salient items of a summary's text (the user's statements first, then the items they do
-    not already hold), in order, within `limit` tokens."""
-    text = _MARKUP.sub("", text)
-    statements = self_statements(text)
-    items = [*statements, *(i for i in salient_items(text) if not any(i in s for s in statements))]
-    lines: list[str] = []
-    used = 0
-    for item in list(dict.fromkeys(items))[:DIGEST_ITEMS]:
-        cost = count_tokens(item) + 2
-        if used + cost > limit:
-            continue  # a shorter one further on may still fit
-        lines.append(f"- {item}")
-        used += cost
-    return "\n".join(lines)
