@@ -16,6 +16,7 @@ import click
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, fail, show, wants_json
 from ksi_common.errors import KsiError
+from ksi_common.storage_backends import STORAGE_NAMES
 
 
 @click.group(name="storage")
@@ -24,7 +25,7 @@ def storage() -> None:
 
 
 @storage.command(name="migrate")
-@click.option("--to", "target", type=click.Choice(["postgres", "jsonl"]), required=True,
+@click.option("--to", "target", type=click.Choice(STORAGE_NAMES), required=True,
               help="postgres: copy the var dir into the database; jsonl: copy the database into the var dir.")
 @click.option("--var-dir", help=VAR_DIR_HELP)
 @click.option("--database-url", help="postgresql://... (default: KSI_DATABASE_URL).")
