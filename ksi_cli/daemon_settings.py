@@ -57,8 +57,9 @@ def database_unreachable(settings: Settings) -> str | None:
     """Why a daemon with `settings` could not open its database, or None (also for JSONL): a
     restart asks before it stops the running daemon. asyncpg is imported only for PostgreSQL."""
     from ksi_common.dburl import mask_urls_in, url_password
+    from ksi_common.storage_backends import needs_url
 
-    if settings.storage != "postgres" or settings.database_url is None:
+    if not needs_url(settings.storage) or settings.database_url is None:
         return None  # JSONL, or a missing URL, which the settings check already refused
     import asyncio
 

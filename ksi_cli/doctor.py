@@ -19,6 +19,7 @@ from ksi_common import doctor as checks
 from ksi_common.errors import KsiError
 from ksi_common.records import parse_index_line
 from ksi_common.liveness import read_pid, socket_answers, socket_path_state
+from ksi_common.storage_backends import needs_url
 
 _BLOCK = 64 * 1024
 
@@ -160,7 +161,7 @@ def repair(report: checks.Report) -> list[dict[str, Any]]:
 
 def _print_report(report: checks.Report, repaired: list[dict[str, Any]], location: Location) -> None:
     click.secho(f"var dir: {report.var_dir}", bold=True)
-    if location.storage != "jsonl":
+    if needs_url(location.storage):
         # the database keeps its own rows whole (keys, transactions); what is checked here is what
         # the daemon still keeps in its var dir: socket, pid, logs, request journal, modes
         click.echo(f"  conversations and agents are in {location.describe_storage()}: not checked here")

@@ -11,6 +11,7 @@ from typing import TypeVar
 from ksi_common.locate import Location
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.reading import StoredReader, open_reader
+from ksi_common.storage_backends import needs_url
 
 T = TypeVar("T")
 
@@ -29,15 +30,16 @@ def running_storage(where: Location) -> Location:
         running = oneshot.request(where.socket, "system:config", timeout=2.0)
     except KsiError:  # no daemon answers: the var dir is what there is
         return where
-    if running.get("storage") != "postgres":
+    storage = str(running.get("storage") or "")
+    if not needs_url(storage):
         return where
     url = str(running.get("database_url") or "")
     if not url or MASK in url:
         raise KsiError(ErrorCode.STORAGE_UNAVAILABLE,
-                       f"the running daemon keeps its conversations in PostgreSQL ({url or 'no URL shown'}); "
-                       "set KSI_STORAGE=postgres and KSI_DATABASE_URL (with its password) as the daemon has them",
-                       fields={"KSI_STORAGE": "postgres", "KSI_DATABASE_URL": url})
-    return replace(where, storage="postgres", database_url=url, storage_given=True)
+                       f"the running daemon keeps its conversations in a database ({storage}: {url or 'no URL shown'}); "
+                       f"set KSI_STORAGE={storage} and KSI_DATABASE_URL (with its password) as the daemon has them",
+                       fields={"KSI_STORAGE": storage, "KSI_DATABASE_URL": url})
+    return replace(where, storage=storage, database_url=url, storage_given=True)
 
 
 def read_stored(where: Location, work: Callable[[StoredReader], Awaitable[T]]) -> T:

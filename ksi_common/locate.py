@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.layout import MARKER_NAME, VarLayout, find_var_dir, user_var_dir
+from ksi_common.storage_backends import DEFAULT_STORAGE, needs_url
 
 
 def _dotenv(name: str) -> str | None:
@@ -35,8 +36,8 @@ class Location:
     socket: Path
     found_by: str = "--var-dir"
     socket_given: bool = False  # --socket was on the command line
-    storage: str = "jsonl"  # KSI_STORAGE: which backend the inspection commands read
-    database_url: str | None = None  # KSI_DATABASE_URL, for storage=postgres
+    storage: str = DEFAULT_STORAGE  # KSI_STORAGE: which backend the inspection commands read
+    database_url: str | None = None  # KSI_DATABASE_URL, for a backend that needs one
     storage_given: bool = False  # KSI_STORAGE was set (else the running daemon may say which it uses)
 
     @property
@@ -49,10 +50,10 @@ class Location:
 
     def describe_storage(self) -> str:
         """Where the stored conversations and agents are read: the var dir or the database."""
-        if self.storage == "postgres" and self.database_url:
+        if needs_url(self.storage) and self.database_url:
             from ksi_common.dburl import mask_url
 
-            return f"the database {mask_url(self.database_url)} (KSI_STORAGE=postgres)"
+            return f"the database {mask_url(self.database_url)} (KSI_STORAGE={self.storage})"
         return self.describe()
 
 
@@ -74,7 +75,7 @@ def locate(var_dir: str | None = None, socket: str | None = None) -> Location:
     sock = socket or (None if found_by == "--var-dir" else _setting("KSI_SOCKET_PATH")) or written.get("socket_path")
     storage = _setting("KSI_STORAGE") or written.get("storage")
     return Location(root, Path(sock).absolute() if sock else VarLayout(root).default_socket, found_by,
-                    socket_given=socket is not None, storage=storage or "jsonl",
+                    socket_given=socket is not None, storage=storage or DEFAULT_STORAGE,
                     database_url=_setting("KSI_DATABASE_URL") or written.get("database_url"),
                     storage_given=bool(storage))
 

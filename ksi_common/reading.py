@@ -1,5 +1,6 @@
 """Reading stored conversations, whatever the backend: the read port shared by the daemon and the
-`ksi` inspection commands, its JSONL implementation, and the table that picks one by name.
+`ksi` inspection commands, its JSONL implementation, and `open_reader`, which picks one by name
+(from the table of backends, `ksi_common.storage_backends`).
 
 Client-light: standard library and orjson; a backend that needs a driver imports it lazily, only
 when it is the one chosen. The daemon's conversation stores implement this same port, so the
@@ -9,7 +10,6 @@ daemon's `conversation:*` events and the inspection commands read through the sa
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import time
 from pathlib import Path
@@ -20,10 +20,10 @@ import orjson
 from ksi_common.ids import is_safe_id
 from ksi_common.layout import VarLayout
 from ksi_common.records import IndexEntry, ResponseRecord, read_index, read_response
+from ksi_common.storage_backends import backend_named
 from ksi_common.summaries import Summary, read_summaries
 from ksi_common.tallies import caught_up
 
-STORAGE_NAMES = ("jsonl", "postgres")
 SETTLED_NS = 2_000_000_000  # a file time this old can no longer share its tick with a new change
 
 
@@ -231,20 +231,7 @@ def _mtime(directory: Path) -> int:
         return 0
 
 
-# name -> "module:class" of its reader, built as `cls(layout, database_url)`; imported only when
-# chosen (a database driver is not client-light)
-READERS = {
-    "jsonl": "ksi_common.reading:JsonlReader",
-    "postgres": "ksi_common.postgres_reader:PostgresReader",
-}
-
-
 def open_reader(storage: str, layout: VarLayout, database_url: str | None = None) -> StoredReader:
     """The reader of backend `storage` (`KSI_STORAGE`), for a var dir or a database."""
-    try:
-        target = READERS[storage]
-    except KeyError:
-        raise ValueError(f"unknown storage {storage!r}; one of {', '.join(READERS)}") from None
-    module_name, class_name = target.split(":")
-    reader_class = getattr(importlib.import_module(module_name), class_name)
+    reader_class = backend_named(storage).load("reader")
     return reader_class(layout, database_url)  # type: ignore[no-any-return]

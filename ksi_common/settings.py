@@ -29,6 +29,7 @@ from ksi_common.http_token import weakness
 from ksi_common.kept_settings import KeptSettings
 from ksi_common.layout import VarLayout, find_var_dir
 from ksi_common.limits import MAX_TIMEOUT, MAX_TTL
+from ksi_common.storage_backends import DEFAULT_STORAGE, STORAGE_NAMES
 
 # where a setting's value came from, highest first: a later place is used only for what the
 # earlier ones leave unset (a setting is replaced whole, a table such as `models` too)
@@ -211,7 +212,7 @@ class Settings(BaseSettings):
     """Bytes of one provider answer read at most; a longer one fails the call."""
     fsync: Literal["always", "never"] = "always"
     """`always`: an exchange is acknowledged once it is on disk; `never`: left to the kernel."""
-    storage: Literal["jsonl", "postgres"] = "jsonl"  # the backend, by name (ksi_daemon.storage.backends)
+    storage: Literal[STORAGE_NAMES] = DEFAULT_STORAGE  # the backend, by name (ksi_common.storage_backends)
     """The storage backend: JSONL files in the var dir, or a PostgreSQL database."""
     database_url: SecretStr | None = None  # postgresql://... for storage=postgres; never shown unmasked
     """The PostgreSQL URL (`postgresql://user:password@host:port/db`) when `KSI_STORAGE=postgres`; shown masked."""

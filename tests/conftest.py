@@ -15,11 +15,11 @@ import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.settings import Settings
+from ksi_common.storage_backends import DEFAULT_STORAGE, STORAGE_NAMES, backend_named
 from ksi_daemon.daemon import Daemon
 from tests.browser import chromium
 from tests.pg_cluster import ThrowawayCluster
 
-BACKENDS = ("jsonl", "postgres")
 PROVIDER_PREFIXES = ("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_", "OLLAMA_", "LITELLM_", "KSI_")
 
 
@@ -41,16 +41,18 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Tests of modules marked `backends` run once per storage backend: the same specification."""
     if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("backends"):
-        metafunc.parametrize("backend", BACKENDS, indirect=True)
+        metafunc.parametrize("backend", STORAGE_NAMES, indirect=True)
 
 
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Settings overrides that choose the storage backend (JSONL unless the module is marked)."""
-    name = getattr(request, "param", "jsonl")
-    if name == "jsonl":
+    name = getattr(request, "param", DEFAULT_STORAGE)
+    if name == DEFAULT_STORAGE:
         return {}
-    return {"storage": "postgres", "database_url": request.getfixturevalue("pg_url")}
+    if backend_named(name).needs_url:
+        return {"storage": name, "database_url": request.getfixturevalue("pg_url")}
+    return {"storage": name}
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`python -m ksi_daemon.storage.migrate_main --to postgres|jsonl`: the copy behind `ksi storage migrate`.
+"""`python -m ksi_daemon.storage.migrate_main --to NAME [--from NAME]`: the copy behind `ksi storage migrate`.
 
 It runs in a process of its own so the `ksi` client never imports the daemon's storage layer. The
 var dir and the database URL come from the environment (KSI_VAR_DIR, KSI_DATABASE_URL), never the
@@ -21,6 +21,7 @@ import structlog
 from ksi_common.dburl import mask_url
 from ksi_common.errors import KsiError
 from ksi_common.settings import Settings, load_settings
+from ksi_common.storage_backends import STORAGE_NAMES, needs_url
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.storage.migrate import migrate
 
@@ -45,10 +46,22 @@ async def copy(settings: Settings, source_name: str, target: str) -> dict[str, A
     return tally.to_dict()
 
 
+def the_other(target: str) -> str | None:
+    """The backend a copy to `target` comes from when the table leaves one choice, else None."""
+    others = [name for name in STORAGE_NAMES if name != target]
+    return others[0] if len(others) == 1 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--to", dest="target", choices=["postgres", "jsonl"], required=True)
-    target = parser.parse_args(argv).target
+    parser.add_argument("--to", dest="target", choices=STORAGE_NAMES, required=True)
+    parser.add_argument("--from", dest="source", choices=STORAGE_NAMES,
+                        help="the backend copied from (default: the other one, when there are two)")
+    arguments = parser.parse_args(argv)
+    target, source_name = arguments.target, arguments.source or the_other(arguments.target)
+    if source_name is None or source_name == target:
+        print(f"--from: one of {', '.join(name for name in STORAGE_NAMES if name != target)}", file=sys.stderr)
+        return 2
     # the storage layer logs (a schema migrated, ...): to stderr, so stdout stays the report
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
@@ -56,10 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except KsiError as invalid:
         print(f"{invalid.code}: {invalid.message}", file=sys.stderr)
         return 2
-    if settings.database_url is None:
+    if settings.database_url is None and (needs_url(source_name) or needs_url(target)):
         print("a database URL is needed: --database-url or KSI_DATABASE_URL", file=sys.stderr)
         return 2
-    source_name = "jsonl" if target == "postgres" else "postgres"
     settings.layout.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = filelock.FileLock(str(settings.layout.lock_file))
     try:
@@ -75,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lock.release()
     result = {"from": source_name, "to": target, "var_dir": str(settings.layout.root),
-              "database": mask_url(settings.database_url.get_secret_value()), **result}
+              "database": mask_url(settings.database_url.get_secret_value()) if settings.database_url else None,
+              **result}
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0
 

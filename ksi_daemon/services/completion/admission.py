@@ -38,7 +38,7 @@ from ksi_daemon.services.conversations.memory import ConversationCache, Conversa
 from ksi_daemon.services.conversations.models import CONVERSATION_FORK
 from ksi_daemon.services.conversations.pending import pending_taken
 from ksi_daemon.services.conversations.responses import locate
-from ksi_daemon.services.conversations.scope import request_scope, scope_extra
+from ksi_daemon.services.conversations.scope import request_scope
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.storage.ports import ConversationExists, ResponseStore
 
@@ -315,14 +315,14 @@ class Admission:
                 self._check_options(chosen or self.settings.default_model, data)
         # Another tool's id for this conversation (llm's, say) is kept in its metadata, so the link
         # survives restarts of both and any door can show it.
-        extra = {"external_ids": dict(data.external_ids)} if data.external_ids else {}
-        extra.update(scope_extra(request_scope(data.agent_id, data.options)))  # whom a resent history matches for
+        kept = {"external_ids": dict(data.external_ids) or None,
+                "scope": request_scope(data.agent_id, data.options) or None}  # whom a resent history matches for
         # the preview is recorded with the creation, so the first exchange's metadata differs from
         # it only in its totals (which the JSONL store saves lazily) and costs no extra write
         if conversation_id is None:  # a session may add this run's items to its own conversation later
             return await self._create_conversation(new_id("conv-"), for_request=True, agent_id=data.agent_id,
-                                                   system=agent.system if agent else None,
-                                                   extra={**extra, MADE_FOR_RUN: True},
+                                                   system=agent.system if agent else None, **kept,
+                                                   extra={MADE_FOR_RUN: True},
                                                    origin=data.origin, preview=records.first_input_preview(data))
         memory = await self.cache.get(conversation_id)
         if memory is not None and not memory.retired:  # a retired one is being discarded: gone
@@ -333,7 +333,7 @@ class Admission:
                            conversation_id=conversation_id)
         try:
             return await self._create_conversation(conversation_id, for_request=True, agent_id=data.agent_id,
-                                                   system=agent.system if agent else None, extra=extra,
+                                                   system=agent.system if agent else None, **kept,
                                                    origin=data.origin, preview=records.first_input_preview(data))
         except ConversationExists:  # another daemon created it meanwhile: continue it
             return await self.cache.require(conversation_id)

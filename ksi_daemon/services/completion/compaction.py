@@ -52,6 +52,7 @@ from ksi_daemon.services.conversations.memory import (
 from ksi_daemon.services.conversations.stand_ins import Block, StandIn, cover, summary_block
 from ksi_daemon.services.conversations.turn_budget import MIN_SUMMARY_TOKENS, summaries_share
 from ksi_daemon.services.conversations.writer import ConversationWriter
+from ksi_daemon.storage.models import CompactionTally
 
 log = structlog.get_logger("ksi.compaction")
 
@@ -483,13 +484,7 @@ class Compactor:
             meta.tokens_in += summary.usage.get("prompt_tokens", 0)
             meta.tokens_out += summary.usage.get("completion_tokens", 0)
             meta.cost += summary.cost
-            compaction = dict(meta.extra.get("compaction") or {})
-            compaction["summaries"] = int(compaction.get("summaries", 0)) + 1
-            compaction["covered"] = max(int(compaction.get("covered", 0)), summary.upto)
-            compaction["cost"] = float(compaction.get("cost", 0.0)) + summary.cost
-            if summary.fallback:
-                compaction["fallbacks"] = int(compaction.get("fallbacks", 0)) + 1
-            meta.extra["compaction"] = compaction
+            meta.compaction = (meta.compaction or CompactionTally()).added(summary.upto, summary.cost, summary.fallback)
             await self.writer.save_meta(memory, meta)
         log.info("summary_written", conversation_id=conversation_id, first=summary.first, upto=summary.upto,
                  kind=summary.kind, level=summary.level, tokens=summary.tokens)

@@ -23,7 +23,7 @@ from ksi_daemon.services.completion.client_history import OwnHistory, own_histor
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.images import Images
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.services.completion.stand_ins import stable_parts
+from ksi_daemon.services.conversations.stand_ins import stable_parts
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,

@@ -71,7 +71,7 @@ def adopted_meta(meta: ConversationMeta, source: ConversationMeta) -> Conversati
         "system": source.system, "system_changes": source.system_changes, "exchanges": source.exchanges,
         "tokens_in": source.tokens_in, "tokens_out": source.tokens_out, "cost": source.cost,
         "models": source.models, "last_activity": source.last_activity, "cli_session": source.cli_session,
-        "pins": source.pins,
+        "pins": source.pins, "compaction": source.compaction,
         "preview": meta.preview or source.preview,
         "extra": {**{k: v for k, v in source.extra.items() if k != MADE_FOR_RUN}, **meta.extra,
                   ADOPTED_FROM: source.conversation_id}})

@@ -12,7 +12,6 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 
 
-FORK_DIGEST_KEY = "fork_digest"  # in a fork's metadata extras: the digest of exchange fork_at
 
 
 async def digest_at(cache: ConversationCache, memory: ConversationMemory, n: int, max_depth: int) -> str | None:
@@ -20,9 +19,8 @@ async def digest_at(cache: ConversationCache, memory: ConversationMemory, n: int
     shares); None when that exchange has none (stored before digests) or does not exist."""
     if n > memory.base:
         return await _entry_digest(cache, memory, n)
-    recorded = memory.meta.extra.get(FORK_DIGEST_KEY)
-    if n == memory.base and isinstance(recorded, str):
-        return recorded
+    if n == memory.base and memory.meta.fork_digest is not None:
+        return memory.meta.fork_digest
     for member, upto in (await fork_chain(cache, memory, max_depth))[1:]:
         if n > member.base and (upto is None or n <= upto):
             return await _entry_digest(cache, member, n)
@@ -30,19 +28,20 @@ async def digest_at(cache: ConversationCache, memory: ConversationMemory, n: int
 
 
 async def fork_point_digest(cache: ConversationCache, parent: ConversationMemory, at: int, max_depth: int,
-                            known: str | None = None) -> dict[str, str]:
-    """What a fork of `parent` made at exchange `at` records of its fork point: its digest. `known`
+                            known: str | None = None) -> str | None:
+    """What a fork of `parent` made at exchange `at` records of its fork point: its digest (None:
+    none known, or no fork point at 0). `known`
     (the digest a caller matched there) is taken when the store names exchange `at` of `parent`
     for it, which reads no index; else it is read as `digest_at` reads it."""
     if at == 0:
-        return {}
+        return None
     digest = None
     if known is not None and at > parent.base:
         held = await cache.find_digest(known)
         digest = known if any(m.conversation_id == parent.conversation_id and m.n == at for m in held) else None
     if digest is None:
         digest = await digest_at(cache, parent, at, max_depth)
-    return {FORK_DIGEST_KEY: digest} if digest is not None else {}
+    return digest
 
 
 async def _entry_digest(cache: ConversationCache, memory: ConversationMemory, n: int) -> str | None:

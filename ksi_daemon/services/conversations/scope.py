@@ -4,7 +4,7 @@ Matching is by content, so two programs (or two users behind one app) sending th
 opening would continue each other's conversation. A request names whom it is for with the fields
 clients already send for that: its agent (`agent_id`), and the provider options `user` and
 `safety_identifier` (the Responses and chat `user`, the Responses `safety_identifier`). A
-conversation keeps the scope of the request that made it in its metadata (`extra.scope`; forks keep
+conversation keeps the scope of the request that made it in its metadata (`scope`; forks keep
 their parent's), and a history matches only conversations of exactly the same scope: one naming
 nobody only those stored for nobody. A conversation stored before scopes were kept is an agent's
 when its metadata names one, else nobody's.
@@ -17,7 +17,6 @@ from typing import Any
 
 from ksi_daemon.storage.models import ConversationMeta
 
-SCOPE_KEY = "scope"  # in the metadata's extra: {"agent_id"?, "user"?, "safety_identifier"?}
 SCOPE_OPTIONS = ("user", "safety_identifier")  # provider options that name the end user
 
 Scope = dict[str, str]
@@ -35,17 +34,7 @@ def request_scope(agent_id: str | None, options: Mapping[str, Any]) -> Scope:
 
 def stored_scope(meta: ConversationMeta) -> Scope:
     """The scope a conversation was stored for."""
-    kept = meta.extra.get(SCOPE_KEY)
-    if isinstance(kept, dict):
-        return {str(k): str(v) for k, v in kept.items()}
+    if meta.scope is not None:
+        return dict(meta.scope)
     return {"agent_id": meta.agent_id} if meta.agent_id else {}
 
-
-def scope_extra(scope: Scope) -> dict[str, Any]:
-    """What a new conversation's extra holds for `scope` (nothing for nobody's)."""
-    return {SCOPE_KEY: dict(scope)} if scope else {}
-
-
-def inherited_scope(meta: ConversationMeta) -> dict[str, Any]:
-    """The extra a fork of `meta` starts with: its parent's scope, as stored."""
-    return {SCOPE_KEY: meta.extra[SCOPE_KEY]} if SCOPE_KEY in meta.extra else {}

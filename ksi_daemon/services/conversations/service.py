@@ -60,7 +60,6 @@ from ksi_daemon.services.conversations.adoption import (
 from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
 from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, item_line
-from ksi_daemon.services.conversations.scope import inherited_scope, scope_extra
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
@@ -320,7 +319,7 @@ class ConversationService:
             models=[model] if model else [],  # so the fork continues with the model it branched from
             origin=data.origin, preview=parent.meta.preview if at else None,  # exchange 1 is shared
             pins=[n for n in parent.meta.pins if n <= at],  # the shared prefix keeps its pins
-            extra={**inherited_scope(parent.meta), **fork_point},  # matched for the parent's users
+            scope=parent.meta.scope, fork_digest=fork_point,  # matched for the parent's users
         )
         try:
             await self.writer.create(meta)
@@ -333,7 +332,7 @@ class ConversationService:
 
     async def _model_at(self, chain: list[tuple[ConversationMemory, int | None]], at: int) -> str | None:
         for member, _upto in chain:
-            if "imported_at" in member.meta.extra:
+            if member.meta.imported_at is not None:
                 return None  # a model an import named is history, not a route
             if member.entry(at) is None:  # a fork at a loaded exchange reads no index
                 await self.cache.load_all(member)
@@ -371,9 +370,8 @@ class ConversationService:
         await self._check_stored(stored_images)
         await self._check_free(conversation_id, "new_id")
         meta.origin = data.origin
-        if data.continues is not None:
-            meta.extra["continues"] = data.continues
-        meta.extra.update(scope_extra(data.scope or {}))
+        meta.continues = data.continues
+        meta.scope = dict(data.scope) if data.scope else None
         if data.for_run:
             meta.extra[MADE_FOR_RUN] = True
         if data.metadata:
@@ -465,7 +463,7 @@ class ConversationService:
             tags=list(source.tags), agent_id=source.agent_id, system=source.system,
             ttl=self.settings.default_ttl, exchanges=len(exchanges), tokens_in=tokens_in, tokens_out=tokens_out,
             cost=cost, models=[], pins=sorted({renumbered[n] for n in source.pins if n in renumbered}),
-            extra={"imported_from": source.conversation_id, "imported_at": now, "imported_models": named},
+            imported_from=source.conversation_id, imported_at=now, imported_models=named,
             preview=next((preview_of(line["content"]) for _entry, lines in exchanges[:1] for line in lines
                           if line["type"] in ("user", "feedback")), None),
         )
