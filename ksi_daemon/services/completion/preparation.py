@@ -146,7 +146,9 @@ class TurnPreparation:
         memory = await self.cache.widen(memory, budget.history)
         plan = await self.planner.plan(memory, budget, state.request.files)
         messages, own = await self._messages(state, turn, plan, budget)
-        call = self._call(state, memory, messages, turn.sent_system, on_chunk)
+        # the system prompt and the newest frozen summary: the prefix cache markers may close
+        stable = stable_parts(turn.sent_system, plan.stand_in if own is None else None)
+        call = self._call(state, memory, messages, turn.sent_system, stable, on_chunk)
         return self._prepared(state, memory, turn, plan, own, call)
 
     def _turn_input(self, memory: ConversationMemory, state: RequestState) -> TurnInput:
@@ -179,7 +181,7 @@ class TurnPreparation:
         return build_messages(turn.sent_system, history, new_messages, plan.summary), None
 
     def _call(self, state: RequestState, memory: ConversationMemory, messages: list[dict[str, Any]],
-              sent_system: str | None, on_chunk: ChunkSink | None) -> ProviderCall:
+              sent_system: str | None, stable: list[str], on_chunk: ChunkSink | None) -> ProviderCall:
         data = state.request
         options = data.provider_options()
         if data.extra_body:
@@ -192,7 +194,7 @@ class TurnPreparation:
             request={"request_id": state.request_id, "response_id": state.response_id,
                      "conversation_id": state.conversation_id, "agent_id": state.agent_id,
                      "consortium": data.consortium},
-            stable_system=stable_parts(sent_system, stand_in if own is None else None),
+            stable_system=stable,
         )
 
     def _prepared(self, state: RequestState, memory: ConversationMemory, turn: TurnInput, plan: TurnPlan[Attached],
