@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ksi_cli import completion
-from ksi_cli.locate import locate
+from ksi_common.locate import locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show
 from ksi_cli.send import request_or_exit
