@@ -44,12 +44,12 @@ from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
-from ksi_daemon.services.pool import PoolService
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.members import PoolService
+from ksi_daemon.services.pool.stealing import WorkStealing
+from ksi_daemon.services.pool.takeover import TakeoverService
 from ksi_daemon.services.rates import RateLimitedProvider
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.services.resilience import CircuitBreaker
-from ksi_daemon.services.takeover import TakeoverService
-from ksi_daemon.services.stealing import WorkStealing
 from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots

@@ -21,8 +21,6 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.admission import Admission, Admitted
 from ksi_daemon.services.completion.compaction import Compactor
-from ksi_daemon.services.completion.handover import adopted_state, request_record
-from ksi_daemon.services.completion.interrupted import InterruptedResponses
 from ksi_daemon.services.completion.models import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
@@ -47,7 +45,9 @@ from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.writer import ConversationWriter
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.handover import adopted_state, request_record
+from ksi_daemon.services.pool.interrupted import InterruptedResponses
 from ksi_daemon.storage.ports import PoolRequest, RequestJournal, ResponseStore
 
 log = structlog.get_logger("ksi.completion")
