@@ -39,7 +39,7 @@ class Job:
     ticket: str  # names its place in the conversation's line (the request id)
     place: int = 0  # its place in the line: the conversation's jobs run in this order
     on_taken_over: Callable[[], None] = lambda: None  # another daemon of the pool runs it now
-    task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
+    task: asyncio.Task[Any] | None = None  # the job's run, once it started
     turn: PooledTurn = field(default_factory=PooledTurn)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -142,13 +142,13 @@ class Scheduler:
             return 0
 
     def cancel(self, job: Job) -> bool:
-        """Cancel a queued job (removed at once) or a running one (its worker is cancelled, for this job only).
+        """Cancel a queued job (removed at once) or a running one (its own task is cancelled).
         A job offered to the pool is cancelled only once its offer is withdrawn: claimed meanwhile by
         another daemon, it is handed over instead (its turn WITHDRAWN says the answer is to wait for)."""
         if job.task is not None:
             if job.turn.over:
                 return False
-            job.turn.end()  # ended while running: the worker takes this cancel as the job's, not its own
+            job.turn.end()  # ended while running: its run unwinds
             job.task.cancel()
             return True
         if job.turn.offered:
@@ -173,8 +173,8 @@ class Scheduler:
         return True
 
     async def _work(self, key: str, queue: deque[Job]) -> None:
-        """Run the conversation's jobs one after another in this task (no task per job: a
-        cancelled job is this task cancelled once, taken back when the job has ended)."""
+        """Run the conversation's jobs one after another, each in a task of its own: a job's cancel
+        cancels its task, and this worker goes on to the next job."""
         worker = asyncio.current_task()
         assert worker is not None
         try:
@@ -205,22 +205,20 @@ class Scheduler:
 
     async def _run(self, job: Job, worker: asyncio.Task[None]) -> None:
         self.running += 1
-        job.task = worker
         job.turn.run()
+        # the job's own task: its cancel cancels that task, never the conversation's worker
+        job.task = asyncio.get_running_loop().create_task(job.run())
         try:
-            await job.run()
+            await job.task
         except asyncio.CancelledError:
-            if not job.turn.over or worker.cancelling() > 1:
-                raise  # the worker itself is being cancelled (the scheduler stops)
+            if worker.cancelling():
+                raise  # the worker itself is being cancelled (the scheduler stops), and the job with it
         except Exception:
             log.exception("job_failed", conversation_id=job.key)
         finally:
             self.running -= 1
-            cancelled = job.turn.over  # ended while running: its cancel was asked
-            if not cancelled:
+            if not job.turn.over:
                 job.turn.end()
-            if cancelled and worker.cancelling():
-                worker.uncancel()  # the job's cancel is spent; later awaits are the worker's own
 
     @asynccontextmanager
     async def _where(self, job: Job, wanted: bool) -> AsyncIterator[Place]:
@@ -243,7 +241,7 @@ class Scheduler:
         for queue in self._queues.values():
             for job in list(queue)[1:]:
                 self.cancel(job)
-        running = [job.task for job in self.jobs() if job.task is not None and job.turn.state is TurnState.RUNNING]
+        running = [job.task for job in self.jobs() if job.task is not None and not job.task.done()]
         if running:  # only the running job is left in each queue: its worker ends with it
             _done, pending = await asyncio.wait(running, timeout=timeout)
             for task in pending:
