@@ -182,7 +182,7 @@ class CompletionService:
             return await self.elsewhere.cancel(data.request_id)
         if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
             self.scheduler.cancel(found.job)
-            if found.status == "running" or found.job.turn.state is TurnState.WITHDRAWN:  # offered: ends once its offer is taken back
+            if found.status == "running" or found.job.turn.state is TurnState.WITHDRAWN:  # ends once its offer is back
                 await found.done.wait()
             if found.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
                 return await self.elsewhere.cancel(data.request_id)
