@@ -44,12 +44,12 @@ from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
 from ksi_daemon.services.monitor import MonitorService
-from ksi_daemon.services.pool import PoolService
+from ksi_daemon.services.pool.claiming import OfferClaims
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.members import PoolService
+from ksi_daemon.services.pool.takeover import TakeoverService
 from ksi_daemon.services.rates import RateLimitedProvider
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
 from ksi_daemon.services.resilience import CircuitBreaker
-from ksi_daemon.services.takeover import TakeoverService
-from ksi_daemon.services.stealing import WorkStealing
 from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
@@ -153,7 +153,7 @@ class Daemon:
                                         shared=self.storage.daemons.shared, own_silence=self.pool.silent_for,
                                         steady_for=self.pool.steady_for)
         # turns other daemons at their limits offered are run here while this daemon has room
-        self.stealing = WorkStealing(settings, self.storage.requests, self.completion,
+        self.claiming = OfferClaims(settings, self.storage.requests, self.completion,
                                      shared=self.storage.daemons.shared, others_alive=self.pool.others_alive)
         self.system = SystemService(
             self.router,
@@ -176,7 +176,7 @@ class Daemon:
         self.http = self._http_front()
         # the pool last: registered once every other part is ready, removed first at a stop
         self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations, self.pool, self.takeover, self.stealing]
+                                     self.conversations, self.pool, self.takeover, self.claiming]
         self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------

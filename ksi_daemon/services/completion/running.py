@@ -28,7 +28,7 @@ from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD
 from ksi_daemon.services.conversations.memory import ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import without_consumed
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ResponseStore

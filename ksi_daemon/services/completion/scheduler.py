@@ -7,23 +7,24 @@ in the conversation's line when it is submitted and runs while it holds the conv
 another daemon's turn holds no slot. A conversation's queue here is in the order of those places:
 a job taken over or claimed from another daemon keeps its place, ahead of later ones.
 
-Work stealing: a job holding its lease that finds no free slot here is offered to the pool
-(`PoolRequests.offer`) while it waits; a daemon with a free slot may claim it. Whichever comes
-first, the slot here or the claim, wins: the job takes its offer back before it runs, and one
-claimed leaves this daemon's queue as a job taken over does."""
+A job holding its lease asks the pool where it runs (`Placement.place`): here, holding a slot,
+or handed over to a daemon that claimed it; one handed over leaves this daemon's queue as a job
+taken over does. Its state is its `PooledTurn`'s."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.services.pool.placement import Place, Placement
+from ksi_daemon.services.pool.turn import PooledTurn, TurnState
 from ksi_daemon.storage.ports import ConversationLeases, OneDaemonLeases, OneDaemonRequests, PoolRequests
 
 log = structlog.get_logger("ksi.scheduler")
@@ -38,12 +39,8 @@ class Job:
     ticket: str  # names its place in the conversation's line (the request id)
     place: int = 0  # its place in the line: the conversation's jobs run in this order
     on_taken_over: Callable[[], None] = lambda: None  # another daemon of the pool runs it now
-    task: asyncio.Task[Any] | None = None  # the conversation's worker, while it runs this job
-    cancelled: bool = False
-    finished: bool = False
-    claimed: bool = False  # offered while it waited for a slot, and claimed by another daemon
-    offered: bool = False  # an offer of it to the pool may stand: a cancel takes it back first
-    withdrawing: bool = False  # cancelled while offered: cancelled once its offer is taken back, else handed over
+    task: asyncio.Task[Any] | None = None  # the job's run, once it started
+    turn: PooledTurn = field(default_factory=PooledTurn)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,12 +49,7 @@ class Scheduler:
                  leases: ConversationLeases | None = None, offers: PoolRequests | None = None) -> None:
         self._limits = limits
         self._leases: ConversationLeases = leases or OneDaemonLeases()
-        self._offers: PoolRequests = offers or OneDaemonRequests()
-        self._offered: dict[str, Job] = {}  # ticket -> a job offered to the pool while it waits for a slot
-        self._on_room: Callable[[], None] = lambda: None
-        self._anyone_to_take: Callable[[], bool] = lambda: True  # another live daemon could claim an offer
-        self._coming: set[str] = set()  # tickets of jobs claimed for this daemon, not yet asking for a slot
-        self._wanting = 0  # jobs holding their lease, waiting for a slot here
+        self._pool = Placement(limits, offers or OneDaemonRequests())
         self._leaving: set[asyncio.Task[None]] = set()
         self._takes_slot = takes_slot  # False for jobs whose own calls take the slots (a consortium run)
         self._queues: dict[str, deque[Job]] = {}
@@ -111,7 +103,7 @@ class Scheduler:
     def room(self) -> int:
         """Calls this daemon could start now beyond those it makes, the jobs waiting for a slot here
         and the jobs it claimed that will (a job waiting for another daemon's turn wants none yet)."""
-        return self._limits.capacity - self._limits.in_use - self._wanting - len(self._coming)
+        return self._limits.capacity - self._limits.in_use - self._pool.wanting - len(self._pool.coming)
 
     async def leave_line(self, key: str, ticket: str) -> None:
         """Give up a place taken in a conversation's line by a job that was never submitted."""
@@ -123,27 +115,22 @@ class Scheduler:
 
     def expect(self, ticket: str) -> None:
         """A job claimed from another daemon is on its way here: counted as wanting a slot already."""
-        self._coming.add(ticket)
+        self._pool.coming.add(ticket)
 
     def unexpect(self, ticket: str) -> None:
-        self._coming.discard(ticket)
+        self._pool.coming.discard(ticket)
 
     def when_room(self, call: Callable[[], None]) -> None:
         """Call `call` whenever a job here gives its slot back."""
-        self._on_room = call
+        self._pool.on_room = call
 
     def offer_when(self, anyone_to_take: Callable[[], bool]) -> None:
         """Offer waiting jobs only while `anyone_to_take()`: alone, an offer costs two round trips for nothing."""
-        self._anyone_to_take = anyone_to_take
+        self._pool.anyone_to_take = anyone_to_take
 
     def claimed(self, ticket: str) -> None:
         """Another daemon claimed the job offered under `ticket`: it stops waiting for a slot here."""
-        job = self._offered.get(ticket)
-        worker = self._workers.get(job.key) if job is not None else None
-        if job is not None and worker is not None and not job.claimed:
-            if not job.withdrawing:  # else woken already; one cancel of the worker wakes it for both
-                worker.cancel()  # taken back in `_room`, as this job's own
-            job.claimed = True
+        self._pool.claimed(ticket)
 
     def position(self, job: Job) -> int:
         queue = self._queues.get(job.key)
@@ -155,21 +142,18 @@ class Scheduler:
             return 0
 
     def cancel(self, job: Job) -> bool:
-        """Cancel a queued job (removed at once) or a running one (its worker is cancelled, for this job only).
-        A job offered to the pool is cancelled only once its offer is taken back: claimed meanwhile by
-        another daemon, it is handed over instead (`job.withdrawing` says the answer is to wait for)."""
+        """Cancel a queued job (removed at once) or a running one (its own task is cancelled).
+        A job offered to the pool is cancelled only once its offer is withdrawn: claimed meanwhile by
+        another daemon, it is handed over instead (its turn WITHDRAWN says the answer is to wait for)."""
         if job.task is not None:
-            if job.finished or job.cancelled:
+            if job.turn.over:
                 return False
-            job.cancelled = True  # the worker takes this cancel as the job's, not its own
+            job.turn.end()  # ended while running: its run unwinds
             job.task.cancel()
             return True
-        if job.offered:
-            if not job.withdrawing:
-                worker = self._workers.get(job.key)
-                if job.ticket in self._offered and not job.claimed and worker is not None:
-                    worker.cancel()  # waiting for a slot: woken in `_room` as a claim wakes it
-                job.withdrawing = True
+        if job.turn.offered:
+            if job.turn.state is not TurnState.WITHDRAWN:
+                job.turn.withdraw()  # the word wakes its wait for a slot, as a claim's does
             return True
         return self._drop_queued(job)
 
@@ -179,8 +163,9 @@ class Scheduler:
             return False
         queue.remove(job)
         self._queued -= 1
-        self._coming.discard(job.ticket)
-        job.cancelled = True
+        self._pool.coming.discard(job.ticket)
+        if not job.turn.over:
+            job.turn.end()
         job.on_cancel_queued()
         leaving = asyncio.get_running_loop().create_task(self._leases.leave_line(job.key, job.ticket))
         self._leaving.add(leaving)
@@ -188,38 +173,28 @@ class Scheduler:
         return True
 
     async def _work(self, key: str, queue: deque[Job]) -> None:
-        """Run the conversation's jobs one after another in this task (no task per job: a
-        cancelled job is this task cancelled once, taken back when the job has ended)."""
+        """Run the conversation's jobs one after another, each in a task of its own: a job's cancel
+        cancels its task, and this worker goes on to the next job."""
         worker = asyncio.current_task()
         assert worker is not None
         try:
             while queue:
                 job = queue[0]
                 async with self._leases.hold(job.key, job.ticket) as held, \
-                        self._room(job, held and not job.cancelled and bool(queue) and queue[0] is job) as room:
+                        self._where(job, held and not job.turn.over and bool(queue) and queue[0] is job) as place:
                     # taken over while this daemon was paused, or claimed by a daemon with a free slot
                     # while it waited for one here: the other daemon runs it
-                    gone = not room or (not held and bool(queue) and queue[0] is job)
-                    if gone and not job.cancelled and job in queue:
+                    gone = place is not Place.HERE or (not held and bool(queue) and queue[0] is job)
+                    if gone and not job.turn.over and job in queue:
                         queue.remove(job)
                         self._queued -= 1
+                        job.turn.hand_over()
                         job.on_taken_over()
-                    if gone or not held or job.cancelled or not queue or queue[0] is not job:
+                    if gone or not held or job.turn.over or not queue or queue[0] is not job:
+                        if job.turn.state is TurnState.WAITING:  # another was let ahead of it
+                            job.turn.back_in_line()
                         continue
-                    self.running += 1
-                    job.task = worker
-                    try:
-                        await job.run()
-                    except asyncio.CancelledError:
-                        if not job.cancelled or worker.cancelling() > 1:
-                            raise  # the worker itself is being cancelled (the scheduler stops)
-                    except Exception:
-                        log.exception("job_failed", conversation_id=key)
-                    finally:
-                        self.running -= 1
-                        job.finished = True
-                        if job.cancelled and worker.cancelling():
-                            worker.uncancel()  # the job's cancel is spent; later awaits are the worker's own
+                    await self._run(job, worker)
                 if queue and queue[0] is job:
                     queue.popleft()
                     self._queued -= 1
@@ -228,70 +203,35 @@ class Scheduler:
             self._queues.pop(key, None)
             self._workers.pop(key, None)
 
+    async def _run(self, job: Job, worker: asyncio.Task[None]) -> None:
+        self.running += 1
+        job.turn.run()
+        # the job's own task: its cancel cancels that task, never the conversation's worker
+        job.task = asyncio.get_running_loop().create_task(job.run())
+        try:
+            await job.task
+        except asyncio.CancelledError:
+            if worker.cancelling():
+                raise  # the worker itself is being cancelled (the scheduler stops), and the job with it
+        except Exception:
+            log.exception("job_failed", conversation_id=job.key)
+        finally:
+            self.running -= 1
+            if not job.turn.over:
+                job.turn.end()
+
     @asynccontextmanager
-    async def _room(self, job: Job, wanted: bool) -> AsyncIterator[bool]:
-        """Hold the job's call slot for the block (True; none when not `wanted`); False, holding
-        nothing, when it was offered to the pool while it waited for one and another daemon claimed it."""
-        # a job this daemon claimed is never offered again: it came here because there was room,
-        # and a request passed back and forth would have two runs of it on one daemon at once
-        offerable = job.ticket not in self._coming
-        self._coming.discard(job.ticket)
+    async def _where(self, job: Job, wanted: bool) -> AsyncIterator[Place]:
+        """Where the job runs, asked of the pool when it wants a slot: here (its slot held for the
+        block), handed over, or cancelled while it was offered."""
         if not wanted or not self._takes_slot(job.model):
-            yield True
+            self._pool.coming.discard(job.ticket)
+            yield Place.HERE
             return
-        async with AsyncExitStack() as stack:
-            self._wanting += 1
-            offered = False
-            try:
-                offered = (offerable and not self._limits.has_room(job.model) and self._anyone_to_take()
-                           and await self._offers.offer(job.ticket))
-                if not offered:
-                    await stack.enter_async_context(self._limits.slot(job.model))
-            finally:
-                if not offered:
-                    self._wanting -= 1
-            if not offered:
-                stack.callback(self._on_room)
-                yield True
-                return
-            worker = asyncio.current_task()
-            assert worker is not None
-            kept = True
-            standing = True  # an offer that must be taken back before the job runs or is cancelled
-            job.offered = True
-            try:
-                while not job.withdrawing:
-                    # the word of a claim or a cancel wakes the worker only here, waiting for the slot:
-                    # cancelled anywhere else (taking the offer back), it would drop its whole queue
-                    self._offered[job.ticket] = job
-                    try:
-                        await stack.enter_async_context(self._limits.slot(job.model))
-                        stack.callback(self._on_room)
-                        break
-                    except asyncio.CancelledError:
-                        if not (job.claimed or job.withdrawing) or worker.cancelling() > 1:
-                            raise
-                        worker.uncancel()  # the claim's or the cancel's, spent
-                    finally:
-                        self._offered.pop(job.ticket, None)
-                    # told it was claimed, or cancelled: the database says whether it still is this
-                    # daemon's (the word of a claim may be late, about an earlier claim of a job offered again since)
-                    job.claimed = False
-                    kept = await self._offers.withdraw(job.ticket)
-                    standing = False
-                    if not kept or job.withdrawing:
-                        break
-                    await self._offers.offer(job.ticket)
-                    standing = True
-                if standing:
-                    kept = await self._offers.withdraw(job.ticket)
-            finally:
-                self._wanting -= 1
-                job.offered = False
-            if kept and job.withdrawing:  # taken back: the cancel asked for while it stood is done now
+        async with self._pool.place(job.turn, job.ticket, job.model) as place:
+            if place is Place.CANCELLED:  # withdrawn: the cancel asked for while it stood is done now
                 self._drop_queued(job)
-                kept = False
-            yield kept
+            yield place
 
     def jobs(self) -> list[Job]:
         return [job for queue in self._queues.values() for job in queue]
@@ -301,7 +241,7 @@ class Scheduler:
         for queue in self._queues.values():
             for job in list(queue)[1:]:
                 self.cancel(job)
-        running = [job.task for job in self.jobs() if job.task is not None and not job.finished]
+        running = [job.task for job in self.jobs() if job.task is not None and not job.task.done()]
         if running:  # only the running job is left in each queue: its worker ends with it
             _done, pending = await asyncio.wait(running, timeout=timeout)
             for task in pending:

@@ -21,8 +21,6 @@ from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.admission import Admission, Admitted
 from ksi_daemon.services.completion.compaction import Compactor
-from ksi_daemon.services.completion.handover import adopted_state, request_record
-from ksi_daemon.services.completion.interrupted import InterruptedResponses
 from ksi_daemon.services.completion.models import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
@@ -47,7 +45,10 @@ from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.writer import ConversationWriter
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.handover import adopted_state, request_record
+from ksi_daemon.services.pool.interrupted import InterruptedResponses
+from ksi_daemon.services.pool.turn import TurnState
 from ksi_daemon.storage.ports import PoolRequest, RequestJournal, ResponseStore
 
 log = structlog.get_logger("ksi.completion")
@@ -181,7 +182,7 @@ class CompletionService:
             return await self.elsewhere.cancel(data.request_id)
         if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
             self.scheduler.cancel(found.job)
-            if found.status == "running" or found.job.withdrawing:  # offered: ends once its offer is taken back
+            if found.status == "running" or found.job.turn.state is TurnState.WITHDRAWN:  # ends once its offer is back
                 await found.done.wait()
             if found.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
                 return await self.elsewhere.cancel(data.request_id)

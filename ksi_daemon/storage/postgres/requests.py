@@ -12,7 +12,7 @@ timeout become this daemon's, each keeping its ticket, so its place in its conve
 holds its lease row until it commits, so whether each request's exchange is indexed is read after
 the revocation, in the same transaction, and is final.
 
-Work stealing: a daemon whose turn holds its conversation's lease but waits for a call slot offers
+Offers and claims: a daemon whose turn holds its conversation's lease but waits for a call slot offers
 it (`offered`, and a notification on `WORK_CHANNEL`); a daemon with a free slot claims the oldest
 offer, in one statement that locks the row (`FOR UPDATE SKIP LOCKED`: two claimers never wait for
 each other), moves the request and its ticket to itself, revokes the lease the offering daemon held

@@ -2,7 +2,7 @@
 while they waited for a call slot, whenever it has a free one.
 
 A daemon at its limits offers each turn that holds its conversation's lease but finds no free slot
-(see the scheduler). Every daemon hears the offers (a notification from the database) and, while
+(see `placement`). Every daemon hears the offers (a notification from the database) and, while
 it has room, claims the oldest one (`PoolRequests.claim_offered`, one statement: one daemon gets
 each) and runs it as a request taken over: the same ids, its place in its conversation's line
 kept, its result reaching clients waiting on the daemon that accepted it. It looks again when one
@@ -32,7 +32,7 @@ log = structlog.get_logger("ksi.pool")
 UNHEARD_LOOK = 5  # heartbeat intervals between two looks when no offer was heard
 
 
-class WorkStealing:
+class OfferClaims:
     def __init__(self, settings: Settings, requests: PoolRequests, completion: CompletionService,
                  shared: bool, others_alive: Callable[[], bool]) -> None:
         self.requests = requests
@@ -54,7 +54,7 @@ class WorkStealing:
         self.requests.watch(self._heard)
         self.scheduler.when_room(self._room_freed)
         self.scheduler.offer_when(self.others_alive)
-        self._task = asyncio.get_running_loop().create_task(self._stealing())
+        self._task = asyncio.get_running_loop().create_task(self._claiming())
 
     async def stop(self, timeout: float) -> None:
         task, self._task = self._task, None
@@ -71,7 +71,7 @@ class WorkStealing:
         if self._offers_heard:
             self._wake.set()
 
-    async def _stealing(self) -> None:
+    async def _claiming(self) -> None:
         unheard = 0
         while True:
             with contextlib.suppress(TimeoutError):
@@ -81,9 +81,9 @@ class WorkStealing:
             if not self._offers_heard and unheard < UNHEARD_LOOK:
                 continue
             unheard = 0
-            await one_round(self.steal, "steal", log)
+            await one_round(self.claim_offers, "claim", log)
 
-    async def steal(self) -> None:
+    async def claim_offers(self) -> None:
         """Claim offered turns while this daemon has room for them."""
         while self.scheduler.room() > 0:
             taken = await self.requests.claim_offered(self.scheduler.full_models())

@@ -12,7 +12,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.timefmt import parse_ts
-from ksi_daemon.services.requests_elsewhere import RequestsElsewhere
+from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
 from ksi_daemon.storage.ports import PoolRequest
 
 RECHECK = 1.0  # seconds a reader asking to wait is held before the pool is read again
