@@ -28,6 +28,7 @@ from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_cli.params import Seconds
+from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNK, COMPLETION_WAIT, MONITOR_SUBSCRIBE
 from ksi_common.privacy import private_dir
 from ksi_common.limits import MAX_TIMEOUT
 
@@ -151,11 +152,11 @@ def converse(location: Location, data: dict[str, Any], timeout: float, show_chun
     try:
         with oneshot.Connection(location.socket, timeout=timeout + 10) as connection:
             if data["stream"]:
-                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-            ack = connection.request("completion:async", data)
+                connection.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+            ack = connection.request(COMPLETION_ASYNC, data)
             request_id = ack["request_id"]
             request_ids.append(request_id)
-            waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": timeout})
+            waiting = connection.send(COMPLETION_WAIT, {"request_id": request_id, "timeout": timeout})
             while True:
                 frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
                 if frame.get("push"):
@@ -188,7 +189,7 @@ def converse(location: Location, data: dict[str, Any], timeout: float, show_chun
 
 def _cancel(location: Location, request_id: str) -> None:
     try:
-        oneshot.request(location.socket, "completion:cancel", {"request_id": request_id}, timeout=5.0)
+        oneshot.request(location.socket, COMPLETION_CANCEL, {"request_id": request_id}, timeout=5.0)
     except KsiError:
         pass  # already finished, or the daemon is gone: nothing left to stop
 

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNK, COMPLETION_WAIT, MONITOR_SUBSCRIBE
 from ksi_common.ids import is_safe_id
 from ksi_common.oneshot import Connection
 
@@ -141,7 +142,7 @@ def remainder(result: dict[str, Any], shown: list[str]) -> str:
 
 def chunk_text(frame: dict[str, Any], request_id: str) -> str | None:
     payload = frame.get("data") or {}
-    if frame.get("event") == "completion:chunk" and payload.get("request_id") == request_id:
+    if frame.get("event") == COMPLETION_CHUNK and payload.get("request_id") == request_id:
         return str(payload.get("text") or "")
     return None
 
@@ -162,13 +163,13 @@ class KsiModel(KsiTarget, llm.Model):
         """Yield the answer's text as it streams in; return the result data."""
         with Connection(self.socket_path, timeout=WAIT_SLICE + ACK_TIMEOUT) as connection:
             if stream:
-                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-            request_id = connection.request("completion:async", data)["request_id"]
+                connection.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+            request_id = connection.request(COMPLETION_ASYNC, data)["request_id"]
             shown: list[str] = []
             try:
                 result = None
                 while result is None:
-                    waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
+                    waiting = connection.send(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE})
                     while True:
                         # pushes kept while the acknowledgement was awaited come first
                         frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
@@ -184,7 +185,7 @@ class KsiModel(KsiTarget, llm.Model):
                             break
             except (KeyboardInterrupt, GeneratorExit):
                 try:  # do not leave the abandoned answer running
-                    connection.send("completion:cancel", {"request_id": request_id})
+                    connection.send(COMPLETION_CANCEL, {"request_id": request_id})
                 except KsiError:
                     pass
                 raise
@@ -203,13 +204,13 @@ class AsyncKsiModel(KsiTarget, llm.AsyncModel):
         try:
             async with KsiClient(self.socket_path) as client:
                 if stream:
-                    await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-                request_id = (await client.request("completion:async", data))["request_id"]
+                    await client.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+                request_id = (await client.request(COMPLETION_ASYNC, data))["request_id"]
                 try:
                     result = None
                     while result is None:
                         waiter = asyncio.ensure_future(
-                            client.request("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE}))
+                            client.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE}))
                         while not waiter.done():
                             pusher = asyncio.ensure_future(client.next_push())
                             done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
@@ -224,7 +225,7 @@ class AsyncKsiModel(KsiTarget, llm.AsyncModel):
                         result = reply if "content" in reply else None  # else still queued or running
                 except (asyncio.CancelledError, GeneratorExit):
                     try:  # do not leave the abandoned answer running
-                        await asyncio.shield(client.send_frame("completion:cancel", {"request_id": request_id}))
+                        await asyncio.shield(client.send_frame(COMPLETION_CANCEL, {"request_id": request_id}))
                     except KsiError:
                         pass
                     raise

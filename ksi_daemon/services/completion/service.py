@@ -12,6 +12,18 @@ from typing import Any
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CANCELLED,
+    COMPLETION_CHUNK,
+    COMPLETION_CHUNKS,
+    COMPLETION_ERROR,
+    COMPLETION_MODELS,
+    COMPLETION_RESULT,
+    COMPLETION_STATUS,
+    COMPLETION_WAIT,
+)
 from ksi_common.ids import new_id, new_response_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
@@ -23,22 +35,7 @@ from ksi_daemon.services.completion.admission import Admission, Admitted
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.handover import adopted_state, request_record
 from ksi_daemon.services.completion.interrupted import InterruptedResponses
-from ksi_daemon.services.completion.models import (
-    COMPLETION_ASYNC,
-    COMPLETION_CANCEL,
-    COMPLETION_CANCELLED,
-    COMPLETION_CHUNK,
-    COMPLETION_CHUNKS,
-    COMPLETION_ERROR,
-    COMPLETION_MODELS,
-    COMPLETION_RESULT,
-    COMPLETION_STATUS,
-    COMPLETION_WAIT,
-    CompletionAsync,
-    CompletionCancel,
-    CompletionStatus,
-    CompletionWait,
-)
+from ksi_daemon.services.completion.models import CompletionAsync, CompletionCancel, CompletionStatus, CompletionWait
 from ksi_daemon.services.completion.preparation import ChunkSink
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState

@@ -1,0 +1,104 @@
+"""Every event name of the bus, and the shapes of the events the daemon emits on its own.
+
+The one place a name is spelt: the daemon's services register and emit these, the doors, the CLI,
+MCP and the `llm` plugin send them. It imports nothing of the daemon, so the client path may
+import it; a test fails on an event-name literal written anywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# -- system -----------------------------------------------------------------
+SYSTEM_HEALTH = "system:health"  # answered even while the daemon shuts down
+SYSTEM_DISCOVER = "system:discover"
+SYSTEM_HELP = "system:help"
+SYSTEM_CONFIG = "system:config"
+SYSTEM_CLUSTER = "system:cluster"
+SYSTEM_SHUTDOWN = "system:shutdown"
+
+# -- monitor ----------------------------------------------------------------
+MONITOR_SUBSCRIBE = "monitor:subscribe"
+MONITOR_UNSUBSCRIBE = "monitor:unsubscribe"
+# written by the socket door itself to a subscriber that fell behind, never on the bus
+MONITOR_OVERFLOW = "monitor:overflow"
+
+# -- completion: requested --------------------------------------------------
+COMPLETION_ASYNC = "completion:async"
+COMPLETION_WAIT = "completion:wait"
+COMPLETION_STATUS = "completion:status"
+COMPLETION_CANCEL = "completion:cancel"
+COMPLETION_CHUNKS = "completion:chunks"
+COMPLETION_MODELS = "completion:models"
+# -- completion: emitted, never requested -----------------------------------
+COMPLETION_RESULT = "completion:result"  # the result data of a finished request
+COMPLETION_ERROR = "completion:error"  # CompletionFailure
+COMPLETION_CANCELLED = "completion:cancelled"  # CompletionFailure
+COMPLETION_CHUNK = "completion:chunk"  # CompletionChunk
+
+# -- conversation -----------------------------------------------------------
+CONVERSATION_LIST = "conversation:list"
+CONVERSATION_SHOW = "conversation:show"
+CONVERSATION_STATS = "conversation:stats"
+CONVERSATION_FORK = "conversation:fork"
+CONVERSATION_APPEND = "conversation:append"
+CONVERSATION_IMPORT = "conversation:import"
+CONVERSATION_EXPORT = "conversation:export"
+CONVERSATION_UPDATE = "conversation:update"
+CONVERSATION_ARCHIVE = "conversation:archive"
+CONVERSATION_DELETE = "conversation:delete"
+CONVERSATION_PIN = "conversation:pin"
+CONVERSATION_UNPIN = "conversation:unpin"
+CONVERSATION_PEND = "conversation:pend"
+CONVERSATION_CHANGED = "conversation:changed"  # emitted: ConversationChanged
+CONVERSATION_SENT = "conversation:sent"  # emitted when a pended input went out with a turn
+CONVERSATION_SUMMARISED = "conversation:summarised"  # emitted when a summary was stored
+RESPONSE_SHOW = "response:show"
+RESPONSE_DELETE = "response:delete"
+
+# -- agent ------------------------------------------------------------------
+AGENT_SPAWN = "agent:spawn"
+AGENT_SEND_MESSAGE = "agent:send_message"
+AGENT_INFO = "agent:info"
+AGENT_LIST = "agent:list"
+AGENT_PROFILES = "agent:profiles"
+AGENT_RESET = "agent:reset"
+AGENT_TERMINATE = "agent:terminate"
+
+# -- consortium -------------------------------------------------------------
+CONSORTIUM_LIST = "consortium:list"
+CONSORTIUM_SAVE = "consortium:save"
+CONSORTIUM_REMOVE = "consortium:remove"
+CONSORTIUM_RUNS = "consortium:runs"
+CONSORTIUM_TRACE = "consortium:trace"
+
+# how a request ended, as completion:status and completion:wait report it
+FINISHED_EVENTS = frozenset({COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED})
+
+
+class CompletionFailure(TypedDict):
+    """The data of completion:error and completion:cancelled."""
+
+    request_id: str
+    conversation_id: str
+    agent_id: str | None
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class CompletionChunk(TypedDict, total=False):
+    """The data of completion:chunk: a text piece or a tool call's delta, numbered from 0."""
+
+    request_id: str
+    conversation_id: str
+    index: int
+    text: str
+    tool_call: dict[str, Any]
+
+
+class ConversationChanged(TypedDict):
+    """The data of conversation:changed."""
+
+    conversation_id: str
+    change: str
