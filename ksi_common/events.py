@@ -1,4 +1,4 @@
-"""Every event name of the bus, and the shapes of the events the daemon emits on its own.
+"""Every event name of the bus, and the shapes of some events the daemon emits on its own.
 
 The one place a name is spelt: the daemon's services register and emit these, the doors, the CLI,
 MCP and the `llm` plugin send them. It imports nothing of the daemon, so the client path may
@@ -34,7 +34,7 @@ COMPLETION_MODELS = "completion:models"
 COMPLETION_RESULT = "completion:result"  # the result data of a finished request
 COMPLETION_ERROR = "completion:error"  # CompletionFailure
 COMPLETION_CANCELLED = "completion:cancelled"  # CompletionFailure
-COMPLETION_CHUNK = "completion:chunk"  # CompletionChunk
+COMPLETION_CHUNK = "completion:chunk"  # {request_id, conversation_id, index, text or tool_call}
 
 # -- conversation -----------------------------------------------------------
 CONVERSATION_LIST = "conversation:list"
@@ -72,9 +72,6 @@ CONSORTIUM_REMOVE = "consortium:remove"
 CONSORTIUM_RUNS = "consortium:runs"
 CONSORTIUM_TRACE = "consortium:trace"
 
-# how a request ended, as completion:status and completion:wait report it
-FINISHED_EVENTS = frozenset({COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED})
-
 
 class CompletionFailure(TypedDict):
     """The data of completion:error and completion:cancelled."""
@@ -85,16 +82,6 @@ class CompletionFailure(TypedDict):
     code: str
     message: str
     details: dict[str, Any]
-
-
-class CompletionChunk(TypedDict, total=False):
-    """The data of completion:chunk: a text piece or a tool call's delta, numbered from 0."""
-
-    request_id: str
-    conversation_id: str
-    index: int
-    text: str
-    tool_call: dict[str, Any]
 
 
 class ConversationChanged(TypedDict):

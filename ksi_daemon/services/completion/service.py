@@ -23,6 +23,7 @@ from ksi_common.events import (
     COMPLETION_RESULT,
     COMPLETION_STATUS,
     COMPLETION_WAIT,
+    CompletionFailure,
 )
 from ksi_common.ids import new_id, new_response_id
 from ksi_common.settings import Settings
@@ -407,7 +408,7 @@ class CompletionService:
             else:
                 self.activity.failed(state.model, error.code, error.message, format_ts(self.clock()),
                                      state.request_id, state.conversation_id)
-            payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
+            payload: CompletionFailure = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}
             self.router.emit(COMPLETION_CANCELLED if status == "cancelled" else COMPLETION_ERROR, payload, context)

@@ -36,6 +36,7 @@ from ksi_common.events import (
     CONVERSATION_UPDATE,
     RESPONSE_DELETE,
     RESPONSE_SHOW,
+    ConversationChanged,
 )
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
@@ -171,7 +172,7 @@ class ConversationService:
 
     def _changed(self, conversation_id: str, change: str, context: EventContext) -> None:
         """Tell listeners (MCP resource subscriptions, monitors) a conversation changed, once it has."""
-        self.router.emit(CONVERSATION_CHANGED, {"conversation_id": conversation_id, "change": change},
+        self.router.emit(CONVERSATION_CHANGED, ConversationChanged(conversation_id=conversation_id, change=change),
                          context.child())
 
     def _summary(self, meta: ConversationMeta) -> dict[str, Any]:
