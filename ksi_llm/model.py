@@ -13,16 +13,23 @@ from pydantic import Field
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNK, COMPLETION_WAIT, MONITOR_SUBSCRIBE
+from ksi_common.events import (
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CHUNK,
+    COMPLETION_RESULT,
+    COMPLETION_WAIT,
+    MONITOR_SUBSCRIBE,
+)
 from ksi_common.ids import is_safe_id
 from ksi_common.oneshot import Connection
+from ksi_common.submitting import WAIT_SLICE, follow
 
 PREFIX = "ksi/"
 AGENT_PREFIX = "agent/"
 CONVERSATION_PREFIX = "llm-"  # the KSI conversation of llm conversation X is llm-X
 LINK_KEY = "llm"  # the name of llm's id in a KSI conversation's external ids
 ACK_TIMEOUT = 30.0  # seconds for a request's acknowledgement, beyond a wait's own time
-WAIT_SLICE = 60.0  # seconds per completion:wait; waits repeat while the request is queued or running
 # KSI embeds attached files as text in the prompt, so only text-like files are offered
 TEXT_TYPES = frozenset({
     "text/plain", "text/markdown", "text/csv", "text/html", "text/xml", "text/x-python", "text/x-script.python",
@@ -207,22 +214,13 @@ class AsyncKsiModel(KsiTarget, llm.AsyncModel):
                     await client.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
                 request_id = (await client.request(COMPLETION_ASYNC, data))["request_id"]
                 try:
-                    result = None
-                    while result is None:
-                        waiter = asyncio.ensure_future(
-                            client.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE}))
-                        while not waiter.done():
-                            pusher = asyncio.ensure_future(client.next_push())
-                            done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
-                            if pusher not in done:
-                                pusher.cancel()
-                            elif (frame := pusher.result()) is None:  # closed: the waiter fails with it
-                                await asyncio.wait({waiter})
-                            elif (text := chunk_text(frame, request_id)) is not None:
-                                shown.append(text)
-                                yield text
-                        reply = waiter.result()
-                        result = reply if "content" in reply else None  # else still queued or running
+                    result: dict[str, Any] = {}
+                    async for event, payload in follow(client, request_id):
+                        if event == COMPLETION_RESULT:
+                            result = payload
+                        else:
+                            shown.append(str(payload.get("text") or ""))
+                            yield shown[-1]
                 except (asyncio.CancelledError, GeneratorExit):
                     try:  # do not leave the abandoned answer running
                         await asyncio.shield(client.send_frame(COMPLETION_CANCEL, {"request_id": request_id}))

@@ -16,15 +16,14 @@ from ksi_common.events import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
     COMPLETION_CHUNK,
-    COMPLETION_WAIT,
     CONVERSATION_EXPORT,
     CONVERSATION_FORK,
     CONVERSATION_LIST,
 )
+from ksi_common.submitting import wait_for_result
 from ksi_mcp.caller import Caller
 from ksi_mcp.schemas import checked_arguments
 
-WAIT_SLICE = 300.0  # seconds per completion:wait; a longer answer is waited for again
 # A waiting call reports progress at least this often, so a client that resets its timeout on
 # progress waits for slow and reasoning models; new text is reported at most every PROGRESS_GAP.
 PROGRESS_EVERY = 2.0
@@ -182,10 +181,7 @@ class Tools:
         """Wait for the request `ack` acknowledged; a cancelled tool call cancels it in KSI too."""
         request_id = ack["request_id"]
         try:
-            while True:
-                result = await self.caller.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE})
-                if "content" in result:
-                    return result
+            return await wait_for_result(self.caller, request_id)
         except asyncio.CancelledError:
             # sent from a task of its own: this one may be cancelled again at every await
             task = asyncio.get_running_loop().create_task(

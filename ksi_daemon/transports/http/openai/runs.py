@@ -16,22 +16,17 @@ from ksi_common.events import (
     COMPLETION_CHUNK,
     COMPLETION_ERROR,
     COMPLETION_RESULT,
-    COMPLETION_WAIT,
     MONITOR_SUBSCRIBE,
 )
-from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, call
+from ksi_common.submitting import submit_and_wait
+from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, RouterCaller, call
 
 OUTCOMES = (COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED)
-WAIT_SLICE = 300.0  # seconds per completion:wait; a longer request is simply waited for again
 
 
 async def complete(handle_request: RequestHandler, payload: dict[str, Any]) -> dict[str, Any]:
-    """completion:async, then completion:wait until the result (a failure raises its KsiError)."""
-    ack = await call(handle_request, COMPLETION_ASYNC, payload)
-    while True:
-        reply = await call(handle_request, COMPLETION_WAIT, {"request_id": ack["request_id"], "timeout": WAIT_SLICE})
-        if "content" in reply:
-            return reply
+    """The result data of a completion:async with `payload` (a failure raises its KsiError)."""
+    return await submit_and_wait(RouterCaller(handle_request), payload)
 
 
 @dataclass(slots=True)
