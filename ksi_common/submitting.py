@@ -8,10 +8,12 @@ long answer is never cut short by the wait itself; only a caller's own deadline 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CHUNK, COMPLETION_RESULT, COMPLETION_WAIT
+from ksi_common.errors import KsiError
+from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CHUNK, COMPLETION_RESULT, COMPLETION_STATUS, COMPLETION_WAIT
+from ksi_common.oneshot import Connection
 
 WAIT_SLICE = 300.0  # seconds per completion:wait, below every door's idle limit
 
@@ -69,4 +71,30 @@ async def follow(caller: PushedCaller, request_id: str) -> AsyncIterator[tuple[s
         reply = waiter.result()
         if "content" in reply:  # else still queued or running: wait again
             yield COMPLETION_RESULT, reply
+            return
+
+
+def follow_blocking(connection: Connection, request_id: str, wait: float = WAIT_SLICE,
+                    *, once: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """follow on a blocking one-shot connection (the CLI's and the llm plugin's synchronous path).
+    With `once`, a wait of `wait` seconds that ends before the result is the caller's own deadline:
+    its status reply comes last as (completion:status, the reply) instead of being waited for again."""
+    while True:
+        waiting = connection.send(COMPLETION_WAIT, {"request_id": request_id, "timeout": wait})
+        while True:
+            # pushes kept while an acknowledgement was awaited come first
+            frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
+            data = frame.get("data") or {}
+            if frame.get("push"):
+                if frame.get("event") == COMPLETION_CHUNK and data.get("request_id") == request_id:
+                    yield COMPLETION_CHUNK, data
+            elif frame.get("correlation_id") == waiting:
+                if "error" in frame:
+                    raise KsiError.from_wire(frame["error"])
+                break
+        if "content" in data:
+            yield COMPLETION_RESULT, data
+            return
+        if once:
+            yield COMPLETION_STATUS, data
             return

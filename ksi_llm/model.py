@@ -18,12 +18,11 @@ from ksi_common.events import (
     COMPLETION_CANCEL,
     COMPLETION_CHUNK,
     COMPLETION_RESULT,
-    COMPLETION_WAIT,
     MONITOR_SUBSCRIBE,
 )
 from ksi_common.ids import is_safe_id
 from ksi_common.oneshot import Connection
-from ksi_common.submitting import WAIT_SLICE, follow
+from ksi_common.submitting import WAIT_SLICE, follow, follow_blocking
 
 PREFIX = "ksi/"
 AGENT_PREFIX = "agent/"
@@ -147,13 +146,6 @@ def remainder(result: dict[str, Any], shown: list[str]) -> str:
     return content[len(streamed):] if content.startswith(streamed) else ""
 
 
-def chunk_text(frame: dict[str, Any], request_id: str) -> str | None:
-    payload = frame.get("data") or {}
-    if frame.get("event") == COMPLETION_CHUNK and payload.get("request_id") == request_id:
-        return str(payload.get("text") or "")
-    return None
-
-
 class KsiModel(KsiTarget, llm.Model):
     """`ksi/NAME`: KSI model, `ksi/consortium/NAME`, or `ksi/agent/ID` (the agent answers)."""
 
@@ -174,22 +166,13 @@ class KsiModel(KsiTarget, llm.Model):
             request_id = connection.request(COMPLETION_ASYNC, data)["request_id"]
             shown: list[str] = []
             try:
-                result = None
-                while result is None:
-                    waiting = connection.send(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE})
-                    while True:
-                        # pushes kept while the acknowledgement was awaited come first
-                        frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
-                        if frame.get("push"):
-                            if (text := chunk_text(frame, request_id)) is not None:
-                                shown.append(text)
-                                yield text
-                        elif frame.get("correlation_id") == waiting:
-                            if "error" in frame:
-                                raise KsiError.from_wire(frame["error"])
-                            payload = frame.get("data") or {}
-                            result = payload if "content" in payload else None  # else still queued or running
-                            break
+                result: dict[str, Any] = {}
+                for event, payload in follow_blocking(connection, request_id):
+                    if event == COMPLETION_RESULT:
+                        result = payload
+                    else:
+                        shown.append(str(payload.get("text") or ""))
+                        yield shown[-1]
             except (KeyboardInterrupt, GeneratorExit):
                 try:  # do not leave the abandoned answer running
                     connection.send(COMPLETION_CANCEL, {"request_id": request_id})

@@ -11,8 +11,15 @@ import pytest
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
-from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CHUNK, COMPLETION_RESULT, MONITOR_SUBSCRIBE
-from ksi_common.submitting import follow, submit_and_wait, wait_for_result
+from ksi_common.events import (
+    COMPLETION_ASYNC,
+    COMPLETION_CHUNK,
+    COMPLETION_RESULT,
+    COMPLETION_STATUS,
+    MONITOR_SUBSCRIBE,
+)
+from ksi_common.oneshot import Connection
+from ksi_common.submitting import follow, follow_blocking, submit_and_wait, wait_for_result
 from ksi_daemon.transports.http.door import RouterCaller
 from tests.conftest import running_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
@@ -56,3 +63,23 @@ async def test_a_wait_that_fails_raises_its_error(short_tmp: Path) -> None:
             await submit_and_wait(client, {"prompt": "hi", "model": "nowhere/none"})
     assert raised.value.code == "request_not_found"
     assert refused.value.code == "model_not_found"
+
+
+async def test_follow_blocking_gives_chunks_then_the_status_when_its_one_wait_ends_first(
+        short_tmp: Path, stub: StubOpenAI) -> None:
+    gate = asyncio.Event()  # the answer holds its rest after its first chunk until this is set
+    stub.enqueue(Reply(text="one two three", gate=gate))
+    async with running_daemon(short_tmp, **stub_settings(stub)) as daemon:
+        def held() -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+            with Connection(daemon.settings.socket, timeout=30) as connection:
+                connection.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+                request_id = connection.request(COMPLETION_ASYNC, {"prompt": "held", "stream": True})["request_id"]
+                return request_id, list(follow_blocking(connection, request_id, 0.5, once=True))
+
+        request_id, followed = await asyncio.to_thread(held)
+        gate.set()
+        async with KsiClient(daemon.settings.socket) as client:
+            result = await wait_for_result(client, request_id)
+    assert [event for event, _ in followed] == [COMPLETION_CHUNK, COMPLETION_STATUS]
+    assert followed[-1][1]["status"] in ("queued", "running") and "content" not in followed[-1][1]
+    assert result["content"] == "one two three"
