@@ -29,7 +29,6 @@ from ksi_common.events import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
     COMPLETION_CHUNK,
-    COMPLETION_WAIT,
     CONVERSATION_DELETE,
     CONVERSATION_FORK,
     CONVERSATION_SHOW,
@@ -173,36 +172,21 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     if target.agent_id is None:
         target.conversation_id, target.fresh = ack["conversation_id"], False
     request_id = turn.request_id = ack["request_id"]
-    waiter = asyncio.ensure_future(client.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": timeout}))
-    stop = asyncio.ensure_future(interrupt.wait())
     shown: list[str] = []
-    pusher: asyncio.Future[dict[str, Any] | None] | None = None
-    closed = not stream
+    following = asyncio.ensure_future(_follow(client, request_id, timeout, shown))
+    stop = asyncio.ensure_future(interrupt.wait())
     try:
-        while not waiter.done():
-            if pusher is None and not closed:
-                pusher = asyncio.ensure_future(client.next_push())
-            watched = {waiter, stop} if pusher is None else {waiter, stop, pusher}
-            done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            if stop in done and not waiter.done():
-                await _cancel(client, request_id)  # raises unless the reply was complete already
-                await asyncio.wait({waiter})
-            if pusher is not None and pusher in done:
-                frame, pusher = pusher.result(), None
-                if frame is None:  # the connection closed; the waiter fails with it
-                    closed = True
-                elif frame.get("event") == COMPLETION_CHUNK and frame["data"].get("request_id") == request_id:
-                    shown.append(frame["data"].get("text", ""))
-                    _write(shown[-1])
+        done, _pending = await asyncio.wait({following, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if stop in done and not following.done():
+            await _cancel(client, request_id)  # raises unless the reply was complete already
+            await asyncio.wait({following})
     finally:
-        for pending in (pusher, stop, waiter):
-            if pending is None:
-                continue
+        for pending in (stop, following):
             if not pending.done():
                 pending.cancel()
             elif not pending.cancelled():
                 pending.exception()  # seen: a cancelled reply's failure is not reported as never retrieved
-    result = waiter.result()
+    result = following.result()
     turn.request_id = None
     if "content" not in result:
         raise KsiError(ErrorCode.TIMEOUT, f"no reply within {timeout:g}s; request {request_id} is {result.get('status')}",
@@ -211,6 +195,20 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     content, streamed = result["content"], "".join(shown)
     _write((content[len(streamed):] if content.startswith(streamed) else "\n" + content) + "\n")
     return result
+
+
+async def _follow(client: KsiClient, request_id: str, timeout: float, shown: list[str]) -> dict[str, Any]:
+    """Write each chunk of the request as it comes; its result, or its status once `timeout` passed."""
+    from ksi_common.submitting import follow  # asyncio with it: loaded once a chat runs
+
+    last: dict[str, Any] = {}
+    async for event, payload in follow(client, request_id, timeout, once=True):
+        if event == COMPLETION_CHUNK:
+            shown.append(payload.get("text", ""))
+            _write(shown[-1])
+        else:
+            last = payload
+    return last
 
 
 async def _cancel(client: KsiClient, request_id: str) -> None:

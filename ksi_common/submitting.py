@@ -49,13 +49,16 @@ async def submit_and_wait(caller: Caller, data: dict[str, Any]) -> dict[str, Any
     return await wait_for_result(caller, ack["request_id"])
 
 
-async def follow(caller: PushedCaller, request_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def follow(caller: PushedCaller, request_id: str, wait: float = WAIT_SLICE,
+                 *, once: bool = False) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """(completion:chunk, its data) for each chunk of `request_id` pushed while it runs, then
     (completion:result, the result data) last; the caller subscribed to chunks before submitting,
-    so none is missed. A failed or cancelled request raises its KsiError; so does a closed connection."""
+    so none is missed. A failed or cancelled request raises its KsiError; so does a closed connection.
+    With `once`, a wait of `wait` seconds that ends before the result is the caller's own deadline:
+    its status reply comes last as (completion:status, the reply) instead of being waited for again."""
     while True:
         waiter = asyncio.ensure_future(
-            caller.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": WAIT_SLICE}))
+            caller.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": wait}))
         try:
             while not waiter.done():
                 pusher = asyncio.ensure_future(caller.next_push())
@@ -72,13 +75,14 @@ async def follow(caller: PushedCaller, request_id: str) -> AsyncIterator[tuple[s
         if "content" in reply:  # else still queued or running: wait again
             yield COMPLETION_RESULT, reply
             return
+        if once:
+            yield COMPLETION_STATUS, reply
+            return
 
 
 def follow_blocking(connection: Connection, request_id: str, wait: float = WAIT_SLICE,
                     *, once: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
-    """follow on a blocking one-shot connection (the CLI's and the llm plugin's synchronous path).
-    With `once`, a wait of `wait` seconds that ends before the result is the caller's own deadline:
-    its status reply comes last as (completion:status, the reply) instead of being waited for again."""
+    """follow on a blocking one-shot connection (the CLI's and the llm plugin's synchronous path)."""
     while True:
         waiting = connection.send(COMPLETION_WAIT, {"request_id": request_id, "timeout": wait})
         while True:
