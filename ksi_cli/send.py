@@ -15,7 +15,7 @@ from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_PENDING, fail, show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
-from ksi_common.events import AGENT_SEND_MESSAGE, COMPLETION_ASYNC, COMPLETION_WAIT, SYSTEM_DISCOVER, SYSTEM_HELP
+from ksi_common.events import AGENT_SEND_MESSAGE, COMPLETION_ASYNC, SYSTEM_DISCOVER, SYSTEM_HELP
 from ksi_common.limits import MAX_TIMEOUT
 from ksi_cli.params import Seconds
 
@@ -29,6 +29,18 @@ def request_or_exit(location: Location, event: str, data: dict[str, Any], as_jso
                     timeout: float | None = None) -> dict[str, Any]:
     try:
         return oneshot.request(location.socket, event, data, timeout=timeout)
+    except KsiError as error:
+        fail(error, as_json, location)
+
+
+def wait_or_exit(location: Location, request_id: str, timeout: float, as_json: bool) -> dict[str, Any]:
+    """One wait of `timeout` seconds: the request's result, or its status when the wait ended first."""
+    from ksi_common.submitting import follow_blocking  # asyncio with it: loaded only to wait
+
+    try:
+        with oneshot.Connection(location.socket, timeout=timeout + 5) as connection:
+            *_, (_event, reply) = follow_blocking(connection, request_id, timeout, once=True)
+            return reply
     except KsiError as error:
         fail(error, as_json, location)
 
@@ -133,9 +145,7 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
         data.setdefault("origin", "cli")  # recorded on a conversation this request creates
     reply = request_or_exit(location, event, data, as_json, timeout=timeout + 5)
     if wait and event == COMPLETION_ASYNC and "request_id" in reply:
-        reply = request_or_exit(location, COMPLETION_WAIT,
-                                {"request_id": reply["request_id"], "timeout": timeout},
-                                as_json, timeout=timeout + 5)
+        reply = wait_or_exit(location, reply["request_id"], timeout, as_json)
     show(reply, as_json)
     if wait and event in WAITABLE and reply.get("status") in PENDING and "content" not in reply:
         click.echo(f"the wait ended after {timeout:g}s before the result; request {reply.get('request_id')} is "
