@@ -18,11 +18,11 @@ from ksi_common.errors import KsiError
 from ksi_common.events import AGENT_SEND_MESSAGE, COMPLETION_ASYNC, SYSTEM_DISCOVER, SYSTEM_HELP
 from ksi_common.limits import MAX_TIMEOUT
 from ksi_cli.params import Seconds
+from ksi_common.request_status import PENDING
 
 WAITABLE = {COMPLETION_ASYNC, AGENT_SEND_MESSAGE}
 # options of `ksi send` also accepted after the event name, unless the event has a field so named
 AFTER_EVENT = {"json", "wait", "timeout", "help", "h"}
-PENDING = ("queued", "running")
 
 
 def request_or_exit(location: Location, event: str, data: dict[str, Any], as_json: bool,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ksi_common.items import output_items
+from ksi_common.request_status import FINISHED, PENDING
 from ksi_common.timefmt import utc_now
 from ksi_common.reading import StoredReader
 from ksi_daemon.storage.ports import RequestJournal, ResponseStore
@@ -20,10 +21,10 @@ async def recover(journal: RequestJournal, conversations: StoredReader,
     interrupted, finished = [], []
     indexed: dict[str, dict[str, int]] = {}  # conversation -> its indexed response ids, read once
     for line in await journal.states():
-        if line.get("status") in ("done", "failed", "cancelled"):
+        if line.get("status") in FINISHED:
             finished.append(line)
             continue
-        if line.get("status") not in ("queued", "running"):  # `running`: journals of earlier versions
+        if line.get("status") not in PENDING:  # `running`: journals of earlier versions
             continue
         # Killed after the index line was written but before `done` was journaled: the
         # exchange is in the history, so the request is done (a retry would duplicate it).

@@ -26,6 +26,7 @@ from ksi_common.events import (
     CompletionFailure,
 )
 from ksi_common.ids import new_id, new_response_id
+from ksi_common.request_status import FINISHED
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_daemon.context import EventContext
@@ -39,7 +40,7 @@ from ksi_daemon.services.completion.interrupted import InterruptedResponses
 from ksi_daemon.services.completion.models import CompletionAsync, CompletionCancel, CompletionStatus, CompletionWait
 from ksi_daemon.services.completion.preparation import ChunkSink
 from ksi_daemon.services.completion.recovery import indexed_result, recover
-from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
+from ksi_daemon.services.completion.requests import FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.completion.running import HANDED_OVER, TurnRunner
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks

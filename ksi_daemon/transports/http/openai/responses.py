@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNKS, RESPONSE_DELETE, RESPONSE_SHOW
+from ksi_common.request_status import FINISHED
 from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.compaction import Checkpoint, Compaction, unfold
@@ -52,7 +53,6 @@ from ksi_daemon.transports.http.openai.translate import (
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POLL_SLICE = 15.0  # seconds one completion:chunks waits for more of a background response
-FINISHED = ("done", "failed", "cancelled")
 T = TypeVar("T")
 
 
