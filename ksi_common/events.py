@@ -89,3 +89,19 @@ class ConversationChanged(TypedDict):
 
     conversation_id: str
     change: str
+
+
+def completion_result(*, request_id: str, response_id: str, conversation_id: str, agent_id: str | None,
+                      model: str | None, content: str | None, output: list[dict[str, Any]],
+                      finish_reason: str | None, usage: dict[str, Any], cost: float | None,
+                      history: dict[str, Any], attempts: int, duration_ms: float | None, exchange: int | None,
+                      turns_left: int | None = None, recovered: bool = False) -> dict[str, Any]:
+    """The data of completion:result (and of a successful completion:wait), built here alone for a
+    turn just run and for one recovered from storage after a restart or a takeover. `turns_left` is
+    how many more exchanges the conversation's cap allows (None: no cap, or not known when
+    recovered); `recovered` says the answer was read back from storage, not run here."""
+    return {"request_id": request_id, "response_id": response_id, "conversation_id": conversation_id,
+            "agent_id": agent_id, "model": model, "content": content, "output": output,
+            "finish_reason": finish_reason, "usage": usage, "cost": cost, "history": history,
+            "attempts": attempts, "duration_ms": duration_ms, "exchange": exchange,
+            "turns_left": turns_left, "recovered": recovered}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ksi_common.events import completion_result
 from ksi_common.items import output_items
 from ksi_common.request_status import FINISHED, PENDING
 from ksi_common.timefmt import utc_now
@@ -58,11 +59,9 @@ async def indexed_result(line: dict[str, Any], conversations: StoredReader, resp
         return None
     outcome = record.outcome
     agent_id = next((i.get("agent_id") for i in record.inputs if i.get("agent_id")), None)
-    return {
-        "request_id": line["request_id"], "response_id": response_id, "conversation_id": conversation_id,
-        "agent_id": agent_id, "model": outcome.get("model"), "content": record.content,
-        "output": output_items(outcome),
-        "finish_reason": outcome.get("finish_reason"), "usage": outcome.get("usage") or {},
-        "cost": outcome.get("cost"), "history": {}, "attempts": len(outcome.get("attempts") or []),
-        "duration_ms": outcome.get("duration_ms"), "exchange": n or None, "recovered": True,
-    }
+    return completion_result(
+        request_id=line["request_id"], response_id=response_id, conversation_id=conversation_id,
+        agent_id=agent_id, model=outcome.get("model"), content=record.content, output=output_items(outcome),
+        finish_reason=outcome.get("finish_reason"), usage=outcome.get("usage") or {}, cost=outcome.get("cost"),
+        history={}, attempts=len(outcome.get("attempts") or []), duration_ms=outcome.get("duration_ms"),
+        exchange=n or None, recovered=True)
