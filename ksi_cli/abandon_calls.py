@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ksi_cli import completion
+from ksi_common.events import CONVERSATION_ABANDON_CALLS
 from ksi_common.locate import locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show
@@ -23,4 +24,4 @@ def abandon_calls(conversation_id: str, call_ids: tuple[str, ...], as_json: bool
     """Abandon the open tool calls of CONVERSATION_ID, so its next turn is a plain one."""
     location = locate(var_dir, socket_path)
     data = {"conversation_id": conversation_id, "call_ids": list(call_ids) if call_ids else None}
-    show(request_or_exit(location, "conversation:abandon_calls", data, as_json), as_json)
+    show(request_or_exit(location, CONVERSATION_ABANDON_CALLS, data, as_json), as_json)

@@ -12,6 +12,7 @@ from ksi_cli.output import fail, show, table, wants_json
 from ksi_cli.stored import read_stored
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import AGENT_LIST
 from ksi_common.reading import StoredReader
 
 COLUMNS = ["agent_id", "profile", "model", "status", "exchanges", "last_activity"]
@@ -44,7 +45,7 @@ def agents(status: str | None, as_json: bool, var_dir: str | None, socket_path: 
     data: dict[str, Any] = {"status": status} if status else {}
     location = locate(var_dir, socket_path)
     try:
-        reply = oneshot.request(location.socket, "agent:list", data, timeout=30.0)
+        reply = oneshot.request(location.socket, AGENT_LIST, data, timeout=30.0)
     except KsiError as error:
         if error.code != ErrorCode.DAEMON_UNREACHABLE:
             fail(error, as_json, location)

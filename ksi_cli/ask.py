@@ -28,7 +28,9 @@ from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_cli.params import Seconds
+from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNK, MONITOR_SUBSCRIBE
 from ksi_common.privacy import private_dir
+from ksi_common.submitting import follow_blocking
 from ksi_common.limits import MAX_TIMEOUT
 
 LAST_ASK = "last_ask"
@@ -151,27 +153,19 @@ def converse(location: Location, data: dict[str, Any], timeout: float, show_chun
     try:
         with oneshot.Connection(location.socket, timeout=timeout + 10) as connection:
             if data["stream"]:
-                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-            ack = connection.request("completion:async", data)
+                connection.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+            ack = connection.request(COMPLETION_ASYNC, data)
             request_id = ack["request_id"]
             request_ids.append(request_id)
-            waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": timeout})
-            while True:
-                frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
-                if frame.get("push"):
-                    chunk = frame.get("data") or {}
-                    if show_chunks and chunk.get("request_id") == request_id and chunk.get("text"):
-                        if spinner is not None:
-                            spinner.stop()
-                        streamed.append(chunk["text"])
-                        _write(chunk["text"])
-                    continue
-                if frame.get("correlation_id") != waiting:
-                    continue
-                if "error" in frame:
-                    raise KsiError.from_wire(frame["error"])
-                result: dict[str, Any] = frame.get("data") or {}
-                break
+            result: dict[str, Any] = {}
+            for event, payload in follow_blocking(connection, request_id, timeout, once=True):
+                if event != COMPLETION_CHUNK:  # the result, or the status when the wait ended first
+                    result = payload
+                elif show_chunks and payload.get("text"):
+                    if spinner is not None:
+                        spinner.stop()
+                    streamed.append(payload["text"])
+                    _write(payload["text"])
     finally:
         if spinner is not None:
             spinner.stop()
@@ -188,7 +182,7 @@ def converse(location: Location, data: dict[str, Any], timeout: float, show_chun
 
 def _cancel(location: Location, request_id: str) -> None:
     try:
-        oneshot.request(location.socket, "completion:cancel", {"request_id": request_id}, timeout=5.0)
+        oneshot.request(location.socket, COMPLETION_CANCEL, {"request_id": request_id}, timeout=5.0)
     except KsiError:
         pass  # already finished, or the daemon is gone: nothing left to stop
 

@@ -22,6 +22,19 @@ from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    AGENT_INFO,
+    AGENT_SEND_MESSAGE,
+    AGENT_SPAWN,
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CHUNK,
+    CONVERSATION_DELETE,
+    CONVERSATION_FORK,
+    CONVERSATION_SHOW,
+    CONVERSATION_STATS,
+    MONITOR_SUBSCRIBE,
+)
 from ksi_common.ids import new_id
 from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT
@@ -72,7 +85,7 @@ class Target:
     def request(self, message: str, stream: bool) -> tuple[str, dict[str, Any]]:
         """The event and data of one turn; pending /system and /files go with it, once."""
         if self.agent_id is not None:
-            return "agent:send_message", {"agent_id": self.agent_id, "message": message, "stream": stream}
+            return AGENT_SEND_MESSAGE, {"agent_id": self.agent_id, "message": message, "stream": stream}
         data: dict[str, Any] = {"prompt": message, "stream": stream, "origin": "cli"}
         for key, value in (("conversation_id", self.conversation_id), ("model", self.model),
                            ("system", self.system), ("files", self.files)):
@@ -81,7 +94,7 @@ class Target:
         if self.fresh:
             data["create"] = True
         self.system = self.files = None
-        return "completion:async", data
+        return COMPLETION_ASYNC, data
 
 
 def _read_line(prompt: str) -> str | None:
@@ -139,8 +152,8 @@ async def _open(client: KsiClient, agent_id: str | None, profile: str | None, mo
             data["agent_id"] = agent_id
         if model is not None:
             data["model"] = model
-        agent_id = (await client.request("agent:spawn", data))["agent_id"]
-    info = await client.request("agent:info", {"agent_id": agent_id})
+        agent_id = (await client.request(AGENT_SPAWN, data))["agent_id"]
+    info = await client.request(AGENT_INFO, {"agent_id": agent_id})
     if info.get("status") == "terminated":
         raise KsiError(ErrorCode.AGENT_TERMINATED, f"agent {agent_id} was terminated", agent_id=agent_id)
     return info
@@ -159,36 +172,21 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     if target.agent_id is None:
         target.conversation_id, target.fresh = ack["conversation_id"], False
     request_id = turn.request_id = ack["request_id"]
-    waiter = asyncio.ensure_future(client.request("completion:wait", {"request_id": request_id, "timeout": timeout}))
-    stop = asyncio.ensure_future(interrupt.wait())
     shown: list[str] = []
-    pusher: asyncio.Future[dict[str, Any] | None] | None = None
-    closed = not stream
+    following = asyncio.ensure_future(_follow(client, request_id, timeout, shown))
+    stop = asyncio.ensure_future(interrupt.wait())
     try:
-        while not waiter.done():
-            if pusher is None and not closed:
-                pusher = asyncio.ensure_future(client.next_push())
-            watched = {waiter, stop} if pusher is None else {waiter, stop, pusher}
-            done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            if stop in done and not waiter.done():
-                await _cancel(client, request_id)  # raises unless the reply was complete already
-                await asyncio.wait({waiter})
-            if pusher is not None and pusher in done:
-                frame, pusher = pusher.result(), None
-                if frame is None:  # the connection closed; the waiter fails with it
-                    closed = True
-                elif frame.get("event") == "completion:chunk" and frame["data"].get("request_id") == request_id:
-                    shown.append(frame["data"].get("text", ""))
-                    _write(shown[-1])
+        done, _pending = await asyncio.wait({following, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if stop in done and not following.done():
+            await _cancel(client, request_id)  # raises unless the reply was complete already
+            await asyncio.wait({following})
     finally:
-        for pending in (pusher, stop, waiter):
-            if pending is None:
-                continue
+        for pending in (stop, following):
             if not pending.done():
                 pending.cancel()
             elif not pending.cancelled():
                 pending.exception()  # seen: a cancelled reply's failure is not reported as never retrieved
-    result = waiter.result()
+    result = following.result()
     turn.request_id = None
     if "content" not in result:
         raise KsiError(ErrorCode.TIMEOUT, f"no reply within {timeout:g}s; request {request_id} is {result.get('status')}",
@@ -199,9 +197,23 @@ async def _reply(client: KsiClient, target: Target, message: str, stream: bool, 
     return result
 
 
+async def _follow(client: KsiClient, request_id: str, timeout: float, shown: list[str]) -> dict[str, Any]:
+    """Write each chunk of the request as it comes; its result, or its status once `timeout` passed."""
+    from ksi_common.submitting import follow  # asyncio with it: loaded once a chat runs
+
+    last: dict[str, Any] = {}
+    async for event, payload in follow(client, request_id, timeout, once=True):
+        if event == COMPLETION_CHUNK:
+            shown.append(payload.get("text", ""))
+            _write(shown[-1])
+        else:
+            last = payload
+    return last
+
+
 async def _cancel(client: KsiClient, request_id: str) -> None:
     """Cancel the request in the daemon (nothing of it is stored); Interrupted unless it was done."""
-    outcome = await client.request("completion:cancel", {"request_id": request_id})
+    outcome = await client.request(COMPLETION_CANCEL, {"request_id": request_id})
     if outcome.get("status") != "done":
         raise Interrupted(request_id)
 
@@ -248,7 +260,7 @@ async def _command(client: KsiClient, target: Target, line: str) -> bool:
             click.echo("/fork needs a conversation with at least one exchange (not an agent's)", err=True)
         else:
             try:
-                fork = await client.request("conversation:fork", {"conversation_id": target.conversation_id,
+                fork = await client.request(CONVERSATION_FORK, {"conversation_id": target.conversation_id,
                                                                       "origin": "cli"})
             except KsiError as error:
                 _error(error)
@@ -285,7 +297,7 @@ async def _unmake(client: KsiClient, target: Target) -> None:
     no exchange), and keep the id for the next turn."""
     target.fresh = True
     try:
-        await client.request("conversation:delete", {"conversation_id": target.conversation_id})
+        await client.request(CONVERSATION_DELETE, {"conversation_id": target.conversation_id})
     except KsiError:  # never made, or the daemon went away: nothing to remove here
         pass
 
@@ -293,7 +305,7 @@ async def _unmake(client: KsiClient, target: Target) -> None:
 async def _recap(client: KsiClient, conversation_id: str, turns: int = 3) -> None:
     """The last few exchanges of a resumed conversation, so the user sees where it stands."""
     try:
-        shown = await client.request("conversation:show", {"conversation_id": conversation_id})
+        shown = await client.request(CONVERSATION_SHOW, {"conversation_id": conversation_id})
     except KsiError:
         return
     from ksi_common.items import item_line
@@ -322,7 +334,7 @@ async def _connect(location: Location, stream: bool, wait: float = 0.0) -> KsiCl
         try:
             await client.connect()
             if stream:
-                await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
+                await client.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
             return client
         except KsiError:
             await client.close()
@@ -355,7 +367,7 @@ async def _session(location: Location, target: Target, profile: str | None, mode
             else:
                 name = "ksi"
                 if target.conversation_id is not None:
-                    shown = await client.request("conversation:stats", {"conversation_id": target.conversation_id})
+                    shown = await client.request(CONVERSATION_STATS, {"conversation_id": target.conversation_id})
                     click.secho(f"conversation {target.conversation_id}, {shown.get('exchanges', 0)} exchanges so far",
                                 bold=True)
                     await _recap(client, target.conversation_id)
@@ -449,7 +461,7 @@ def chat(agent_id: str | None, profile: str | None, model: str | None, conversat
                 code = EXIT_OK
                 break
             try:
-                oneshot.request(location.socket, "completion:cancel", {"request_id": turn.request_id}, timeout=5.0)
+                oneshot.request(location.socket, COMPLETION_CANCEL, {"request_id": turn.request_id}, timeout=5.0)
             except KsiError:
                 pass
             click.echo(f"\ncancelled request {turn.request_id}", err=True)

@@ -11,6 +11,7 @@ from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.events import SYSTEM_CLUSTER
 
 COLUMNS = ["daemon_id", "host", "pid", "version", "started", "heartbeat", "in_flight", "queued", "leases", "state"]
 
@@ -30,7 +31,7 @@ def cluster(as_json: bool, var_dir: str | None, socket_path: str | None) -> None
     """List the daemons serving this storage: host, pid, load, leases held, last heartbeat, alive or stale."""
     location = locate(var_dir, socket_path)
     try:
-        reply = oneshot.request(location.socket, "system:cluster", {}, timeout=10.0)
+        reply = oneshot.request(location.socket, SYSTEM_CLUSTER, {}, timeout=10.0)
     except KsiError as error:
         fail(error, as_json, location)
     if wants_json(as_json):

@@ -8,6 +8,8 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
+from ksi_common.events import SYSTEM_DISCOVER
+
 
 def _location(ctx: click.Context) -> Any:
     from ksi_common.locate import locate
@@ -25,7 +27,7 @@ def events(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list
     from ksi_common.errors import KsiError
 
     try:
-        known = oneshot.request(_location(ctx).socket, "system:discover", timeout=1.0)["events"]
+        known = oneshot.request(_location(ctx).socket, SYSTEM_DISCOVER, timeout=1.0)["events"]
     except KsiError:
         return []
     return [CompletionItem(name, help=description) for name, description in known.items()

@@ -15,6 +15,7 @@ from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_USAGE, fail, report_error, show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.events import SYSTEM_CONFIG
 
 if TYPE_CHECKING:
     from ksi_common.settings import Settings
@@ -55,7 +56,7 @@ def show_command(ctx: click.Context, var_dir: str | None, socket_path: str | Non
 
 def _show(location: Location, as_json: bool, origin: bool) -> None:
     try:
-        answer: dict[str, Any] = oneshot.request(location.socket, "system:config", {"origins": True} if origin else {},
+        answer: dict[str, Any] = oneshot.request(location.socket, SYSTEM_CONFIG, {"origins": True} if origin else {},
                                                  timeout=2.0)
         source = "the running daemon"
     except KsiError:

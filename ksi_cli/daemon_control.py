@@ -12,6 +12,7 @@ from pathlib import Path
 from ksi_common.locate import Location
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.events import SYSTEM_CONFIG, SYSTEM_HEALTH, SYSTEM_SHUTDOWN
 from ksi_common.layout import mark_var_dir
 from ksi_common.liveness import pid_alive, read_pid
 from ksi_common.privacy import open_private, private_dir
@@ -33,7 +34,7 @@ DAEMON_EXIT_CODES = (2, 3, 4)
 def running_config(location: Location, timeout: float = 2.0) -> dict | None:
     """The running daemon's settings (secrets masked), or None when none answers."""
     try:
-        return oneshot.request(location.socket, "system:config", timeout=timeout)
+        return oneshot.request(location.socket, SYSTEM_CONFIG, timeout=timeout)
     except KsiError:
         return None
 
@@ -41,7 +42,7 @@ def running_config(location: Location, timeout: float = 2.0) -> dict | None:
 def running_origins(location: Location, timeout: float = 2.0) -> dict[str, str]:
     """Where each of the running daemon's settings came from ({} from a daemon that does not say)."""
     try:
-        answer = oneshot.request(location.socket, "system:config", {"origins": True}, timeout=timeout)
+        answer = oneshot.request(location.socket, SYSTEM_CONFIG, {"origins": True}, timeout=timeout)
     except KsiError:
         return {}
     origins = answer.get("origins") if isinstance(answer, dict) else None
@@ -50,7 +51,7 @@ def running_origins(location: Location, timeout: float = 2.0) -> dict[str, str]:
 
 def health(location: Location, timeout: float = 2.0) -> dict | None:
     try:
-        return oneshot.request(location.socket, "system:health", timeout=timeout)
+        return oneshot.request(location.socket, SYSTEM_HEALTH, timeout=timeout)
     except KsiError:
         return None
 
@@ -109,7 +110,7 @@ def stop(location: Location, timeout: float = 15.0) -> str:
     pid = int(info["pid"]) if info else pid
     if info is not None:
         try:
-            oneshot.request(location.socket, "system:shutdown", timeout=5.0)
+            oneshot.request(location.socket, SYSTEM_SHUTDOWN, timeout=5.0)
         except KsiError:
             pass
     for sig, grace in ((None, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):

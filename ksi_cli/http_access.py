@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ksi_common.locate import Location, _dotenv
 from ksi_common import http_token, oneshot
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import SYSTEM_HEALTH
 
 CHECK_TIMEOUT = 10.0
 
@@ -50,7 +51,7 @@ def front_access(location: Location, need_daemon: bool = False) -> FrontAccess:
 
 def _served_url(location: Location, need_daemon: bool) -> str | None:
     try:
-        health = oneshot.request(location.socket, "system:health", {}, timeout=CHECK_TIMEOUT)
+        health = oneshot.request(location.socket, SYSTEM_HEALTH, {}, timeout=CHECK_TIMEOUT)
     except KsiError as error:
         if error.code == ErrorCode.DAEMON_UNREACHABLE and not need_daemon:
             return None

@@ -11,6 +11,7 @@ from ksi_cli.options import json_option, location_options
 from ksi_cli.output import fail, show
 from ksi_cli.send import request_or_exit
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_IMPORT
 
 
 @click.command(name="import")
@@ -33,5 +34,5 @@ def import_conversation(source: str, fmt: str | None, new_id: str | None, title:
     for key, value in (("format", fmt), ("new_id", new_id), ("title", title)):
         if value is not None:
             data[key] = value
-    reply = request_or_exit(locate(var_dir, socket_path), "conversation:import", data, as_json)
+    reply = request_or_exit(locate(var_dir, socket_path), CONVERSATION_IMPORT, data, as_json)
     show(reply, as_json)

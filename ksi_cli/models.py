@@ -20,6 +20,7 @@ from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.events import CONSORTIUM_LIST, SYSTEM_CONFIG
 
 BUILT_IN = {
     "echo/*": "built-in: answers from what it received (no network, no key)",
@@ -43,7 +44,7 @@ def litellm_models() -> list[str]:
 
 def _settings(location: Location) -> tuple[dict[str, Any], bool]:
     try:
-        return oneshot.request(location.socket, "system:config", timeout=2.0), True
+        return oneshot.request(location.socket, SYSTEM_CONFIG, timeout=2.0), True
     except KsiError:
         from ksi_common.settings import load_settings  # pydantic: only when no daemon answers
 
@@ -53,7 +54,7 @@ def _settings(location: Location) -> tuple[dict[str, Any], bool]:
 def _consortia(location: Location, running: bool) -> list[dict[str, Any]]:
     if running:
         try:
-            return oneshot.request(location.socket, "consortium:list", timeout=5.0)["consortia"]
+            return oneshot.request(location.socket, CONSORTIUM_LIST, timeout=5.0)["consortia"]
         except KsiError:
             pass
     found = []

@@ -16,6 +16,7 @@ from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_OK, EXIT_UNREACHABLE, dumps, report_error, wants_json
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import MONITOR_SUBSCRIBE
 
 RETRY_SECONDS = 0.5
 COLORS = {"completion": "cyan", "agent": "green", "conversation": "blue", "consortium": "magenta",
@@ -60,7 +61,7 @@ async def _watch(location: Location, patterns: list[str], agent: str | None, con
         client = KsiClient(location.socket)
         try:
             await client.connect()
-            await client.request("monitor:subscribe", {"patterns": patterns})
+            await client.request(MONITOR_SUBSCRIBE, {"patterns": patterns})
         except KsiError as error:
             await client.close()
             if error.code != ErrorCode.DAEMON_UNREACHABLE:

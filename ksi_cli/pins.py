@@ -10,6 +10,7 @@ from ksi_common.locate import locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show
 from ksi_cli.send import request_or_exit
+from ksi_common.events import CONVERSATION_PIN, CONVERSATION_UNPIN
 
 
 def _pins(event: str, conversation_id: str, numbers: tuple[int, ...], as_json: bool, var_dir: str | None,
@@ -27,7 +28,7 @@ def _pins(event: str, conversation_id: str, numbers: tuple[int, ...], as_json: b
 def pin(conversation_id: str, numbers: tuple[int, ...], as_json: bool, var_dir: str | None,
         socket_path: str | None) -> None:
     """Keep exchanges NUMBERS of CONVERSATION_ID verbatim in every turn's history."""
-    _pins("conversation:pin", conversation_id, numbers, as_json, var_dir, socket_path)
+    _pins(CONVERSATION_PIN, conversation_id, numbers, as_json, var_dir, socket_path)
 
 
 @click.command(name="unpin")
@@ -38,4 +39,4 @@ def pin(conversation_id: str, numbers: tuple[int, ...], as_json: bool, var_dir: 
 def unpin(conversation_id: str, numbers: tuple[int, ...], as_json: bool, var_dir: str | None,
           socket_path: str | None) -> None:
     """Let pinned exchanges NUMBERS of CONVERSATION_ID be left out like any other again."""
-    _pins("conversation:unpin", conversation_id, numbers, as_json, var_dir, socket_path)
+    _pins(CONVERSATION_UNPIN, conversation_id, numbers, as_json, var_dir, socket_path)

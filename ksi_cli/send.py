@@ -15,19 +15,32 @@ from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_PENDING, fail, show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
+from ksi_common.events import AGENT_SEND_MESSAGE, COMPLETION_ASYNC, SYSTEM_DISCOVER, SYSTEM_HELP
 from ksi_common.limits import MAX_TIMEOUT
 from ksi_cli.params import Seconds
+from ksi_common.request_status import PENDING
 
-WAITABLE = {"completion:async", "agent:send_message"}
+WAITABLE = {COMPLETION_ASYNC, AGENT_SEND_MESSAGE}
 # options of `ksi send` also accepted after the event name, unless the event has a field so named
 AFTER_EVENT = {"json", "wait", "timeout", "help", "h"}
-PENDING = ("queued", "running")
 
 
 def request_or_exit(location: Location, event: str, data: dict[str, Any], as_json: bool,
                     timeout: float | None = None) -> dict[str, Any]:
     try:
         return oneshot.request(location.socket, event, data, timeout=timeout)
+    except KsiError as error:
+        fail(error, as_json, location)
+
+
+def wait_or_exit(location: Location, request_id: str, timeout: float, as_json: bool) -> dict[str, Any]:
+    """One wait of `timeout` seconds: the request's result, or its status when the wait ended first."""
+    from ksi_common.submitting import follow_blocking  # asyncio with it: loaded only to wait
+
+    try:
+        with oneshot.Connection(location.socket, timeout=timeout + 5) as connection:
+            *_, (_event, reply) = follow_blocking(connection, request_id, timeout, once=True)
+            return reply
     except KsiError as error:
         fail(error, as_json, location)
 
@@ -51,7 +64,7 @@ def show_event_help(reply: dict[str, Any], as_json: bool) -> None:
 def _fields(location: Location, event: str) -> dict[str, Any] | None:
     """The event's fields from `system:help`, or None when the daemon does not know it."""
     try:
-        return oneshot.request(location.socket, "system:help", {"event": event}, timeout=10.0)["fields"]
+        return oneshot.request(location.socket, SYSTEM_HELP, {"event": event}, timeout=10.0)["fields"]
     except KsiError:  # unknown event or no daemon: the request itself will say so, words read as JSON
         return None
 
@@ -102,7 +115,7 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
     for key, raw in pairs:
         if key in AFTER_EVENT and (fields is None or key not in fields):
             if key in ("help", "h"):
-                show_event_help(request_or_exit(location, "system:help", {"event": event}, as_json), as_json)
+                show_event_help(request_or_exit(location, SYSTEM_HELP, {"event": event}, as_json), as_json)
                 sys.exit(EXIT_OK)
             if key == "json":
                 as_json = _flag(raw, key)
@@ -122,19 +135,17 @@ def send(event: str, words: tuple[str, ...], data_json: str | None, wait: bool, 
                 raise click.UsageError(str(exc)) from None
         if key == "timeout" and fields and key in fields and isinstance(data[key], int | float):
             timeout, timeout_given = float(data[key]), True  # the event's own timeout bounds the wait too
-    if event == "agent:send_message":
+    if event == AGENT_SEND_MESSAGE:
         if wait:
             data.setdefault("wait", timeout)
         if data.get("wait") is True and timeout_given:
             data["wait"] = timeout  # `--wait --timeout S` after the event: wait that long
         wait = wait or bool(data.get("wait"))
-    if event == "completion:async":
+    if event == COMPLETION_ASYNC:
         data.setdefault("origin", "cli")  # recorded on a conversation this request creates
     reply = request_or_exit(location, event, data, as_json, timeout=timeout + 5)
-    if wait and event == "completion:async" and "request_id" in reply:
-        reply = request_or_exit(location, "completion:wait",
-                                {"request_id": reply["request_id"], "timeout": timeout},
-                                as_json, timeout=timeout + 5)
+    if wait and event == COMPLETION_ASYNC and "request_id" in reply:
+        reply = wait_or_exit(location, reply["request_id"], timeout, as_json)
     show(reply, as_json)
     if wait and event in WAITABLE and reply.get("status") in PENDING and "content" not in reply:
         click.echo(f"the wait ended after {timeout:g}s before the result; request {reply.get('request_id')} is "
@@ -169,7 +180,7 @@ def _seconds(raw: str | None) -> float:
 def discover(namespace: str | None, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
     """List the daemon's events, optionally of one NAMESPACE."""
     data = {"namespace": namespace} if namespace else {}
-    reply = request_or_exit(locate(var_dir, socket_path), "system:discover", data, as_json)
+    reply = request_or_exit(locate(var_dir, socket_path), SYSTEM_DISCOVER, data, as_json)
     if namespace and not reply["events"]:
         similar = reply.get("similar") or []
         meant = f"; did you mean {' or '.join(similar)}?" if similar else "; `ksi discover` lists them all"
@@ -189,5 +200,5 @@ def discover(namespace: str | None, as_json: bool, var_dir: str | None, socket_p
 @click.argument("event", shell_complete=completion.events)
 def help_event(event: str, as_json: bool, var_dir: str | None, socket_path: str | None) -> None:
     """Describe EVENT: its fields, their types, defaults and whether they are required."""
-    show_event_help(request_or_exit(locate(var_dir, socket_path), "system:help", {"event": event}, as_json),
+    show_event_help(request_or_exit(locate(var_dir, socket_path), SYSTEM_HELP, {"event": event}, as_json),
                     as_json)

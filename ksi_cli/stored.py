@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from ksi_common.locate import Location
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import SYSTEM_CONFIG
 from ksi_common.reading import StoredReader, open_reader
 from ksi_common.storage_backends import needs_url
 
@@ -27,7 +28,7 @@ def running_storage(where: Location) -> Location:
     from ksi_common.dburl import MASK
 
     try:
-        running = oneshot.request(where.socket, "system:config", timeout=2.0)
+        running = oneshot.request(where.socket, SYSTEM_CONFIG, timeout=2.0)
     except KsiError:  # no daemon answers: the var dir is what there is
         return where
     storage = str(running.get("storage") or "")

@@ -15,6 +15,7 @@ import filelock
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import COMPLETION_CANCELLED, COMPLETION_ERROR, COMPLETION_RESULT, SYSTEM_HEALTH
 from ksi_common.kept_settings import write_kept
 from ksi_common.liveness import socket_path_state
 from ksi_common.privacy import FILE_MODE, OWNER_ONLY_UMASK, private_dir
@@ -30,7 +31,6 @@ from ksi_daemon.services.completion.admission import Admission
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attachments
 from ksi_daemon.services.completion.compaction import Compactor
-from ksi_daemon.services.completion.models import COMPLETION_CANCELLED, COMPLETION_ERROR, COMPLETION_RESULT
 from ksi_daemon.services.completion.preparation import HistoryBudget, TurnPreparation
 from ksi_daemon.services.completion.requests import RequestRegistry
 from ksi_daemon.services.completion.running import TurnRunner
@@ -50,7 +50,7 @@ from ksi_daemon.services.pool.members import PoolService
 from ksi_daemon.services.pool.takeover import TakeoverService
 from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.resilience import CircuitBreaker
-from ksi_daemon.services.system import SYSTEM_HEALTH, SystemService
+from ksi_daemon.services.system import SystemService
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.images import Images

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common.errors import KsiError
+from ksi_common.events import AGENT_LIST, COMPLETION_MODELS, CONSORTIUM_LIST
 from ksi_common.oneshot import Connection
 
 DISCOVERY_TIMEOUT = 2.0  # seconds: `llm` asks on every start, a hung daemon must not hang it long
@@ -77,9 +78,9 @@ def logged_names(logs_db: Path, prefix: str) -> list[str]:
 def ask_daemon(socket_path: Path) -> Catalog:
     """The catalog of the running daemon; raises `KsiError` when it cannot be reached."""
     with Connection(socket_path, timeout=DISCOVERY_TIMEOUT) as connection:
-        models = connection.request("completion:models")
-        consortia = connection.request("consortium:list")
-        agents = connection.request("agent:list", {"status": "active"})
+        models = connection.request(COMPLETION_MODELS)
+        consortia = connection.request(CONSORTIUM_LIST)
+        agents = connection.request(AGENT_LIST, {"status": "active"})
     return Catalog(
         default=models.get("default"),
         models=[str(name) for name in models.get("models", [])],

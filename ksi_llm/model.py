@@ -13,15 +13,22 @@ from pydantic import Field
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CHUNK,
+    COMPLETION_RESULT,
+    MONITOR_SUBSCRIBE,
+)
 from ksi_common.ids import is_safe_id
 from ksi_common.oneshot import Connection
+from ksi_common.submitting import WAIT_SLICE, follow, follow_blocking
 
 PREFIX = "ksi/"
 AGENT_PREFIX = "agent/"
 CONVERSATION_PREFIX = "llm-"  # the KSI conversation of llm conversation X is llm-X
 LINK_KEY = "llm"  # the name of llm's id in a KSI conversation's external ids
 ACK_TIMEOUT = 30.0  # seconds for a request's acknowledgement, beyond a wait's own time
-WAIT_SLICE = 60.0  # seconds per completion:wait; waits repeat while the request is queued or running
 # KSI embeds attached files as text in the prompt, so only text-like files are offered
 TEXT_TYPES = frozenset({
     "text/plain", "text/markdown", "text/csv", "text/html", "text/xml", "text/x-python", "text/x-script.python",
@@ -139,13 +146,6 @@ def remainder(result: dict[str, Any], shown: list[str]) -> str:
     return content[len(streamed):] if content.startswith(streamed) else ""
 
 
-def chunk_text(frame: dict[str, Any], request_id: str) -> str | None:
-    payload = frame.get("data") or {}
-    if frame.get("event") == "completion:chunk" and payload.get("request_id") == request_id:
-        return str(payload.get("text") or "")
-    return None
-
-
 class KsiModel(KsiTarget, llm.Model):
     """`ksi/NAME`: KSI model, `ksi/consortium/NAME`, or `ksi/agent/ID` (the agent answers)."""
 
@@ -162,29 +162,20 @@ class KsiModel(KsiTarget, llm.Model):
         """Yield the answer's text as it streams in; return the result data."""
         with Connection(self.socket_path, timeout=WAIT_SLICE + ACK_TIMEOUT) as connection:
             if stream:
-                connection.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-            request_id = connection.request("completion:async", data)["request_id"]
+                connection.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+            request_id = connection.request(COMPLETION_ASYNC, data)["request_id"]
             shown: list[str] = []
             try:
-                result = None
-                while result is None:
-                    waiting = connection.send("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
-                    while True:
-                        # pushes kept while the acknowledgement was awaited come first
-                        frame = connection.pushes.pop(0) if connection.pushes else connection.read_frame()
-                        if frame.get("push"):
-                            if (text := chunk_text(frame, request_id)) is not None:
-                                shown.append(text)
-                                yield text
-                        elif frame.get("correlation_id") == waiting:
-                            if "error" in frame:
-                                raise KsiError.from_wire(frame["error"])
-                            payload = frame.get("data") or {}
-                            result = payload if "content" in payload else None  # else still queued or running
-                            break
+                result: dict[str, Any] = {}
+                for event, payload in follow_blocking(connection, request_id):
+                    if event == COMPLETION_RESULT:
+                        result = payload
+                    else:
+                        shown.append(str(payload.get("text") or ""))
+                        yield shown[-1]
             except (KeyboardInterrupt, GeneratorExit):
                 try:  # do not leave the abandoned answer running
-                    connection.send("completion:cancel", {"request_id": request_id})
+                    connection.send(COMPLETION_CANCEL, {"request_id": request_id})
                 except KsiError:
                     pass
                 raise
@@ -203,28 +194,19 @@ class AsyncKsiModel(KsiTarget, llm.AsyncModel):
         try:
             async with KsiClient(self.socket_path) as client:
                 if stream:
-                    await client.request("monitor:subscribe", {"patterns": ["completion:chunk"]})
-                request_id = (await client.request("completion:async", data))["request_id"]
+                    await client.request(MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK]})
+                request_id = (await client.request(COMPLETION_ASYNC, data))["request_id"]
                 try:
-                    result = None
-                    while result is None:
-                        waiter = asyncio.ensure_future(
-                            client.request("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE}))
-                        while not waiter.done():
-                            pusher = asyncio.ensure_future(client.next_push())
-                            done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
-                            if pusher not in done:
-                                pusher.cancel()
-                            elif (frame := pusher.result()) is None:  # closed: the waiter fails with it
-                                await asyncio.wait({waiter})
-                            elif (text := chunk_text(frame, request_id)) is not None:
-                                shown.append(text)
-                                yield text
-                        reply = waiter.result()
-                        result = reply if "content" in reply else None  # else still queued or running
+                    result: dict[str, Any] = {}
+                    async for event, payload in follow(client, request_id):
+                        if event == COMPLETION_RESULT:
+                            result = payload
+                        else:
+                            shown.append(str(payload.get("text") or ""))
+                            yield shown[-1]
                 except (asyncio.CancelledError, GeneratorExit):
                     try:  # do not leave the abandoned answer running
-                        await asyncio.shield(client.send_frame("completion:cancel", {"request_id": request_id}))
+                        await asyncio.shield(client.send_frame(COMPLETION_CANCEL, {"request_id": request_id}))
                     except KsiError:
                         pass
                     raise

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from ksi_common.events import COMPLETION_RESULT, CONVERSATION_CHANGED
+
 # (event name, event data): called on the event loop, must not block
 EventListener = Callable[[str, dict[str, Any]], None]
 StopWatching = Callable[[], Awaitable[None]]
 
 # The events that change what the resources show: a new exchange, or a conversation created,
 # updated, archived or deleted.
-CHANGE_EVENTS = ("completion:result", "conversation:changed")
+CHANGE_EVENTS = (COMPLETION_RESULT, CONVERSATION_CHANGED)
 
 
 class Caller(Protocol):

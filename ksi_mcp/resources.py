@@ -12,6 +12,7 @@ from typing import Any
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourcesListChanged, ResourceUpdated, ServerEvent
 
+from ksi_common.events import CONVERSATION_CHANGED, CONVERSATION_EXPORT, CONVERSATION_LIST
 from ksi_mcp.caller import CHANGE_EVENTS, Caller, StopWatching
 from ksi_mcp.tools import conversation_uri
 
@@ -31,12 +32,12 @@ def conversation_id_of(uri: str) -> str | None:
 async def read(caller: Caller, uri: str) -> tuple[str, str]:
     """(mime type, text) of a resource; an unknown conversation raises KSI's `conversation_not_found`."""
     if uri == LIST_URI:
-        found = await caller.request("conversation:list", {"limit": LISTED})
+        found = await caller.request(CONVERSATION_LIST, {"limit": LISTED})
         return "application/json", json.dumps(found, ensure_ascii=False, indent=1)
     conversation_id = conversation_id_of(uri)
     if conversation_id is None:
         raise LookupError(uri)
-    export = await caller.request("conversation:export", {"conversation_id": conversation_id, "format": "markdown"})
+    export = await caller.request(CONVERSATION_EXPORT, {"conversation_id": conversation_id, "format": "markdown"})
     return "text/markdown", export["content"]
 
 
@@ -87,7 +88,7 @@ class ResourceWatch:
         conversation_id = data.get("conversation_id")
         uris = [LIST_URI] + ([conversation_uri(conversation_id)] if isinstance(conversation_id, str) else [])
         events: list[ServerEvent] = [ResourceUpdated(uri=uri) for uri in uris]
-        if name == "conversation:changed" and data.get("change") in ("created", "deleted"):
+        if name == CONVERSATION_CHANGED and data.get("change") in ("created", "deleted"):
             events.append(ResourcesListChanged())
         self._send(self._publish(events))
         for uri in uris:

@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 
 from ksi_common import __version__
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_LIST
 from ksi_mcp.caller import Caller
 from ksi_mcp.resources import LIST_URI, RECENT, TEMPLATE, ResourceWatch, read
 from ksi_mcp.schemas import BY_NAME, TOOLS
@@ -76,7 +77,7 @@ class KsiMcp:
         resources = [types.Resource(uri=LIST_URI, name="conversations", mime_type="application/json",
                                     description="every KSI conversation, newest first")]
         try:
-            recent = await self.caller.request("conversation:list", {"limit": RECENT})
+            recent = await self.caller.request(CONVERSATION_LIST, {"limit": RECENT})
         except KsiError:  # the daemon is down: the fixed resources are still listed
             recent = {}
         for item in recent.get("conversations", []):

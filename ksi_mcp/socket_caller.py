@@ -15,6 +15,7 @@ from typing import Any
 
 from ksi_common.client import KsiClient
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import MONITOR_SUBSCRIBE, MONITOR_UNSUBSCRIBE, SYSTEM_CONFIG
 from ksi_mcp.caller import EventListener, StopWatching
 
 # Starts a daemon (blocking; run in a thread) and returns what to tell the user; raises on failure.
@@ -70,7 +71,7 @@ class SocketCaller:
             self._client, self._subscriptions = client, {}
             self._pump = asyncio.create_task(self._dispatch(client))
             try:
-                client.frame_limit = (await client.request("system:config")).get("line_limit")
+                client.frame_limit = (await client.request(SYSTEM_CONFIG)).get("line_limit")
                 if self._watchers:
                     await self._subscribe(client)
             except BaseException:  # not kept half set up (no frame limit, no subscriptions): the next call connects anew
@@ -101,7 +102,7 @@ class SocketCaller:
         """One subscription per watched event, so the events watched can grow and shrink."""
         async with self._subscribing:
             for event in sorted(self._watched() - self._subscriptions.keys()):
-                reply = await client.request("monitor:subscribe", {"patterns": [event]})
+                reply = await client.request(MONITOR_SUBSCRIBE, {"patterns": [event]})
                 self._subscriptions[event] = reply["subscription_id"]
 
     async def _unsubscribe_unwatched(self) -> None:
@@ -111,7 +112,7 @@ class SocketCaller:
                 return
             for event in sorted(self._subscriptions.keys() - self._watched()):
                 subscription_id = self._subscriptions.pop(event)
-                await client.request("monitor:unsubscribe", {"subscription_id": subscription_id})
+                await client.request(MONITOR_UNSUBSCRIBE, {"subscription_id": subscription_id})
 
     async def _dispatch(self, client: KsiClient) -> None:
         """Hand pushed events to the watchers; when the connection ends, forget it."""

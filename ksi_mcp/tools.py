@@ -11,10 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    AGENT_SEND_MESSAGE,
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CHUNK,
+    CONVERSATION_EXPORT,
+    CONVERSATION_FORK,
+    CONVERSATION_LIST,
+)
+from ksi_common.submitting import wait_for_result
 from ksi_mcp.caller import Caller
 from ksi_mcp.schemas import checked_arguments
 
-WAIT_SLICE = 300.0  # seconds per completion:wait; a longer answer is waited for again
 # A waiting call reports progress at least this often, so a client that resets its timeout on
 # progress waits for slow and reasoning models; new text is reported at most every PROGRESS_GAP.
 PROGRESS_EVERY = 2.0
@@ -108,7 +117,7 @@ class Tools:
             data["conversation_id"] = args["continuation_id"]
         if "files" in args:
             data["files"] = [self._path(f) for f in args["files"]]
-        return self._turn(await self._run("completion:async", data, progress))
+        return self._turn(await self._run(COMPLETION_ASYNC, data, progress))
 
     async def consensus(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
         if ("consortium" in args) == ("models" in args):
@@ -124,7 +133,7 @@ class Tools:
             data["consortium"] = {"members": args["models"], "arbiter": args["models"][0]}
         if "continuation_id" in args:
             data["conversation_id"] = args["continuation_id"]
-        result = await self._run("completion:async", data, progress)
+        result = await self._run(COMPLETION_ASYNC, data, progress)
         run = result.get("consortium") or {}
         reply = self._turn(result, {"confidence": run.get("confidence"), "dissent": run.get("dissent") or "",
                                     "run_id": run.get("run_id")})
@@ -134,7 +143,7 @@ class Tools:
         return Reply("\n".join(lines), reply.data)
 
     async def agent_message(self, args: dict[str, Any], progress: Progress | None = None) -> Reply:
-        result = await self._run("agent:send_message", {"agent_id": args["agent_id"], "message": args["message"]},
+        result = await self._run(AGENT_SEND_MESSAGE, {"agent_id": args["agent_id"], "message": args["message"]},
                                  progress)
         return self._turn(result, {"agent_id": args["agent_id"]})
 
@@ -144,7 +153,7 @@ class Tools:
         if progress is None:
             return await self._answer(await self.caller.request(event, data))
         stream = AnswerStream()
-        stop_watching = await self.caller.watch(("completion:chunk",), stream.on_chunk)
+        stop_watching = await self.caller.watch((COMPLETION_CHUNK,), stream.on_chunk)
         try:
             ack = await self.caller.request(event, {**data, "stream": True})
             stream.follow(ack["request_id"])
@@ -172,14 +181,11 @@ class Tools:
         """Wait for the request `ack` acknowledged; a cancelled tool call cancels it in KSI too."""
         request_id = ack["request_id"]
         try:
-            while True:
-                result = await self.caller.request("completion:wait", {"request_id": request_id, "timeout": WAIT_SLICE})
-                if "content" in result:
-                    return result
+            return await wait_for_result(self.caller, request_id)
         except asyncio.CancelledError:
             # sent from a task of its own: this one may be cancelled again at every await
             task = asyncio.get_running_loop().create_task(
-                self.caller.request("completion:cancel", {"request_id": request_id}))
+                self.caller.request(COMPLETION_CANCEL, {"request_id": request_id}))
             self._cancels.add(task)
             task.add_done_callback(self._cancel_sent)
             raise
@@ -219,7 +225,7 @@ class Tools:
             query["text"] = args["query"]
         if "status" in args:
             query["status"] = args["status"]
-        found = await self.caller.request("conversation:list", query)
+        found = await self.caller.request(CONVERSATION_LIST, query)
         items = [{"continuation_id": c["conversation_id"], "title": c.get("title"), "preview": c.get("preview"),
                   "origin": c.get("origin"), "models": c.get("models") or [],
                   "turns": c.get("turns", c.get("exchanges", 0)), "inherited": c.get("inherited", 0),
@@ -244,14 +250,14 @@ class Tools:
         for key in ("pin", "unpin"):
             if args.get(key):
                 await self.caller.request(f"conversation:{key}", {"conversation_id": conversation_id, "n": args[key]})
-        export = await self.caller.request("conversation:export", {"conversation_id": conversation_id,
+        export = await self.caller.request(CONVERSATION_EXPORT, {"conversation_id": conversation_id,
                                                                    "format": args.get("format", "markdown")})
         text = cut(export["content"], self.output_limit, conversation_id)
         return Reply(text, {"continuation_id": conversation_id, "format": export["format"],
                             "exchanges": export["exchanges"], "cut": len(text) < len(export["content"])})
 
     async def fork(self, args: dict[str, Any]) -> Reply:
-        forked = await self.caller.request("conversation:fork", {"conversation_id": args["continuation_id"],
+        forked = await self.caller.request(CONVERSATION_FORK, {"conversation_id": args["continuation_id"],
                                                                  "at": args["at"], "origin": "mcp"})
         data = {"continuation_id": forked["conversation_id"], "parent_id": forked["parent_id"],
                 "fork_at": forked["fork_at"]}

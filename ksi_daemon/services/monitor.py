@@ -9,6 +9,7 @@ import structlog
 from pydantic import Field, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import MONITOR_SUBSCRIBE, MONITOR_UNSUBSCRIBE
 from ksi_common.ids import new_id
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import EventContext
@@ -55,8 +56,8 @@ class MonitorService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [
-            r.register("monitor:subscribe", self.subscribe, SubscribeData, "Push events matching patterns to this connection."),
-            r.register("monitor:unsubscribe", self.unsubscribe, UnsubscribeData, "End a subscription."),
+            r.register(MONITOR_SUBSCRIBE, self.subscribe, SubscribeData, "Push events matching patterns to this connection."),
+            r.register(MONITOR_UNSUBSCRIBE, self.unsubscribe, UnsubscribeData, "End a subscription."),
         ]
 
     def count(self) -> int:

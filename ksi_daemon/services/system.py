@@ -11,12 +11,10 @@ from typing import Any
 from pydantic import Field
 
 from ksi_common import __version__
+from ksi_common.events import SYSTEM_CONFIG, SYSTEM_DISCOVER, SYSTEM_HEALTH, SYSTEM_HELP, SYSTEM_SHUTDOWN
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import EventData, NoData, Text
 from ksi_daemon.router import Router, Unregister
-
-
-SYSTEM_HEALTH = "system:health"  # NoData; answered even while the daemon shuts down
 
 
 class DiscoverData(EventData):
@@ -54,11 +52,11 @@ class SystemService:
         r = self.router
         return [
             r.register(SYSTEM_HEALTH, self.health, NoData, "Daemon status, version, uptime and counts."),
-            r.register("system:discover", self.discover, DiscoverData, "Every event with its one-line description."),
-            r.register("system:help", self.help, HelpData, "Fields, types and defaults of one event."),
-            r.register("system:config", self.config, ConfigData,
+            r.register(SYSTEM_DISCOVER, self.discover, DiscoverData, "Every event with its one-line description."),
+            r.register(SYSTEM_HELP, self.help, HelpData, "Fields, types and defaults of one event."),
+            r.register(SYSTEM_CONFIG, self.config, ConfigData,
                        "The running daemon's effective settings, secrets masked (and where each came from)."),
-            r.register("system:shutdown", self.shutdown, NoData, "Stop gracefully: drain work, flush files, remove the socket."),
+            r.register(SYSTEM_SHUTDOWN, self.shutdown, NoData, "Stop gracefully: drain work, flush files, remove the socket."),
         ]
 
     async def health(self, _data: NoData, _context: EventContext) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import structlog
 
 from ksi_common import wire
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import MONITOR_OVERFLOW
 from ksi_common.ids import new_id
 from ksi_daemon import eager
 from ksi_daemon.context import EventContext
@@ -252,7 +253,7 @@ class Connection(asyncio.Protocol):
         if self.lost_pushes and self.transport:
             lost, self.lost_pushes = self.lost_pushes, 0
             self.transport.write(wire.encode({
-                "event": "monitor:overflow", "push": True, "data": {"lost_events": lost},
+                "event": MONITOR_OVERFLOW, "push": True, "data": {"lost_events": lost},
                 "timestamp": wire.utc_now(),
             }))
 

@@ -10,6 +10,18 @@ from typing import Any
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    AGENT_INFO,
+    AGENT_LIST,
+    AGENT_PROFILES,
+    AGENT_RESET,
+    AGENT_SEND_MESSAGE,
+    AGENT_SPAWN,
+    AGENT_TERMINATE,
+    COMPLETION_CANCEL,
+    COMPLETION_RESULT,
+    COMPLETION_WAIT,
+)
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_common.timefmt import utc_now
@@ -29,7 +41,7 @@ from ksi_daemon.services.agents.models import (
 from ksi_daemon.services.agents.profiles import Profile, ProfileLibrary
 from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.completion.service import CompletionService
-from ksi_daemon.services.completion.models import COMPLETION_CANCEL, COMPLETION_RESULT, COMPLETION_WAIT, CompletionAsync
+from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.completion.requests import RequestState
@@ -70,18 +82,18 @@ class AgentService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [
-            r.register("agent:spawn", self.handle_spawn, AgentSpawn,
+            r.register(AGENT_SPAWN, self.handle_spawn, AgentSpawn,
                        "Create an agent from a profile (or a system prompt); its conversation id is its id."),
-            r.register("agent:send_message", self.handle_send, AgentSendMessage,
+            r.register(AGENT_SEND_MESSAGE, self.handle_send, AgentSendMessage,
                        "Queue a message to an agent; wait: true or seconds replies like completion:wait."),
-            r.register("agent:list", self.handle_list, AgentList, "Agents with their profile, model and status."),
-            r.register("agent:info", self.handle_info, AgentInfo,
+            r.register(AGENT_LIST, self.handle_list, AgentList, "Agents with their profile, model and status."),
+            r.register(AGENT_INFO, self.handle_info, AgentInfo,
                        "One agent: profile, model, status, activity, exchanges, tokens and queued requests."),
-            r.register("agent:profiles", self.handle_profiles, AgentProfiles,
+            r.register(AGENT_PROFILES, self.handle_profiles, AgentProfiles,
                        "The profiles agents can be spawned from."),
-            r.register("agent:reset", self.handle_reset, AgentReset,
+            r.register(AGENT_RESET, self.handle_reset, AgentReset,
                        "Start the agent on a fresh conversation; the old one is kept under a new id."),
-            r.register("agent:terminate", self.handle_terminate, AgentTerminate,
+            r.register(AGENT_TERMINATE, self.handle_terminate, AgentTerminate,
                        "Stop an agent (or all: true): its queued requests are cancelled, its logs kept."),
             r.listen(COMPLETION_RESULT, self._on_result),
         ]

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_FORK
 from ksi_common.items import call_ids_answered
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
@@ -35,7 +36,6 @@ from ksi_daemon.services.completion.requests import RequestRegistry, RequestStat
 from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.conversations.adoption import MADE_FOR_RUN
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
-from ksi_daemon.services.conversations.models import CONVERSATION_FORK
 from ksi_daemon.services.conversations.pending import pending_taken
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import request_scope

@@ -17,12 +17,12 @@ from typing import Any
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_APPEND, CONVERSATION_FORK
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router
 from ksi_daemon.services.completion.client_history import OUTPUT_KINDS, normalised, split_history
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.storage.ports import ResponseStore
 

@@ -43,6 +43,7 @@ import orjson
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
 from ksi_common.timefmt import parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.tool_calls import input_messages, output_message
@@ -52,7 +53,6 @@ from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.tool_turns import check_answers
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
-from ksi_daemon.services.conversations.models import CONVERSATION_APPEND, CONVERSATION_FORK, CONVERSATION_IMPORT
 from ksi_daemon.services.conversations.pending import is_pending_input, pending_of, pending_taken, waiting_key
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope

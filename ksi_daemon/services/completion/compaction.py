@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from ksi_common.events import COMPLETION_RESULT, CONVERSATION_SUMMARISED
 from ksi_common.items import item_text
 from ksi_common.records import IndexEntry
 from ksi_common.settings import Settings
@@ -31,7 +32,6 @@ from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.base import Provider, ProviderCall
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.completion.models import COMPLETION_RESULT
 from ksi_daemon.services.completion.salience import (
     EXCHANGE_TEXT_LIMIT,
     Verdict,
@@ -130,7 +130,7 @@ class Compactor:
         self.fallbacks = 0  # fallbacks stored where no candidate passed its checks
 
     def register(self) -> list[Unregister]:
-        return [self.router.listen(COMPLETION_RESULT, self._on_result), self.router.emits("conversation:summarised")]
+        return [self.router.listen(COMPLETION_RESULT, self._on_result), self.router.emits(CONVERSATION_SUMMARISED)]
 
     async def stop(self, timeout: float) -> None:
         for handle in self._retries.values():
@@ -488,7 +488,7 @@ class Compactor:
             await self.writer.save_meta(memory, meta)
         log.info("summary_written", conversation_id=conversation_id, first=summary.first, upto=summary.upto,
                  kind=summary.kind, level=summary.level, tokens=summary.tokens)
-        self.router.emit("conversation:summarised", {
+        self.router.emit(CONVERSATION_SUMMARISED, {
             "conversation_id": conversation_id, "first": summary.first, "upto": summary.upto,
             "kind": summary.kind, "level": summary.level, "model": summary.model, "tokens": summary.tokens,
             "cost": summary.cost,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ksi_common.errors import KsiError
+from ksi_common.events import completion_result
 from ksi_common.items import Item, item_text
 from ksi_common.records import IndexEntry
 from ksi_common.timefmt import utc_now
@@ -105,23 +106,11 @@ def result_data(state: RequestState, reply: ProviderReply, entry: IndexEntry, hi
                 attempts: int, duration_ms: float, turns_left: int | None = None) -> dict[str, Any]:
     """The data of completion:result (and of a successful completion:wait); `turns_left` is how
     many more exchanges the conversation's cap allows (None: no cap)."""
-    result: dict[str, Any] = {
-        "request_id": state.request_id,
-        "response_id": state.response_id,
-        "conversation_id": state.conversation_id,
-        "agent_id": state.agent_id,
-        "model": state.model,
-        "content": reply.content,
-        "output": reply.items(),
-        "finish_reason": reply.finish_reason,
-        "usage": reply.usage,
-        "cost": reply.cost,
-        "history": history,
-        "attempts": attempts,
-        "duration_ms": duration_ms,
-        "exchange": entry.n,
-        "turns_left": turns_left,
-    }
+    result = completion_result(
+        request_id=state.request_id, response_id=state.response_id, conversation_id=state.conversation_id,
+        agent_id=state.agent_id, model=state.model, content=reply.content, output=reply.items(),
+        finish_reason=reply.finish_reason, usage=reply.usage, cost=reply.cost, history=history,
+        attempts=attempts, duration_ms=duration_ms, exchange=entry.n, turns_left=turns_left)
     if reply.session_note:
         result["session_note"] = reply.session_note
     for key, value in reply.extra.items():

@@ -198,20 +198,6 @@ class CompletionAsync(EventData):
                 "parallel_tool_calls": self.parallel_tool_calls}
 
 
-# the `completion:*` event names, each beside its payload model; the outcomes are emitted, never
-# requested: completion:result carries the result data, error and cancelled the request's failure
-COMPLETION_ASYNC = "completion:async"  # CompletionAsync
-COMPLETION_WAIT = "completion:wait"  # CompletionWait
-COMPLETION_STATUS = "completion:status"  # CompletionStatus
-COMPLETION_CANCEL = "completion:cancel"  # CompletionCancel
-COMPLETION_CHUNKS = "completion:chunks"  # streams.CompletionChunks
-COMPLETION_MODELS = "completion:models"  # NoData
-COMPLETION_RESULT = "completion:result"
-COMPLETION_ERROR = "completion:error"
-COMPLETION_CANCELLED = "completion:cancelled"
-COMPLETION_CHUNK = "completion:chunk"  # {request_id, conversation_id, index, text or tool_call}
-
-
 class RequestRef(EventData):
     request_id: Text = Field(description="the id completion:async returned")
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ksi_common.events import completion_result
 from ksi_common.items import output_items
+from ksi_common.request_status import FINISHED, PENDING
 from ksi_common.timefmt import utc_now
 from ksi_common.reading import StoredReader
 from ksi_daemon.storage.ports import RequestJournal, ResponseStore
@@ -20,10 +22,10 @@ async def recover(journal: RequestJournal, conversations: StoredReader,
     interrupted, finished = [], []
     indexed: dict[str, dict[str, int]] = {}  # conversation -> its indexed response ids, read once
     for line in await journal.states():
-        if line.get("status") in ("done", "failed", "cancelled"):
+        if line.get("status") in FINISHED:
             finished.append(line)
             continue
-        if line.get("status") not in ("queued", "running"):  # `running`: journals of earlier versions
+        if line.get("status") not in PENDING:  # `running`: journals of earlier versions
             continue
         # Killed after the index line was written but before `done` was journaled: the
         # exchange is in the history, so the request is done (a retry would duplicate it).
@@ -57,11 +59,9 @@ async def indexed_result(line: dict[str, Any], conversations: StoredReader, resp
         return None
     outcome = record.outcome
     agent_id = next((i.get("agent_id") for i in record.inputs if i.get("agent_id")), None)
-    return {
-        "request_id": line["request_id"], "response_id": response_id, "conversation_id": conversation_id,
-        "agent_id": agent_id, "model": outcome.get("model"), "content": record.content,
-        "output": output_items(outcome),
-        "finish_reason": outcome.get("finish_reason"), "usage": outcome.get("usage") or {},
-        "cost": outcome.get("cost"), "history": {}, "attempts": len(outcome.get("attempts") or []),
-        "duration_ms": outcome.get("duration_ms"), "exchange": n or None, "recovered": True,
-    }
+    return completion_result(
+        request_id=line["request_id"], response_id=response_id, conversation_id=conversation_id,
+        agent_id=agent_id, model=outcome.get("model"), content=record.content, output=output_items(outcome),
+        finish_reason=outcome.get("finish_reason"), usage=outcome.get("usage") or {}, cost=outcome.get("cost"),
+        history={}, attempts=len(outcome.get("attempts") or []), duration_ms=outcome.get("duration_ms"),
+        exchange=n or None, recovered=True)

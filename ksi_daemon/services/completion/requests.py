@@ -14,9 +14,6 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.scheduler import Job
 
-FINISHED = ("done", "failed", "cancelled")
-
-
 @dataclass(eq=False)
 class RequestState:
     request_id: str

@@ -13,6 +13,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry
+from ksi_common.request_status import FINISHED
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
@@ -23,7 +24,7 @@ from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.preparation import ChunkSink, Prepared, TurnPreparation
 from ksi_daemon.services.completion.tool_call_cap import call_limit, capped_reply, capped_sink
-from ksi_daemon.services.completion.requests import FINISHED, RequestRegistry, RequestState
+from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD
 from ksi_daemon.services.conversations.memory import ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import without_consumed

@@ -12,16 +12,7 @@ from typing import Any
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.ids import new_id, new_response_id
-from ksi_common.settings import Settings
-from ksi_common.timefmt import format_ts
-from ksi_daemon.context import EventContext
-from ksi_daemon.events import NoData
-from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.completion.activity import CompletionActivity
-from ksi_daemon.services.completion.admission import Admission, Admitted
-from ksi_daemon.services.completion.compaction import Compactor
-from ksi_daemon.services.completion.models import (
+from ksi_common.events import (
     COMPLETION_ASYNC,
     COMPLETION_CANCEL,
     COMPLETION_CANCELLED,
@@ -32,14 +23,22 @@ from ksi_daemon.services.completion.models import (
     COMPLETION_RESULT,
     COMPLETION_STATUS,
     COMPLETION_WAIT,
-    CompletionAsync,
-    CompletionCancel,
-    CompletionStatus,
-    CompletionWait,
+    CompletionFailure,
 )
+from ksi_common.ids import new_id, new_response_id
+from ksi_common.request_status import FINISHED
+from ksi_common.settings import Settings
+from ksi_common.timefmt import format_ts
+from ksi_daemon.context import EventContext
+from ksi_daemon.events import NoData
+from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.completion.activity import CompletionActivity
+from ksi_daemon.services.completion.admission import Admission, Admitted
+from ksi_daemon.services.completion.compaction import Compactor
+from ksi_daemon.services.completion.models import CompletionAsync, CompletionCancel, CompletionStatus, CompletionWait
 from ksi_daemon.services.completion.preparation import ChunkSink
 from ksi_daemon.services.completion.recovery import indexed_result, recover
-from ksi_daemon.services.completion.requests import FINISHED, FinishedRequest, RequestRegistry, RequestState
+from ksi_daemon.services.completion.requests import FinishedRequest, RequestRegistry, RequestState
 from ksi_daemon.services.completion.running import HANDED_OVER, TurnRunner
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
@@ -411,7 +410,7 @@ class CompletionService:
             else:
                 self.activity.failed(state.model, error.code, error.message, format_ts(self.clock()),
                                      state.request_id, state.conversation_id)
-            payload = {"request_id": state.request_id, "conversation_id": state.conversation_id,
+            payload: CompletionFailure = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}
             self.router.emit(COMPLETION_CANCELLED if status == "cancelled" else COMPLETION_ERROR, payload, context)

@@ -22,8 +22,9 @@ from pydantic import Field
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.limits import MAX_TIMEOUT
+from ksi_common.request_status import FINISHED
 from ksi_daemon.events import EventData, SafeId
-from ksi_daemon.services.completion.requests import FINISHED, RequestState
+from ksi_daemon.services.completion.requests import RequestState
 
 KEPT_AFTER_END = 600.0  # seconds an ended request's chunks stay readable
 MAX_LOGS = 1000  # logs kept at once; the oldest ended ones go first

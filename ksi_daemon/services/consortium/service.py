@@ -9,6 +9,7 @@ import structlog
 from pydantic import ValidationError
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONSORTIUM_LIST, CONSORTIUM_REMOVE, CONSORTIUM_RUNS, CONSORTIUM_SAVE, CONSORTIUM_TRACE
 from ksi_common.ids import is_safe_id, new_id
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
@@ -75,13 +76,13 @@ class ConsortiumService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [
-            r.register("consortium:save", self.handle_save, ConsortiumSave,
+            r.register(CONSORTIUM_SAVE, self.handle_save, ConsortiumSave,
                        "Save a consortium definition; use it as model consortium/NAME."),
-            r.register("consortium:list", self.handle_list, NoData, "Every saved consortium definition."),
-            r.register("consortium:remove", self.handle_remove, ConsortiumRef, "Remove a saved consortium."),
-            r.register("consortium:trace", self.handle_trace, ConsortiumTrace,
+            r.register(CONSORTIUM_LIST, self.handle_list, NoData, "Every saved consortium definition."),
+            r.register(CONSORTIUM_REMOVE, self.handle_remove, ConsortiumRef, "Remove a saved consortium."),
+            r.register(CONSORTIUM_TRACE, self.handle_trace, ConsortiumTrace,
                        "The trace of one consortium run: members, answers, verdicts, iterations, usage."),
-            r.register("consortium:runs", self.handle_runs, ConsortiumRuns,
+            r.register(CONSORTIUM_RUNS, self.handle_runs, ConsortiumRuns,
                        "Consortium runs, newest first: consortium, outcome, confidence, conversation, cost."),
         ]
 

@@ -11,14 +11,6 @@ from ksi_common.limits import INT64_MAX, MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, SafeId, Text
 
 
-# the `conversation:*` names other modules request or listen for, each beside its payload model
-CONVERSATION_FORK = "conversation:fork"  # ConversationFork
-CONVERSATION_APPEND = "conversation:append"  # ConversationAppend
-CONVERSATION_IMPORT = "conversation:import"  # ConversationImport
-CONVERSATION_CHANGED = "conversation:changed"  # emitted: {conversation_id, change}
-CONVERSATION_ABANDON_CALLS = "conversation:abandon_calls"  # ConversationAbandonCalls
-
-
 class ConversationRef(EventData):
     conversation_id: SafeId = Field(description="the conversation")
 

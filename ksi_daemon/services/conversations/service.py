@@ -18,6 +18,27 @@ from typing import Any
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    CONVERSATION_ABANDON_CALLS,
+    CONVERSATION_APPEND,
+    CONVERSATION_ARCHIVE,
+    CONVERSATION_CHANGED,
+    CONVERSATION_DELETE,
+    CONVERSATION_EXPORT,
+    CONVERSATION_FORK,
+    CONVERSATION_IMPORT,
+    CONVERSATION_LIST,
+    CONVERSATION_PEND,
+    CONVERSATION_PIN,
+    CONVERSATION_SENT,
+    CONVERSATION_SHOW,
+    CONVERSATION_STATS,
+    CONVERSATION_UNPIN,
+    CONVERSATION_UPDATE,
+    RESPONSE_DELETE,
+    RESPONSE_SHOW,
+    ConversationChanged,
+)
 from ksi_common.export import parse_export, render
 from ksi_common.ids import new_id, new_response_id
 from ksi_common.items import ABANDONED_OUTPUT, call_ids_answered, canonical_text, item_text
@@ -28,11 +49,6 @@ from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.conversations.models import (
-    CONVERSATION_ABANDON_CALLS,
-    CONVERSATION_APPEND,
-    CONVERSATION_CHANGED,
-    CONVERSATION_FORK,
-    CONVERSATION_IMPORT,
     AppendedExchange,
     ConversationAbandonCalls,
     ConversationAppend,
@@ -121,49 +137,49 @@ class ConversationService:
     def register(self) -> list[Unregister]:
         r = self.router
         return [
-            r.register("conversation:list", self.handle_list, ConversationList,
+            r.register(CONVERSATION_LIST, self.handle_list, ConversationList,
                        "Conversations matching filters, most recently active first, a page at a time."),
-            r.register("conversation:show", self.handle_show, ConversationShow,
+            r.register(CONVERSATION_SHOW, self.handle_show, ConversationShow,
                        "A conversation's metadata and exchanges (each with its input and output items); those "
                        "shared with its fork chain are marked inherited."),
-            r.register("conversation:sent", self.handle_sent, ConversationSent,
+            r.register(CONVERSATION_SENT, self.handle_sent, ConversationSent,
                        "What the model was sent for one exchange: system and notes, history shown, input, files."),
-            r.register("conversation:stats", self.handle_stats, ConversationStats,
+            r.register(CONVERSATION_STATS, self.handle_stats, ConversationStats,
                        "Exchanges, tokens, cost, models, agents, files and duration of a conversation."),
-            r.register("conversation:update", self.handle_update, ConversationUpdate,
+            r.register(CONVERSATION_UPDATE, self.handle_update, ConversationUpdate,
                        "Change a conversation's title, tags, TTL, turn cap or status."),
-            r.register("conversation:archive", self.handle_archive, ConversationArchive,
+            r.register(CONVERSATION_ARCHIVE, self.handle_archive, ConversationArchive,
                        "Archive a conversation: it refuses new requests until set active again."),
-            r.register("conversation:pin", self.handle_pin, ConversationPin,
+            r.register(CONVERSATION_PIN, self.handle_pin, ConversationPin,
                        "Keep exchanges verbatim in every turn's history, within their share of the budget."),
-            r.register("conversation:unpin", self.handle_unpin, ConversationPin,
+            r.register(CONVERSATION_UNPIN, self.handle_unpin, ConversationPin,
                        "Let pinned exchanges be left out (or summarised) like any other again."),
             r.register(CONVERSATION_FORK, self.handle_fork, ConversationFork,
                        "A new conversation sharing the history up to an exchange, without copying it."),
-            r.register("conversation:export", self.handle_export, ConversationExport,
+            r.register(CONVERSATION_EXPORT, self.handle_export, ConversationExport,
                        "A conversation as markdown, json or jsonl."),
             r.register(CONVERSATION_IMPORT, self.handle_import, ConversationImport,
                        "A new conversation from a json or jsonl export (its exchanges and their items checked "
                        "whole before anything is written), with fresh response ids."),
             r.emits(CONVERSATION_CHANGED),
-            r.register("conversation:delete", self.handle_delete, ConversationDelete,
+            r.register(CONVERSATION_DELETE, self.handle_delete, ConversationDelete,
                        "Delete a conversation's index, metadata and response files, and nothing else."),
             r.register(CONVERSATION_APPEND, self.handle_append, ConversationAppend,
                        "Add exchanges (user inputs with their reply) at the end of a conversation, uncalled."),
-            r.register("conversation:pend", self.handle_pend, ConversationPend,
+            r.register(CONVERSATION_PEND, self.handle_pend, ConversationPend,
                        "Hold user messages without a reply; the next request in the conversation takes them first."),
             r.register(CONVERSATION_ABANDON_CALLS, self.handle_abandon_calls, ConversationAbandonCalls,
                        "Give up calls the newest exchange left open: each gets a stored stand-in output, so the "
                        "next turn is a plain one and the model sees a stand-in for their arguments."),
-            r.register("response:show", self.handle_response_show, ResponseRef,
+            r.register(RESPONSE_SHOW, self.handle_response_show, ResponseRef,
                        "One response: its inputs, outcome, and its place in its conversation."),
-            r.register("response:delete", self.handle_response_delete, ResponseRef,
+            r.register(RESPONSE_DELETE, self.handle_response_delete, ResponseRef,
                        "Delete one response (refused: a response stays while its conversation does)."),
         ]
 
     def _changed(self, conversation_id: str, change: str, context: EventContext) -> None:
         """Tell listeners (MCP resource subscriptions, monitors) a conversation changed, once it has."""
-        self.router.emit(CONVERSATION_CHANGED, {"conversation_id": conversation_id, "change": change},
+        self.router.emit(CONVERSATION_CHANGED, ConversationChanged(conversation_id=conversation_id, change=change),
                          context.child())
 
     def _summary(self, meta: ConversationMeta) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.services.completion.recovery import indexed_result
 from ksi_common.reading import StoredReader
+from ksi_common.request_status import FINISHED
 from ksi_daemon.storage.ports import PoolRequest, PoolRequests, ResponseStore
 
 POLL = 0.1  # seconds between two looks at a request another daemon runs, while a wait lasts
@@ -81,7 +82,7 @@ class RequestsElsewhere:
 
     @staticmethod
     def _ended(found: PoolRequest) -> bool:
-        return found.indexed or found.status in ("done", "failed", "cancelled")
+        return found.indexed or found.status in FINISHED
 
     @staticmethod
     def describe(found: PoolRequest) -> dict[str, Any]:

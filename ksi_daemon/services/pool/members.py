@@ -20,6 +20,7 @@ import structlog
 
 from ksi_common import __version__
 from ksi_common.errors import KsiError
+from ksi_common.events import SYSTEM_CLUSTER
 from ksi_common.settings import Settings
 from ksi_daemon.background import stop_task
 from ksi_daemon.context import EventContext
@@ -55,7 +56,7 @@ class PoolService:
         self._shown: tuple[int, dict[str, Any]] | None = None  # (tenth of a second, section); None: rebuild
 
     def register(self) -> list[Unregister]:
-        return [self.router.register("system:cluster", self.cluster, NoData,
+        return [self.router.register(SYSTEM_CLUSTER, self.cluster, NoData,
                                      "The daemons serving this storage: load, last heartbeat, alive or stale.")]
 
     async def start(self) -> None:

@@ -21,6 +21,27 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    AGENT_INFO,
+    AGENT_LIST,
+    AGENT_SEND_MESSAGE,
+    COMPLETION_ASYNC,
+    COMPLETION_CANCELLED,
+    COMPLETION_CHUNK,
+    COMPLETION_ERROR,
+    COMPLETION_RESULT,
+    CONSORTIUM_RUNS,
+    CONSORTIUM_TRACE,
+    CONVERSATION_ARCHIVE,
+    CONVERSATION_EXPORT,
+    CONVERSATION_FORK,
+    CONVERSATION_LIST,
+    CONVERSATION_PIN,
+    CONVERSATION_SENT,
+    CONVERSATION_SHOW,
+    CONVERSATION_UNPIN,
+    SYSTEM_HEALTH,
+)
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
 from ksi_daemon.context import EventContext
@@ -97,13 +118,13 @@ class Console:
     # -- overview and health ----------------------------------------------------
     async def overview(self, request: Request) -> Response:
         health, agents, conversations = await asyncio.gather(
-            self.read("system:health", {}), self.read("agent:list", {"status": "active"}),
-            self.read("conversation:list", {"limit": 10}))
+            self.read(SYSTEM_HEALTH, {}), self.read(AGENT_LIST, {"status": "active"}),
+            self.read(CONVERSATION_LIST, {"limit": 10}))
         return self.render("overview.html", page="overview", health=health, agents=agents["agents"],
                            conversations=conversations)
 
     async def health_page(self, request: Request) -> Response:
-        health = await self.read("system:health", {})
+        health = await self.read(SYSTEM_HEALTH, {})
         if request.query_params.get("fragment"):
             return self.render("health_body.html", health=health)
         return self.render("health.html", page="health", health=health)
@@ -123,14 +144,14 @@ class Console:
     # -- agents -------------------------------------------------------------------
     async def agents_page(self, request: Request) -> Response:
         status = request.query_params.get("status") or None
-        agents = await self.read("agent:list", {"status": status} if status else {})
+        agents = await self.read(AGENT_LIST, {"status": status} if status else {})
         infos = await asyncio.gather(*(self._agent_queue(a["agent_id"]) for a in agents["agents"]))
         template = "agents_table.html" if request.query_params.get("fragment") else "agents.html"
         return self.render(template, page="agents", agents=agents["agents"], queued=dict(infos), status=status)
 
     async def _agent_queue(self, agent_id: str) -> tuple[str, int]:
         try:
-            info = await self.read("agent:info", {"agent_id": agent_id})
+            info = await self.read(AGENT_INFO, {"agent_id": agent_id})
         except KsiError:
             return agent_id, 0  # terminated while the page was built
         return agent_id, int(info.get("queued_requests") or 0)
@@ -138,7 +159,7 @@ class Console:
     async def agent_page(self, request: Request) -> Response:
         agent_id = request.path_params["agent_id"]
         try:
-            info = await self.read("agent:info", {"agent_id": agent_id})
+            info = await self.read(AGENT_INFO, {"agent_id": agent_id})
             shown = await self._turns(info["conversation_id"], request, missing_ok=True)
         except KsiError as error:
             return self.failure(error)
@@ -148,7 +169,7 @@ class Console:
         form = await read_form(request, self.settings.line_limit)
         data = {"agent_id": request.path_params["agent_id"], "message": str(form.get("prompt") or ""),
                 "stream": True}
-        return await self._answer("agent:send_message", data)
+        return await self._answer(AGENT_SEND_MESSAGE, data)
 
     # -- conversations ------------------------------------------------------------
     async def conversations_page(self, request: Request) -> Response:
@@ -157,7 +178,7 @@ class Console:
                    if query.get(key, "").strip()}
         offset = _int(query.get("offset"), 0)
         try:
-            listing = await self.read("conversation:list", {**filters, "limit": PAGE_SIZE, "offset": offset})
+            listing = await self.read(CONVERSATION_LIST, {**filters, "limit": PAGE_SIZE, "offset": offset})
         except KsiError as error:
             return self.failure(error)
         pages = views.pages(listing["total"], offset, PAGE_SIZE)
@@ -167,7 +188,7 @@ class Console:
     async def _turns(self, conversation_id: str, request: Request, missing_ok: bool = False) -> dict[str, Any]:
         """A page of a conversation's exchanges (the newest by default) and its summary."""
         try:
-            head = await self.read("conversation:show", {"conversation_id": conversation_id, "limit": 1})
+            head = await self.read(CONVERSATION_SHOW, {"conversation_id": conversation_id, "limit": 1})
         except KsiError as error:
             if missing_ok and error.code == ErrorCode.CONVERSATION_NOT_FOUND:
                 return {"conversation": None, "exchanges": [], "pager": None, "conversation_id": conversation_id}
@@ -175,7 +196,7 @@ class Console:
         total = head["total_exchanges"]
         default = max(0, total - TURNS_PER_PAGE)
         offset = min(_int(request.query_params.get("offset"), default), max(total - 1, 0))
-        shown = await self.read("conversation:show", {"conversation_id": conversation_id, "offset": offset,
+        shown = await self.read(CONVERSATION_SHOW, {"conversation_id": conversation_id, "offset": offset,
                                                      "limit": TURNS_PER_PAGE})
         return {"conversation": shown["conversation"], "exchanges": shown["exchanges"],
                 "missing_parent": shown.get("missing_parent"), "conversation_id": conversation_id,
@@ -193,7 +214,7 @@ class Console:
     async def sent_fragment(self, request: Request) -> Response:
         data = {"conversation_id": request.path_params["conversation_id"], "n": request.path_params["n"]}
         try:
-            sent = await self.read("conversation:sent", data)
+            sent = await self.read(CONVERSATION_SENT, data)
         except KsiError as error:
             return self.render("error_fragment.html", status_for(error.code), error=error)
         return self.render("sent.html", sent=sent)
@@ -204,7 +225,7 @@ class Console:
                                 "prompt": str(form.get("prompt") or ""), "stream": True, "origin": "console"}
         if str(form.get("model") or "").strip():
             data["model"] = str(form["model"]).strip()
-        return await self._answer("completion:async", data)
+        return await self._answer(COMPLETION_ASYNC, data)
 
     async def fork(self, request: Request) -> Response:
         form = await read_form(request, self.settings.line_limit)
@@ -212,7 +233,7 @@ class Console:
         if str(form.get("at") or "").strip():
             data["at"] = str(form["at"]).strip()  # the event validates it and names the field
         try:
-            forked = await self.act("conversation:fork", data)
+            forked = await self.act(CONVERSATION_FORK, data)
         except KsiError as error:
             return self.failure(error)
         return RedirectResponse(f"{self.root}/conversations/{forked['conversation_id']}", status_code=303)
@@ -220,7 +241,7 @@ class Console:
     async def archive(self, request: Request) -> Response:
         conversation_id = request.path_params["conversation_id"]
         try:
-            await self.act("conversation:archive", {"conversation_id": conversation_id})
+            await self.act(CONVERSATION_ARCHIVE, {"conversation_id": conversation_id})
         except KsiError as error:
             return self.failure(error)
         return RedirectResponse(f"{self.root}/conversations/{conversation_id}", status_code=303)
@@ -229,7 +250,7 @@ class Console:
         """The pin button of an exchange: `conversation:pin`, or `unpin` when the form says so."""
         conversation_id = request.path_params["conversation_id"]
         form = await read_form(request, self.settings.line_limit)
-        event = "conversation:unpin" if form.get("unpin") else "conversation:pin"
+        event = CONVERSATION_UNPIN if form.get("unpin") else CONVERSATION_PIN
         try:
             await self.act(event, {"conversation_id": conversation_id, "n": str(form.get("n") or "").strip()})
         except KsiError as error:
@@ -240,7 +261,7 @@ class Console:
         conversation_id = request.path_params["conversation_id"]
         fmt = request.query_params.get("format", "markdown")
         try:
-            exported = await self.read("conversation:export", {"conversation_id": conversation_id, "format": fmt})
+            exported = await self.read(CONVERSATION_EXPORT, {"conversation_id": conversation_id, "format": fmt})
         except KsiError as error:
             return self.failure(error)
         suffix, media = {"markdown": ("md", "text/markdown"), "json": ("json", "application/json"),
@@ -251,7 +272,7 @@ class Console:
     # -- consortium -----------------------------------------------------------------
     async def consortium_page(self, request: Request) -> Response:
         try:
-            run = await self.read("consortium:trace", {"run_id": request.path_params["run_id"]})
+            run = await self.read(CONSORTIUM_TRACE, {"run_id": request.path_params["run_id"]})
         except KsiError as error:
             return self.failure(error)
         return self.render("consortium.html", page="consortium", run=run)
@@ -259,7 +280,7 @@ class Console:
     async def consortium_runs_page(self, request: Request) -> Response:
         offset = _int(request.query_params.get("offset"), 0)
         try:
-            listing = await self.read("consortium:runs", {"limit": PAGE_SIZE, "offset": offset})
+            listing = await self.read(CONSORTIUM_RUNS, {"limit": PAGE_SIZE, "offset": offset})
         except KsiError as error:
             return self.failure(error)
         return self.render("consortium_runs.html", page="consortium", listing=listing,
@@ -291,9 +312,9 @@ async def _answer_frames(origin: HttpOrigin, ack: dict[str, Any]) -> AsyncIterat
                 if payload.get("request_id") != request_id:
                     continue
                 name = frame.get("event")
-                if name == "completion:chunk":
+                if name == COMPLETION_CHUNK:
                     yield sse("chunk", {"index": payload.get("index"), "text": payload.get("text")})
-                elif name in ("completion:result", "completion:error", "completion:cancelled"):
+                elif name in (COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED):
                     yield sse(name.split(":", 1)[1], payload)
                     return
             if origin.lost:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from ksi_common.events import MONITOR_SUBSCRIBE
 from ksi_common.ids import new_id
 from ksi_daemon.context import EventContext
 from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler
@@ -44,7 +45,7 @@ async def subscribe(handle_request: RequestHandler, patterns: list[str], queue_s
     origin = HttpOrigin(queue_size)
     context = EventContext.root(correlation_id=new_id(READ_PREFIX), origin=origin)
     try:
-        reply = await handle_request("monitor:subscribe", {"patterns": patterns}, context)
+        reply = await handle_request(MONITOR_SUBSCRIBE, {"patterns": patterns}, context)
     except BaseException:
         origin.close()
         raise

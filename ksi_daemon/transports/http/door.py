@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -71,6 +72,16 @@ async def call(handle_request: RequestHandler, event: str, data: dict[str, Any],
                origin: Origin = INTERNAL) -> dict[str, Any]:
     """Send one event to the router as a request; the reply data, or the KsiError it raised."""
     return await handle_request(event, data, new_context(origin))
+
+
+@dataclass(frozen=True, slots=True)
+class RouterCaller:
+    """The router as the Caller that submit_and_wait takes: each event an internal request."""
+
+    handle_request: RequestHandler
+
+    async def request(self, event: str, data: dict[str, Any]) -> dict[str, Any]:
+        return await call(self.handle_request, event, data)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -13,6 +13,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import Route
 
+from ksi_common.events import MONITOR_SUBSCRIBE
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.binding import HttpBinding
 from ksi_daemon.transports.http.door import RequestHandler, call
@@ -56,7 +57,7 @@ class RouterCaller:
 
     async def watch(self, events: tuple[str, ...], listener: EventListener) -> StopWatching:
         origin = ListenerOrigin(listener)
-        await call(self.handle_request, "monitor:subscribe", {"patterns": list(events)}, origin=origin)
+        await call(self.handle_request, MONITOR_SUBSCRIBE, {"patterns": list(events)}, origin=origin)
 
         async def stop() -> None:
             origin.close()

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from ksi_common.errors import KsiError
+from ksi_common.events import COMPLETION_MODELS
 from ksi_common.items import item_text
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.anthropic.blocks import system_text
@@ -125,7 +126,7 @@ class AnthropicModels:
     async def list(self, request: Request) -> Response:
         if VERSION_HEADER not in request.headers:
             return await self.openai.list(request)
-        names = list((await call(self.door.handle_request, "completion:models", {}))["models"])
+        names = list((await call(self.door.handle_request, COMPLETION_MODELS, {}))["models"])
         names += [alias for alias in self.door.settings.model_aliases if not any(c in alias for c in "*?[")]
         data = [self._model(name) for name in dict.fromkeys(names)]
         return JSONResponse({"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,

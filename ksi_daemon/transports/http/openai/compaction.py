@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import CONVERSATION_SHOW, RESPONSE_SHOW
 from ksi_common.ids import random_hex
 from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai.response_object import (
@@ -157,7 +158,7 @@ class Compaction:
                                    "exchanges": 0, "summaries": [], "pinned": [], "carried": checkpoint.carried}
         if checkpoint.response_id is not None:
             try:
-                shown = await call(self.door.handle_request, "response:show", {"response_id": checkpoint.response_id})
+                shown = await call(self.door.handle_request, RESPONSE_SHOW, {"response_id": checkpoint.response_id})
             except KsiError as error:
                 if error.code != ErrorCode.RESPONSE_NOT_FOUND:
                     raise
@@ -173,7 +174,7 @@ class Compaction:
 
     async def _kept(self, conversation_id: str, upto: int) -> dict[str, Any]:
         """The checked summaries and the pins of a conversation, as far as `upto` reaches."""
-        shown = await call(self.door.handle_request, "conversation:show",
+        shown = await call(self.door.handle_request, CONVERSATION_SHOW,
                            {"conversation_id": conversation_id, "limit": 1})
         summaries = [{"first": s.get("first", 1), "upto": s["upto"], "kind": s.get("kind", "summary"),
                       "text": s["text"]} for s in shown.get("summaries") or [] if int(s.get("upto") or 0) <= upto]
@@ -231,11 +232,11 @@ class Compaction:
         so a conversation is compacted once per crossing, not again at every turn above it."""
         if threshold is None or tokens < threshold:
             return False
-        shown = await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        shown = await call(self.door.handle_request, RESPONSE_SHOW, {"response_id": response_id})
         previous = shown.get("previous_response_id")
         if not previous:
             return True
-        before = await call(self.door.handle_request, "response:show", {"response_id": previous})
+        before = await call(self.door.handle_request, RESPONSE_SHOW, {"response_id": previous})
         usage = (before.get("outcome") or {}).get("usage") or {}
         return int(usage.get("prompt_tokens") or 0) < threshold
 

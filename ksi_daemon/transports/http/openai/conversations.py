@@ -10,6 +10,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import (
+    CONVERSATION_APPEND,
+    CONVERSATION_DELETE,
+    CONVERSATION_IMPORT,
+    CONVERSATION_SHOW,
+    CONVERSATION_UPDATE,
+)
 from ksi_daemon.transports.http.door import call
 from ksi_daemon.transports.http.openai import shapes
 from ksi_daemon.transports.http.openai.lists import list_page
@@ -90,9 +97,9 @@ class Conversations:
     async def _add_any(self, conversation_id: str, items: list[AnyConversationItem]) -> list[dict[str, Any]]:
         """Items with tool turns among them: those the conversation holds already (a session adding
         a run's items its responses stored) are not added again; the added ones are listed."""
-        appended = await call(self.door.handle_request, "conversation:append",
+        appended = await call(self.door.handle_request, CONVERSATION_APPEND,
                               {"conversation_id": conversation_id, "items": event_items(items)})
-        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        shown = await call(self.door.handle_request, CONVERSATION_SHOW, {"conversation_id": conversation_id})
         added = [e for e in shown["exchanges"] if e.get("n") in appended["exchanges"]]
         listed = shapes.conversation_items(conversation_id, added)
         waiting = 0  # the items after the last output item: they wait for the next response
@@ -105,7 +112,7 @@ class Conversations:
         return listed + (pending[max(len(pending) - waiting, 0):] if waiting else [])
 
     async def _summary(self, conversation_id: str) -> dict[str, Any]:
-        shown = await call(self.door.handle_request, "conversation:show",
+        shown = await call(self.door.handle_request, CONVERSATION_SHOW,
                            {"conversation_id": conversation_id, "limit": 1})
         return shown["conversation"]
 
@@ -115,7 +122,7 @@ class Conversations:
             return await self._create_with_tool_items(body)
         made = items_document(body.items or [])  # type: ignore[arg-type]
         # one event: its exchanges, the items waiting for a reply and the metadata in one write
-        imported = await call(self.door.handle_request, "conversation:import",
+        imported = await call(self.door.handle_request, CONVERSATION_IMPORT,
                               {"data": made.document, "format": "json", "origin": "http", "pending": made.pending,
                                "metadata": body.metadata or None})
         return JSONResponse(shapes.conversation_object(await self._summary(imported["conversation_id"])))
@@ -127,14 +134,14 @@ class Conversations:
         system = [item for item in body.items if isinstance(item, ConversationItem)
                   and item.role in ("system", "developer")]
         opening = items_document(system)  # system items first, as without tool items
-        imported = await call(self.door.handle_request, "conversation:import",
+        imported = await call(self.door.handle_request, CONVERSATION_IMPORT,
                               {"data": opening.document, "format": "json", "origin": "http",
                                "metadata": body.metadata or None})
         conversation_id = imported["conversation_id"]
         try:
             await self._add_any(conversation_id, body.items[len(system):])
         except KsiError:
-            await call(self.door.handle_request, "conversation:delete", {"conversation_id": conversation_id})
+            await call(self.door.handle_request, CONVERSATION_DELETE, {"conversation_id": conversation_id})
             raise
         return JSONResponse(shapes.conversation_object(await self._summary(conversation_id)))
 
@@ -148,16 +155,16 @@ class Conversations:
         data: dict[str, Any] = {"conversation_id": conversation_id, "metadata": metadata}
         if shapes.PINS_KEY in metadata:  # one event: refused pins leave the metadata as it was
             data["pins"] = sorted(shapes.pins_field(metadata.pop(shapes.PINS_KEY)))
-        reply = await call(self.door.handle_request, "conversation:update", data)
+        reply = await call(self.door.handle_request, CONVERSATION_UPDATE, data)
         return JSONResponse(shapes.conversation_object(reply["conversation"]))
 
     async def delete(self, request: Request) -> Response:
-        reply = await call(self.door.handle_request, "conversation:delete", {"conversation_id": request.path_params["id"]})
+        reply = await call(self.door.handle_request, CONVERSATION_DELETE, {"conversation_id": request.path_params["id"]})
         return JSONResponse({"id": reply["conversation_id"], "object": "conversation.deleted", "deleted": True})
 
     async def list_items(self, request: Request) -> Response:
         conversation_id = request.path_params["id"]
-        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        shown = await call(self.door.handle_request, CONVERSATION_SHOW, {"conversation_id": conversation_id})
         items = [*shapes.conversation_items(conversation_id, shown["exchanges"]),
                  *shapes.pending_items(shown["conversation"])]
         return JSONResponse(list_page(items, request))
@@ -180,13 +187,13 @@ class Conversations:
         exchanges = [{"inputs": [line["content"] for line in exchange["inputs"]],
                       "reply": exchange["reply"]["content"]} for exchange in document["exchanges"]]
         try:  # one event: the exchanges and the items waiting for a reply are added whole, or not at all
-            appended = await call(self.door.handle_request, "conversation:append",
+            appended = await call(self.door.handle_request, CONVERSATION_APPEND,
                                   {"conversation_id": conversation_id, "exchanges": exchanges,
                                    "reply_to_pending": made.reply_to_held, "pending": pending})
         except KsiError as error:
             raise renamed(error, {"reply_to_pending": "items.0", "pending": "items"}) from None
         numbers: list[int] = appended["exchanges"]
-        shown = await call(self.door.handle_request, "conversation:show", {"conversation_id": conversation_id})
+        shown = await call(self.door.handle_request, CONVERSATION_SHOW, {"conversation_id": conversation_id})
         added = [e for e in shown["exchanges"] if e.get("n") in numbers]
         items = shapes.conversation_items(conversation_id, added)
         if made.reply_to_held is not None:  # its inputs were listed already, as the waiting messages

@@ -14,6 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNKS, RESPONSE_DELETE, RESPONSE_SHOW
+from ksi_common.request_status import FINISHED
 from ksi_daemon.transports.http.door import call, read_json
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.compaction import Checkpoint, Compaction, unfold
@@ -51,7 +53,6 @@ from ksi_daemon.transports.http.openai.translate import (
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POLL_SLICE = 15.0  # seconds one completion:chunks waits for more of a background response
-FINISHED = ("done", "failed", "cancelled")
 T = TypeVar("T")
 
 
@@ -117,7 +118,7 @@ class Responses:
                                "background: compact the response once it ended (POST /v1/responses/compact)",
                                fields={"context_management": "not with background"})
             if body.background:  # runs in the daemon whatever this client does; its chunks are kept
-                ack = await call(self.door.handle_request, "completion:async", {**payload, "background": True})
+                ack = await call(self.door.handle_request, COMPLETION_ASYNC, {**payload, "background": True})
                 if body.stream:
                     return await self._resume(ack["response_id"], -1)
                 return JSONResponse(response_object(ack["response_id"], asked, model=ack["model"], status="queued",
@@ -203,7 +204,7 @@ class Responses:
             stream.abandon()  # the client left early: cancel what is still running
 
     async def _chunks(self, response_id: str, after: int = -1, wait: float = 0.0) -> dict[str, Any]:
-        return await call(self.door.handle_request, "completion:chunks",
+        return await call(self.door.handle_request, COMPLETION_CHUNKS,
                           {"response_id": response_id, "after": after, "wait": wait})
 
     async def _kept(self, response_id: str) -> dict[str, Any] | None:
@@ -214,7 +215,7 @@ class Responses:
         except KsiError as error:
             if error.code != ErrorCode.RESPONSE_NOT_FOUND:
                 raise
-        await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        await call(self.door.handle_request, RESPONSE_SHOW, {"response_id": response_id})
         return None
 
     async def _resume(self, response_id: str, starting_after: int) -> Response:
@@ -267,7 +268,7 @@ class Responses:
         if view is not None:
             output = (view.get("result") or {}).get("output")
             return JSONResponse(tool_shapes.with_output(from_chunks(view), response_id, output))
-        shown = await call(self.door.handle_request, "response:show", {"response_id": response_id})
+        shown = await call(self.door.handle_request, RESPONSE_SHOW, {"response_id": response_id})
         return JSONResponse(tool_shapes.with_output(from_record(shown), response_id, tool_shapes.stored_output(shown)))
 
     async def cancel(self, request: Request) -> Response:
@@ -275,7 +276,7 @@ class Responses:
         response_id = ksi_id(request.path_params["id"])
         view = await self._kept(response_id)
         if view is not None and view["status"] not in FINISHED:
-            await call(self.door.handle_request, "completion:cancel", {"request_id": view["request_id"]})
+            await call(self.door.handle_request, COMPLETION_CANCEL, {"request_id": view["request_id"]})
             view = await self._chunks(response_id)
             if view["status"] == "cancelled":
                 return JSONResponse(from_chunks(view))
@@ -285,12 +286,12 @@ class Responses:
                        "or running can be cancelled", response_id=response_id, status=status)
 
     async def delete(self, request: Request) -> Response:
-        reply = await call(self.door.handle_request, "response:delete",
+        reply = await call(self.door.handle_request, RESPONSE_DELETE,
                            {"response_id": ksi_id(request.path_params["id"])})
         return JSONResponse({"id": public_id(reply["response_id"]), "object": "response", "deleted": True})
 
     async def input_items(self, request: Request) -> Response:
-        shown = await call(self.door.handle_request, "response:show",
+        shown = await call(self.door.handle_request, RESPONSE_SHOW,
                            {"response_id": ksi_id(request.path_params["id"])})
         items = shapes.input_items(shown["response_id"], shown.get("inputs") or [])
         return JSONResponse(list_page(items, request))

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
+from ksi_common.events import AGENT_LIST, COMPLETION_MODELS, CONSORTIUM_LIST
 from ksi_common.settings import Settings
 from ksi_daemon.transports.http.door import RequestHandler, call
 from ksi_daemon.transports.http.openai.chat import ChatCompletions
@@ -25,10 +26,10 @@ class Models:
 
     async def list(self, _request: Request) -> Response:
         """Configured models, saved consortia and active agents, in OpenAI's model list shape."""
-        names = list((await call(self.door.handle_request, "completion:models", {}))["models"])
-        consortia = await call(self.door.handle_request, "consortium:list", {})
+        names = list((await call(self.door.handle_request, COMPLETION_MODELS, {}))["models"])
+        consortia = await call(self.door.handle_request, CONSORTIUM_LIST, {})
         names += [entry["model"] for entry in consortia["consortia"]]
-        agents = await call(self.door.handle_request, "agent:list", {"status": "active"})
+        agents = await call(self.door.handle_request, AGENT_LIST, {"status": "active"})
         names += [f"{AGENT_PREFIX}{entry['agent_id']}" for entry in agents["agents"]]
         now = int(time.time())
         data: list[dict[str, Any]] = [

@@ -9,19 +9,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, call
+from ksi_common.events import (
+    COMPLETION_ASYNC,
+    COMPLETION_CANCEL,
+    COMPLETION_CANCELLED,
+    COMPLETION_CHUNK,
+    COMPLETION_ERROR,
+    COMPLETION_RESULT,
+    MONITOR_SUBSCRIBE,
+)
+from ksi_common.submitting import submit_and_wait
+from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, RouterCaller, call
 
-OUTCOMES = ("completion:result", "completion:error", "completion:cancelled")
-WAIT_SLICE = 300.0  # seconds per completion:wait; a longer request is simply waited for again
+OUTCOMES = (COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED)
 
 
 async def complete(handle_request: RequestHandler, payload: dict[str, Any]) -> dict[str, Any]:
-    """completion:async, then completion:wait until the result (a failure raises its KsiError)."""
-    ack = await call(handle_request, "completion:async", payload)
-    while True:
-        reply = await call(handle_request, "completion:wait", {"request_id": ack["request_id"], "timeout": WAIT_SLICE})
-        if "content" in reply:
-            return reply
+    """The result data of a completion:async with `payload` (a failure raises its KsiError)."""
+    return await submit_and_wait(RouterCaller(handle_request), payload)
 
 
 @dataclass(slots=True)
@@ -53,10 +58,10 @@ class CompletionStream:
 
     async def start(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Submit; the ack, or the KsiError that refused the request (nothing is streamed then)."""
-        await call(self.handle_request, "monitor:subscribe", {"patterns": ["completion:chunk", *OUTCOMES]},
+        await call(self.handle_request, MONITOR_SUBSCRIBE, {"patterns": [COMPLETION_CHUNK, *OUTCOMES]},
                    self.origin)
         try:
-            self.ack = await call(self.handle_request, "completion:async", {**payload, "stream": True}, self.origin)
+            self.ack = await call(self.handle_request, COMPLETION_ASYNC, {**payload, "stream": True}, self.origin)
         except BaseException:
             self.origin.close()
             raise
@@ -70,13 +75,13 @@ class CompletionStream:
             if data.get("request_id") != request_id:
                 continue  # a subscription sees every request's events; this stream follows one
             event = frame["event"]
-            if event == "completion:chunk":
+            if event == COMPLETION_CHUNK:
                 call = data.get("tool_call")
                 yield Chunk(str(data.get("text") or ""), call if isinstance(call, dict) else None)
                 continue
             self.finished = True
             self.origin.close()
-            if event == "completion:result":
+            if event == COMPLETION_RESULT:
                 yield Done(data)
             else:
                 yield Failed(KsiError(data.get("code") or ErrorCode.INTERNAL_ERROR, data.get("message") or "",
@@ -91,7 +96,7 @@ class CompletionStream:
             return
         self._cancelled = True
         task = asyncio.get_running_loop().create_task(
-            call(self.handle_request, "completion:cancel", {"request_id": self.ack["request_id"]}))
+            call(self.handle_request, COMPLETION_CANCEL, {"request_id": self.ack["request_id"]}))
         self.background.add(task)
         task.add_done_callback(self._settled)
 
