@@ -38,6 +38,7 @@ from ksi_common.events import (
     CONVERSATION_LIST,
     CONVERSATION_PIN,
     CONVERSATION_SENT,
+    CONVERSATION_STATS,
     CONVERSATION_SHOW,
     CONVERSATION_UNPIN,
     SYSTEM_HEALTH,
@@ -206,7 +207,7 @@ class Console:
         conversation_id = request.path_params["conversation_id"]
         try:
             shown = await self._turns(conversation_id, request)
-            stats = await self.read("conversation:stats", {"conversation_id": conversation_id})
+            stats = await self.read(CONVERSATION_STATS, {"conversation_id": conversation_id})
         except KsiError as error:
             return self.failure(error)
         return self.render("conversation.html", page="conversations", cache=stats.get("cache"), **shown)
