@@ -96,15 +96,10 @@ class Daemon:
         # one budget of descriptors for the connections of every door (the Unix socket, and HTTP when served)
         self.connection_budget = ConnectionBudget.for_process(settings.max_connections,
                                                               listeners=2 if settings.http_addr else 1)
-        self.server = SocketServer(
-            settings.socket,
-            self._handle_request,
-            line_limit=settings.line_limit,
-            push_queue_size=settings.push_queue_size,
-            max_inflight=settings.max_inflight_per_connection,
-            allow_uids=settings.allow_uids,
-            budget=self.connection_budget,
-        )
+        self.server = SocketServer(settings.socket, self._handle_request, line_limit=settings.line_limit,
+                                   push_queue_size=settings.push_queue_size,
+                                   max_inflight=settings.max_inflight_per_connection,
+                                   allow_uids=settings.allow_uids, budget=self.connection_budget)
         self.storage = build_storage(settings)  # KSI_STORAGE picks the backend by name
         self.store = self.storage.conversations
         self.responses = self.storage.responses
@@ -115,15 +110,7 @@ class Daemon:
         # the one write path of conversations, shared by every service that changes one
         self.writer = ConversationWriter(self.cache, self.storage.summaries, clock=clock,
                                          default_ttl=settings.default_ttl, max_fork_depth=settings.max_fork_depth)
-        # one set of limits for every provider call, plain completions and consortium members alike
-        self.limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency,
-                                        pool=self.storage.slots, pool_limit=settings.pool_max_concurrency)
-        # every call counts against its model's rates, over every daemon sharing the storage
-        self.provider = RateLimitedProvider(self.litellm, self.storage.rates, settings,
-                                            self.litellm.count_tokens_loading)
-        # one circuit per model and endpoint, whoever calls it: a server that fails a completion's
-        # calls is not asked again by a consortium member meanwhile, nor the other way round
-        self.breaker = CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
+        self.limits, self.provider, self.breaker = self._call_guards()
         # consortium members and arbiters are called through the same provider as any completion
         self.consortium = ConsortiumService(
             settings, self.router, self.storage.consortia, self.storage.traces, self.responses,
@@ -144,18 +131,43 @@ class Daemon:
             ProfileLibrary(settings.profiles_dir),
         )
         self.monitor = MonitorService(self.router)
+        self.pool, self.takeover, self.claiming = self._pool_services()
+        self.system = self._system_service()
+        self.http = self._http_front()
+        # the pool last: registered once every other part is ready, removed first at a stop
+        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
+                                     self.conversations, self.pool, self.takeover, self.claiming]
+        self._preload: asyncio.Task[Any] | None = None
+
+    def _call_guards(self) -> tuple[ConcurrencyLimits, RateLimitedProvider, CircuitBreaker]:
+        """What every provider call passes, plain completions and consortium members alike."""
+        settings = self.settings
+        limits = ConcurrencyLimits(settings.max_concurrency, lambda m: settings.model_settings(m).max_concurrency,
+                                   pool=self.storage.slots, pool_limit=settings.pool_max_concurrency)
+        # every call counts against its model's rates, over every daemon sharing the storage
+        provider = RateLimitedProvider(self.litellm, self.storage.rates, settings, self.litellm.count_tokens_loading)
+        # one circuit per model and endpoint, whoever calls it: a server that fails a completion's
+        # calls is not asked again by a consortium member meanwhile, nor the other way round
+        return limits, provider, CircuitBreaker(settings.circuit_failures, settings.circuit_reset)
+
+    def _pool_services(self) -> tuple[PoolService, TakeoverService, OfferClaims]:
+        """This daemon's membership of the pool, and the two ways it runs other daemons' turns."""
         scheduler = self.completion.scheduler
-        self.pool = PoolService(settings, self.router, self.storage.daemons, self.storage.daemon_id,
-                                load=lambda: (scheduler.running, scheduler.queued - scheduler.running,
-                                              self.storage.leases.held()))
+        pool = PoolService(self.settings, self.router, self.storage.daemons, self.storage.daemon_id,
+                           load=lambda: (scheduler.running, scheduler.queued - scheduler.running,
+                                         self.storage.leases.held()))
         # the requests of a daemon of the pool that died are run here (or found done)
-        self.takeover = TakeoverService(settings, self.storage.requests, self.completion,
-                                        shared=self.storage.daemons.shared, own_silence=self.pool.silent_for,
-                                        steady_for=self.pool.steady_for)
+        takeover = TakeoverService(self.settings, self.storage.requests, self.completion,
+                                   shared=self.storage.daemons.shared, own_silence=pool.silent_for,
+                                   steady_for=pool.steady_for)
         # turns other daemons at their limits offered are run here while this daemon has room
-        self.claiming = OfferClaims(settings, self.storage.requests, self.completion,
-                                     shared=self.storage.daemons.shared, others_alive=self.pool.others_alive)
-        self.system = SystemService(
+        claiming = OfferClaims(self.settings, self.storage.requests, self.completion,
+                               shared=self.storage.daemons.shared, others_alive=pool.others_alive)
+        return pool, takeover, claiming
+
+    def _system_service(self) -> SystemService:
+        """`system:*`: health drawn from every part, settings, shutdown."""
+        return SystemService(
             self.router,
             request_shutdown=self.request_shutdown,
             health_sections={
@@ -166,18 +178,14 @@ class Daemon:
                 "agents": self.agents.count,
                 "litellm_loaded": lambda: self.litellm.loaded,
                 "http": lambda: self.http.url,
-                "var_dir": lambda: str(settings.var_dir),
+                "var_dir": lambda: str(self.settings.var_dir),
                 "storage": self.storage.describe,
                 "cluster": self.pool.health,
             },
-            settings_view=settings.public_view,
-            settings_origins=lambda: {"origins": settings.origins, "config_file": str(settings.config_file)},
+            settings_view=self.settings.public_view,
+            settings_origins=lambda: {"origins": self.settings.origins,
+                                      "config_file": str(self.settings.config_file)},
         )
-        self.http = self._http_front()
-        # the pool last: registered once every other part is ready, removed first at a stop
-        self._services: list[Any] = [self.system, self.monitor, self.completion, self.consortium, self.agents,
-                                     self.conversations, self.pool, self.takeover, self.claiming]
-        self._preload: asyncio.Task[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> None:

@@ -79,8 +79,13 @@ from ksi_daemon.services.conversations.response_lines import answer_line, item_l
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
-from ksi_daemon.services.conversations.imported_items import checked_items, imported_lines
-from ksi_daemon.services.conversations.imports import ImportedDocument, ImportedReply, checked_document
+from ksi_daemon.services.conversations.imported_items import ExchangeItems, checked_items, imported_lines
+from ksi_daemon.services.conversations.imports import (
+    ImportedDocument,
+    ImportedExchange,
+    ImportedReply,
+    checked_document,
+)
 from ksi_daemon.services.completion.client_history import normalised
 from ksi_daemon.services.completion.image_tokens import image_tokens
 from ksi_daemon.storage.ports import BlobStore, ConversationExists
@@ -440,29 +445,8 @@ class ConversationService:
             reply = exchange.reply or ImportedReply(content="")
             renumbered[position] = len(exchanges) + 1
             model = exchange.model or reply.model or "imported"
-            response_id = new_response_id(model)
-            ts = exchange.ts or reply.ts or now
-            lines = imported_lines(found, exchange.is_feedback, conversation_id, ts)
-            outcome = answer_line(found.output, {
-                "model": model, "provider": exchange.provider or reply.provider, "usage": reply.usage,
-                "cost": reply.cost, "finish_reason": reply.finish_reason,
-                "duration_ms": reply.duration_ms, "ts": reply.ts or ts,
-                "conversation_id": conversation_id, "imported_from": exchange.response_id,
-            })
-            # counted as a summariser or a budget sees the items: text, calls, outputs, references
-            text_in = sum(len(item_text(item)) for item in found.input
-                          if not (item["type"] == "message" and item["role"] == "system"))
-            text_out = sum(len(item_text(item)) for item in found.output)
-            images_in = sum(image_tokens(model, ref.get("width"), ref.get("height"), ref.get("detail"))
-                            for ref in _image_refs(found.input))
-            history_in, history_out = exchange.history_counts()
-            exchanges.append((IndexEntry(
-                n=len(exchanges) + 1, response_id=response_id, ts=ts, model=model, provider=outcome["provider"],
-                agent_id=exchange.agent_id,
-                tokens_in=history_in if history_in is not None else text_in // 4 + 4 + images_in,
-                tokens_out=history_out if history_out is not None else text_out // 4 + 4,
-                is_feedback=exchange.is_feedback,
-            ), [*lines, outcome]))
+            exchanges.append(_imported_exchange(exchange, reply, found, model, len(exchanges) + 1,
+                                                conversation_id, now))
             tokens_in += int(reply.usage.get("prompt_tokens") or 0)
             tokens_out += int(reply.usage.get("completion_tokens") or 0)
             cost += reply.cost or 0.0
@@ -741,3 +725,31 @@ def _image_refs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The references of the images among input items (counted by the image rule, not as text)."""
     return [part.get("image") or {} for item in inputs if isinstance(item.get("content"), list)
             for part in item["content"] if part.get("type") == "input_image"]
+
+
+def _imported_exchange(exchange: ImportedExchange, reply: ImportedReply, found: ExchangeItems, model: str, n: int,
+                       conversation_id: str, now: str) -> tuple[IndexEntry, list[dict[str, Any]]]:
+    """One kept exchange of an imported document: its index entry and its response lines."""
+    ts = exchange.ts or reply.ts or now
+    lines = imported_lines(found, exchange.is_feedback, conversation_id, ts)
+    outcome = answer_line(found.output, {
+        "model": model, "provider": exchange.provider or reply.provider, "usage": reply.usage,
+        "cost": reply.cost, "finish_reason": reply.finish_reason,
+        "duration_ms": reply.duration_ms, "ts": reply.ts or ts,
+        "conversation_id": conversation_id, "imported_from": exchange.response_id,
+    })
+    # counted as a summariser or a budget sees the items: text, calls, outputs, references
+    text_in = sum(len(item_text(item)) for item in found.input
+                  if not (item["type"] == "message" and item["role"] == "system"))
+    text_out = sum(len(item_text(item)) for item in found.output)
+    images_in = sum(image_tokens(model, ref.get("width"), ref.get("height"), ref.get("detail"))
+                    for ref in _image_refs(found.input))
+    history_in, history_out = exchange.history_counts()
+    entry = IndexEntry(
+        n=n, response_id=new_response_id(model), ts=ts, model=model, provider=outcome["provider"],
+        agent_id=exchange.agent_id,
+        tokens_in=history_in if history_in is not None else text_in // 4 + 4 + images_in,
+        tokens_out=history_out if history_out is not None else text_out // 4 + 4,
+        is_feedback=exchange.is_feedback,
+    )
+    return entry, [*lines, outcome]
