@@ -18,7 +18,7 @@ from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
 from ksi_common.transcripts import Transcripts
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.completion.image_tokens import image_tokens
+from ksi_daemon.services.conversations.image_tokens import image_tokens
 from ksi_daemon.storage.jsonl.storage import JsonlStorage
 from ksi_daemon.storage.migrate import migrate
 from tests.conftest import connected, make_settings, running_daemon

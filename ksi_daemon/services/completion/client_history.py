@@ -34,7 +34,6 @@ daemon or, on a pool, on any other (the pool's turn line knows): else the histor
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +47,9 @@ from ksi_common.timefmt import parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.router import Router
-from ksi_daemon.services.completion.input_items import TOOL_NAME
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.tool_turns import check_answers
+from ksi_daemon.services.conversations.client_items import OUTPUT_KINDS, normalised
 from ksi_daemon.services.conversations.digests import digest_at
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.pending import is_pending_input, pending_of, pending_taken, waiting_key
@@ -58,9 +57,7 @@ from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.services.conversations.scope import Scope, request_scope, stored_scope
 from ksi_daemon.storage.ports import ResponseStore
 
-OUTPUT_KINDS = frozenset({"function_call", "reasoning"})
 MESSAGE_OVERHEAD = 4  # as history.MESSAGE_OVERHEAD: tokens a chat message costs beyond its text
-CALL_NAME = re.compile(TOOL_NAME)  # a call names a tool: the history's calls follow the rule of `tools`
 
 
 def _invalid(where: str, why: str) -> KsiError:
@@ -96,50 +93,6 @@ class ClientTurns:
         """The history as chat messages: its tool calls and their outputs as the provider takes them."""
         return [message for inputs, outputs in self.exchanges
                 for message in (*input_messages(inputs), output_message(outputs))]
-
-
-def normalised(raw: Any, where: str) -> items.Item:
-    if not isinstance(raw, dict):
-        raise _invalid(where, "an item must be an object")
-    kind = raw.get("type") or "message"
-    if kind == "message":
-        role = raw.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("user", "assistant", "system"):
-            raise _invalid(f"{where}.role", "must be user, assistant, system or developer")
-        content = raw.get("content")
-        if isinstance(content, list):  # text parts read as their text; other parts stay parts
-            texts = [p.get("text") for p in content if isinstance(p, dict)
-                     and p.get("type") in ("input_text", "output_text", "text")]
-            if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
-                content = "".join(texts)  # type: ignore[arg-type]
-        if not isinstance(content, (str, list)):
-            raise _invalid(f"{where}.content", "must be text or a list of parts")
-        if role == "user" and not (content.strip() if isinstance(content, str) else content):
-            raise _invalid(f"{where}.content", "a user message must not be empty")
-        return items.message(role, content)
-    if kind == "function_call":
-        for key in ("call_id", "name"):
-            if not isinstance(raw.get(key), str) or not raw.get(key):
-                raise _invalid(f"{where}.{key}", "must be a non-empty string")
-        if not CALL_NAME.fullmatch(raw["name"]):
-            raise _invalid(f"{where}.name", "must be 1 to 64 letters, digits, underscores or hyphens, as a tool's name")
-        call = {"type": kind, "call_id": raw["call_id"], "name": raw["name"], "arguments": str(raw.get("arguments") or "")}
-        return items.with_client_form(call, raw)
-    if kind == "function_call_output":
-        if not isinstance(raw.get("call_id"), str) or not raw.get("call_id"):
-            raise _invalid(f"{where}.call_id", "must be a non-empty string")
-        return items.with_client_form({"type": kind, "call_id": raw["call_id"], "output": str(raw.get("output") or "")}, raw)
-    if kind == "reasoning":
-        reasoning: items.Item = {"type": kind, "summary": str(raw.get("summary") or "")}
-        blocks = raw.get("thinking_blocks")
-        if isinstance(blocks, list) and all(isinstance(block, dict) for block in blocks):
-            # a provider's own signed blocks (the Messages door's thinking): replayed to it as they came
-            reasoning["thinking_blocks"] = [dict(block) for block in blocks]
-        return reasoning
-    raise _invalid(f"{where}.type", f"{kind} items cannot be part of a history "
-                                    "(message, function_call, function_call_output, reasoning)")
 
 
 def split_history(history: list[Any], instructions: str | None = None, name: str = "history") -> ClientTurns:

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message, with_client_form
 from ksi_daemon.events import NonBlank, Text
+from ksi_daemon.services.conversations.client_items import TOOL_NAME
 
-TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 CALL_ID_LENGTH = 256
 MAX_TOOLS = 128
 

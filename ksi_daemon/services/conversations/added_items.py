@@ -15,7 +15,7 @@ from typing import Any
 
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.services.completion.client_history import OUTPUT_KINDS, normalised
+from ksi_daemon.services.conversations.client_items import OUTPUT_KINDS, normalised
 from ksi_daemon.services.conversations.models import AppendedExchange
 
 FIELD = "items"

@@ -86,8 +86,8 @@ from ksi_daemon.services.conversations.imports import (
     ImportedReply,
     checked_document,
 )
-from ksi_daemon.services.completion.client_history import normalised
-from ksi_daemon.services.completion.image_tokens import image_tokens
+from ksi_daemon.services.conversations.client_items import normalised
+from ksi_daemon.services.conversations.image_tokens import image_tokens
 from ksi_daemon.storage.ports import BlobStore, ConversationExists
 
 log = structlog.get_logger("ksi.conversation")
