@@ -1,6 +1,6 @@
-"""The contract of the pool's ports: an optional capability. A backend the table declares shared
-(`Backend.shared`) runs these with two storages on one place, as two daemons would; a backend
-declared alone is skipped here by that declaration, and only checked to say so itself."""
+"""The contract of the pool's ports: an optional capability. Only the backends the table declares
+shared (`Backend.shared`) run these, with two storages on one place, as two daemons would; that
+every backend says what the table declares is checked in test_table."""
 
 from __future__ import annotations
 
@@ -8,21 +8,20 @@ import asyncio
 
 import pytest
 
-from ksi_common.storage_backends import Backend
+from ksi_common.storage_backends import BACKENDS, Backend, backend_named
 from ksi_daemon.storage.ports import DaemonInfo, Storage
 from tests.storage_contract.conftest import Opener
 
 
+@pytest.fixture(params=[backend.name for backend in BACKENDS if backend.shared])
+def contract_backend(request: pytest.FixtureRequest) -> Backend:
+    """Here, only the backends that declare a pool (the conftest's fixture of that name gives all)."""
+    return backend_named(request.param)
+
+
 @pytest.fixture
 def shared_backend(contract_backend: Backend) -> Backend:
-    if not contract_backend.shared:
-        pytest.skip(f"{contract_backend.name} declares no pool (shared=False)")
     return contract_backend
-
-
-async def test_a_backend_says_what_the_table_declares(storage: Storage, contract_backend: Backend) -> None:
-    assert storage.daemons.shared is contract_backend.shared
-    assert storage.conversations.shared is contract_backend.shared
 
 
 async def test_daemons_see_each_other_registered_and_one_leaving(shared_backend: Backend, storage: Storage,

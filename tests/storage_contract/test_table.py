@@ -38,3 +38,8 @@ def test_the_settings_take_the_tables_names_and_no_other(short_tmp: Path) -> Non
         make_settings(short_tmp, storage="sqlite")
     with pytest.raises(ValueError, match=f"unknown storage 'sqlite'; one of {', '.join(STORAGE_NAMES)}"):
         open_reader("sqlite", make_settings(short_tmp).layout)
+
+
+async def test_a_backend_says_what_the_table_declares(storage: Storage, contract_backend: Backend) -> None:
+    assert storage.daemons.shared is contract_backend.shared
+    assert storage.conversations.shared is contract_backend.shared
