@@ -187,6 +187,22 @@ async def http_daemon(short_tmp: Path, stub: Any) -> AsyncIterator[HttpDaemon]:
         yield running
 
 
+@pytest.fixture
+async def http(short_tmp: Path, stub: Any, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
+    """HTTP on a free port over the stub, on each storage backend (a module may give its own)."""
+    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as running:
+        yield running
+
+
+@pytest.fixture
+async def api(http: HttpDaemon) -> AsyncIterator[Any]:
+    """The official `openai` SDK's async client on `http`, as a user makes one (no retries)."""
+    import openai  # only the modules that use the SDK load it
+
+    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as client:
+        yield client
+
+
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     """The distribution's Chromium, installed by the session when missing (see tests/browser.py)."""

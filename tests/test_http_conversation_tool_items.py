@@ -8,15 +8,13 @@ Bad items are refused with their code and leave the conversation as it was."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from ksi_daemon.context import EventContext
-from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.conftest import HttpDaemon
 from tests.stub_openai import Reply, StubOpenAI
 
 pytestmark = pytest.mark.backends
@@ -30,18 +28,6 @@ TOOL_TURN: list[Any] = [
     {"type": "function_call_output", "call_id": "call_1", "output": "12C"},
     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is 12C."}]},
 ]
-
-
-@pytest.fixture
-async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as running:
-        yield running
-
-
-@pytest.fixture
-async def api(http: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as client:
-        yield client
 
 
 async def shown(http: HttpDaemon, conversation_id: str) -> dict[str, Any]:

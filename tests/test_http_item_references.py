@@ -6,33 +6,19 @@ is refused with `item_not_found` naming it, and nothing is written."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from ksi_daemon.context import EventContext
-from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.conftest import HttpDaemon
 from tests.stub_openai import Reply, StubOpenAI
 
 pytestmark = pytest.mark.backends
 
 WEATHER: Any = {"type": "function", "name": "weather", "description": "the weather in a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-@pytest.fixture
-async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as running:
-        yield running
-
-
-@pytest.fixture
-async def api(http: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as client:
-        yield client
 
 
 async def exchanges(http: HttpDaemon) -> list[int]:

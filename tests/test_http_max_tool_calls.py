@@ -6,15 +6,13 @@ the model's text alone. A limit that is no whole number of 0 or more is refused 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from ksi_daemon.context import EventContext
-from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.conftest import HttpDaemon
 from tests.stored import stored_response
 from tests.stub_openai import Reply, StubOpenAI
 
@@ -28,18 +26,6 @@ CITIES = ("Oslo", "Bergen", "Tromso")
 def three_calls() -> Reply:
     return Reply(text="Looking.", calls=[{"id": f"call_{n}", "name": "weather", "arguments": {"city": city}}
                                          for n, city in enumerate(CITIES)])
-
-
-@pytest.fixture
-async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
-    async with running_http_daemon(short_tmp, **stub_settings(stub), **backend) as running:
-        yield running
-
-
-@pytest.fixture
-async def api(http: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as client:
-        yield client
 
 
 async def outcome(http: HttpDaemon, response_id: str) -> dict[str, Any]:
