@@ -66,6 +66,9 @@ class ProviderReply:
     extra: dict[str, Any] = field(default_factory=dict)
     # the reply as items (function calls, a reasoning summary, the text); empty: the text alone
     output: list[Item] = field(default_factory=list)
+    # the prompt-cache breakpoints the call went out with ({at, ttl, by, closes?}, `at` an index of
+    # the call's messages); empty: none (placement off, or a provider that takes none)
+    breakpoints: list[dict[str, Any]] = field(default_factory=list)
 
     def items(self) -> list[Item]:
         """The reply's output items: those the provider gave, else its text as one assistant message."""

@@ -134,3 +134,46 @@ def with_openai_breakpoints(messages: list[dict[str, Any]], stable: list[str]) -
             room -= 1
         placed[index] = {**placed[index], "content": blocks}
     return placed
+
+
+def _marks(message: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The blocks of `message` carrying a breakpoint (either provider's), with their positions; a
+    marker on the message itself (a client's, on text content) counts as its last block's."""
+    content = message.get("content")
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    found = [(i, b) for i, b in enumerate(blocks) if "cache_control" in b or "prompt_cache_breakpoint" in b]
+    if "cache_control" in message:
+        found.append((max(len(blocks) - 1, 0), message))
+    return found
+
+
+def _lifetime_of(marked: dict[str, Any]) -> str | None:
+    """A marker's lifetime: Anthropic's default five minutes unless it names one; an OpenAI
+    explicit breakpoint names none (the provider keeps its cache as it does the implicit one)."""
+    marker = marked.get("cache_control")
+    if marker is None:
+        return None
+    return str(marker.get("ttl") or "5m") if isinstance(marker, dict) else "5m"
+
+
+def _closes(message: dict[str, Any], block: int, stable: list[str]) -> int | None:
+    """Which `stable` part the system message's text ends with at the end of `block` (None: none)."""
+    content = message.get("content")
+    if not isinstance(content, list) or not stable:
+        return None
+    text = "".join(str(b.get("text", "")) for b in content[:block + 1] if isinstance(b, dict)).rstrip()
+    return next((j for j in range(len(stable) - 1, -1, -1) if stable[j] and text.endswith(stable[j].rstrip())), None)
+
+
+def placed_breakpoints(messages: list[dict[str, Any]], stable: list[str], by: str) -> list[dict[str, Any]]:
+    """Where `messages`, as they go to the provider, carry breakpoints: the message's index, its
+    lifetime, who placed them (`by`) and, in the system message, which `stable` part one closes."""
+    placed: list[dict[str, Any]] = []
+    for at, message in enumerate(messages):
+        for block, marked in _marks(message):
+            point: dict[str, Any] = {"at": at, "ttl": _lifetime_of(marked), "by": by}
+            closes = _closes(message, block, stable) if message.get("role") == "system" else None
+            if closes is not None:
+                point["closes"] = closes
+            placed.append(point)
+    return placed

@@ -35,7 +35,13 @@ from ksi_daemon.providers.base import (
     calls_anthropic,
 )
 from ksi_daemon.providers.body_limit import BodyLimitTransport, ResponseTooLarge
-from ksi_daemon.providers.cache_markers import with_openai_breakpoints, with_prefix_breakpoints
+from ksi_daemon.providers.cache_markers import (
+    has_markers,
+    has_openai_breakpoints,
+    placed_breakpoints,
+    with_openai_breakpoints,
+    with_prefix_breakpoints,
+)
 from ksi_daemon.providers.cli_provider import CLI_PROGRAMS
 from ksi_daemon.providers.client_markers import sendable_markers
 from ksi_daemon.providers.echo_answer import answer_without_litellm
@@ -397,17 +403,22 @@ class LiteLLMProvider:
             del kwargs[name]  # kept with the exchange's request lines (see options.KEPT_OPTIONS)
         if forced := self._undropped(litellm, call):
             kwargs["allowed_openai_params"] = forced
+        response = None
         try:
             if call.on_chunk is not None:
-                return await self._stream(litellm, call, kwargs)
-            response = await litellm.acompletion(**kwargs)
+                reply = await self._stream(litellm, call, kwargs)
+            else:
+                response = await litellm.acompletion(**kwargs)
         except ProviderFailure:
             raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise self._map(litellm, exc, call.model, kwargs.get("api_base")) from None
-        return self._reply(litellm, call, response)
+        if response is not None:
+            reply = self._reply(litellm, call, response)
+        reply.breakpoints = placed_breakpoints(kwargs["messages"], call.stable_system, _placed_by(call))
+        return reply
 
     async def _stream(self, litellm: ModuleType, call: ProviderCall, kwargs: dict[str, Any]) -> ProviderReply:
         kwargs["stream"] = True
@@ -571,6 +582,13 @@ def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
     if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
         return None
     return f"ksi:{conversation_id}"
+
+
+def _placed_by(call: ProviderCall) -> str:
+    """Who placed a call's breakpoints: the client, when markers of its own go out (KSI then
+    places none), else KSI."""
+    own = sendable_markers(call.messages, calls_anthropic(call.model))
+    return "client" if has_markers(own) or has_openai_breakpoints(own) else "ksi"
 
 
 def _takes_openai_breakpoints(model: str) -> bool:

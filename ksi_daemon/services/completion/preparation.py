@@ -18,6 +18,7 @@ from ksi_daemon.services.completion import tool_turns
 from ksi_daemon.services.completion.admission import check_open
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attached, Attachments
+from ksi_daemon.services.completion.breakpoints import Part, labelled, layout
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.client_history import OwnHistory, own_history
 from ksi_daemon.services.completion.compaction import Compactor
@@ -115,6 +116,12 @@ class Prepared:
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, size, sha256} of the new input's files
     estimate: int = 0  # the whole prompt as the daemon counts it (before calibration)
     sent: dict[str, Any] = field(default_factory=dict)  # what else was sent: history shown, summary, files
+    layout: list[Part] = field(default_factory=list)  # what each message of the call is
+    stable_kinds: list[str] = field(default_factory=list)  # "system" or "summary": each stable part of the call
+
+    def sent_record(self, placed: list[dict[str, Any]]) -> dict[str, Any]:
+        """The record of what was sent, with the breakpoints the provider placed, by part."""
+        return {**self.sent, "breakpoints": labelled(placed, self.layout, self.stable_kinds)}
 
 
 class TurnPreparation:
@@ -220,8 +227,14 @@ class TurnPreparation:
             sent["history_source"] = "client"  # the client's own turns went out, not the rebuild above
         if call.resume_session:
             sent["resumed_session"] = True  # the CLI holds the history; only the new input went out
+        counts = ([(entry.n, len(x.chat_messages())) for entry, x in zip(history.entries, history.exchanges,
+                                                                           strict=True)]
+                  if own is None else [(None, len(own.messages))])
+        kinds = ["system" if part == turn.sent_system else "summary" for part in call.stable_system]
         return Prepared(memory, call, turn.system, turn.new_system is not None, files.record_in(turn.inputs),
-                        turn.new_items, turn.tokens, stats, files=files.new_files, estimate=estimate, sent=sent)
+                        turn.new_items, turn.tokens, stats, files=files.new_files, estimate=estimate, sent=sent,
+                        layout=layout(system_message["role"] == "system", counts, len(call.messages)),
+                        stable_kinds=kinds)
 
     def _resumable_session(self, memory: ConversationMemory, model: str, system: str | None) -> str | None:
         """Resume a CLI session only when the previous exchange came from that same session, and

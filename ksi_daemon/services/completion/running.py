@@ -166,7 +166,8 @@ class TurnRunner:
         # the service clock (so TTLs slide with activity), one time for the record, its index line
         # and the metadata's last activity (which a reader recounts from the index after a kill)
         now = format_ts(self.clock())
-        outcome = records.outcome_line(state, reply, attempts, duration_ms, now, prepared.sent)
+        outcome = records.outcome_line(state, reply, attempts, duration_ms, now,
+                                       prepared.sent_record(reply.breakpoints))
         lines = [*prepared.inputs, outcome]
         entry = IndexEntry(
             n=memory.next_n, response_id=state.response_id, ts=outcome["ts"], model=state.model,

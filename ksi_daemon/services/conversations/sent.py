@@ -109,13 +109,23 @@ def _history_messages(exchanges: dict[int, dict[str, Any]], shown: list[int], n:
 
 
 async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: float) -> dict[str, Any]:
-    """The messages of exchange `n` of a conversation (its fork chain included), as sent."""
+    """The messages of exchange `n` of a conversation (its fork chain included), as sent, with
+    where the request first differed from the one before it (why the cache missed)."""
     transcript = await reader.transcript(conversation_id, True, now)
     exchanges = {x["n"]: x for x in transcript["exchanges"]}
-    exchange = exchanges.get(n)
-    if exchange is None:
+    if n not in exchanges:
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"conversation {conversation_id} has no exchange {n}",
                        fields={"n": f"no exchange {n}"}, exchanges=sorted(exchanges))
+    shown = await _rebuilt(reader, conversation_id, exchanges, n)
+    previous = max((k for k in exchanges if k < n), default=None)
+    earlier = (await _rebuilt(reader, conversation_id, exchanges, previous))["messages"] if previous else None
+    return {**shown, "compared_with": previous, **first_difference(earlier, shown["messages"])}
+
+
+async def _rebuilt(reader: Transcripts, conversation_id: str, exchanges: dict[int, dict[str, Any]],
+                   n: int) -> dict[str, Any]:
+    """Exchange `n` rebuilt from its record: the messages sent, their breakpoints marked."""
+    exchange = exchanges[n]
     record = await reader.response(exchange["response_id"])
     outcome = (record.outcome or {}) if record is not None else {}
     sent = outcome.get("sent")
@@ -145,6 +155,9 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
     if files and users:
         users[-1]["content"] = f"{FILES_PLACEHOLDER}\n\n{users[-1]['content']}"
     messages.extend(inputs)
+    # None: recorded before breakpoints were (or nothing recorded), so unknown; []: none were placed
+    breakpoints = sent.get("breakpoints") if recorded and isinstance(sent.get("breakpoints"), list) else None
+    mark_breakpoints(messages, breakpoints or [])
     reply = exchange.get("reply") or {}
     return {
         "conversation_id": conversation_id,
@@ -161,7 +174,48 @@ async def rebuild_sent(reader: Transcripts, conversation_id: str, n: int, now: f
                       **({"conversation_id": b.owner} if b.owner else {})} for b in stand_in],
         "files": files,
         "messages": messages,
+        "breakpoints": breakpoints,
         "reply": reply.get("content"),
         "output": exchange.get("output") or [],  # the reply as items: its text, tool calls, reasoning
         "usage": reply.get("usage"),
     }
+
+
+def _marked_index(messages: list[dict[str, Any]], point: dict[str, Any]) -> int | None:
+    """The rebuilt message a recorded breakpoint was on: at its index when that message is of the
+    recorded part, else the last message of that part (a history exchange's reply, say)."""
+    part = "system" if point.get("part") in ("system", "summary") else point.get("part")
+    n = point.get("n")
+
+    def fits(i: int) -> bool:
+        return messages[i].get("part") == part and (n is None or messages[i].get("n") == n)
+
+    at = point.get("at")
+    if isinstance(at, int) and 0 <= at < len(messages) and fits(at):
+        return at
+    return next((i for i in range(len(messages) - 1, -1, -1) if fits(i)), None)
+
+
+def mark_breakpoints(messages: list[dict[str, Any]], breakpoints: list[Any]) -> None:
+    """Each message a breakpoint closed carries `cache_breakpoints` ({part, ttl, by}), in order."""
+    for point in breakpoints:
+        index = _marked_index(messages, point) if isinstance(point, dict) else None
+        if index is not None:
+            messages[index].setdefault("cache_breakpoints", []).append(
+                {"part": point.get("part"), "ttl": point.get("ttl"), "by": point.get("by")})
+
+
+def _compared(message: dict[str, Any]) -> tuple[Any, ...]:
+    return message.get("role"), message.get("content"), message.get("tool_calls"), message.get("call_id")
+
+
+def first_difference(previous: list[dict[str, Any]] | None, current: list[dict[str, Any]]) -> dict[str, Any]:
+    """The index of the first message where `current` differs from the `previous` request (by
+    role, content, tool calls; None: no previous request, or the same messages), and whether
+    `previous` is a prefix of it: a provider's prefix cache can only read up to that index."""
+    if previous is None:
+        return {"first_difference": None, "extends_previous": False}
+    before, now = [_compared(m) for m in previous], [_compared(m) for m in current]
+    index = next((i for i, (a, b) in enumerate(zip(before, now, strict=False)) if a != b), min(len(before), len(now)))
+    same = before == now
+    return {"first_difference": None if same else index, "extends_previous": index == len(before) and not same}
