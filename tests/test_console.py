@@ -104,7 +104,9 @@ async def console(chromium_path: str) -> AsyncIterator[Console]:
         judge = await stack.enter_async_context(StubOpenAI(answer=verdict))
         models = {"openai/stub*": {"api_base": stub.api_base}, "openai/judge*": {"api_base": judge.api_base},
                   # a window so small that a few turns leave the oldest out
-                  "openai/tiny*": {"api_base": stub.api_base, "context_window": 400, "output_reserve": 50}}
+                  "openai/tiny*": {"api_base": stub.api_base, "context_window": 400, "output_reserve": 50},
+                  # a model that takes OpenAI's explicit cache breakpoints, answered by the stub
+                  "openai/gpt-5.6*": {"api_base": stub.api_base}}
         # no explicit token: the daemon generates one into its var dir, where `ksi console` finds it
         served = await stack.enter_async_context(running_http_daemon(
             root, models=models, default_model="openai/stub-model", http_token=None))
