@@ -1,6 +1,6 @@
 """Inspection commands that read storage directly and work with the daemon stopped:
 `ksi conversations`, `ksi conversation show|export`, `ksi response show`, `ksi logs`
-(and `ksi conversation pin|unpin|import|abandon-calls`, which ask the daemon).
+(and `ksi conversation pin|unpin|sent|import|abandon-calls`, which ask the daemon).
 
 They read through the daemon's own read port (`ksi_common.reading`, the backend named by
 `KSI_STORAGE`). Standard library, click and ksi_common readers only (no pydantic, no daemon code);
@@ -24,6 +24,7 @@ from ksi_cli.import_command import import_conversation
 from ksi_cli.abandon_calls import abandon_calls
 from ksi_cli.output import EXIT_ERROR, color_enabled, fail, show, table, wants_json
 from ksi_cli.pins import pin, unpin
+from ksi_cli.sent_command import sent
 from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
@@ -142,6 +143,7 @@ def conversation_export(conversation_id: str, var_dir: str | None, fmt: str, no_
 
 conversation.add_command(pin)
 conversation.add_command(unpin)
+conversation.add_command(sent)
 conversation.add_command(import_conversation)
 conversation.add_command(abandon_calls)
 

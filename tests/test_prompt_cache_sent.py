@@ -5,17 +5,33 @@ after a restart, on both storage backends."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ksi_cli.sent_command import DIFFERS, sent_lines
 from tests.cache_emulator import MINIMUM, CacheEmulator
 from tests.conftest import complete, connected, running_daemon
 from tests.test_compaction import FILLER, settled
 from tests.test_prompt_cache_placement import ANTHROPIC, SMALL, SYSTEM, WRITER, anthropic_settings
 
 pytestmark = pytest.mark.backends
+
+SYSTEM_LINES = len(SYSTEM.splitlines())  # the system prompt's lines, printed under its message
+
+
+async def ksi_sent(*args: str) -> dict[str, Any]:
+    """`ksi conversation sent ... --json` run as a user runs it; its reply."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ksi_cli", "conversation", "sent", *args, "--json", stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return dict(json.loads(out))
 
 OFF = "anthropic/cache-off"
 
@@ -73,6 +89,8 @@ async def test_sent_marks_the_breakpoints_the_provider_received_and_where_each_r
         # read back by a daemon started again on the same storage: the record, not a memory
         async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
             sent = [await client.request("conversation:sent", {"conversation_id": "a", "n": n}) for n in range(1, 6)]
+            where = ["--socket", str(daemon.settings.socket), "--var-dir", str(daemon.settings.var_dir)]
+            printed = [await ksi_sent("a", str(n), *where) for n in (3, 5)]
     bodies = emulator.anthropic_requests
     assert len(bodies) == 5
     for shown, body in zip(sent[:3], bodies, strict=False):
@@ -92,6 +110,14 @@ async def test_sent_marks_the_breakpoints_the_provider_received_and_where_each_r
     # the client's own marker goes out even with placement off, and is said to be the client's
     assert received_marks(bodies[4]) == [("user", "5m", "fifth question")] and same_marks(sent[4], bodies[4])
     assert sent[4]["breakpoints"] == [{"at": 9, "part": "input", "ttl": "5m", "by": "client"}]
+    # `ksi conversation sent` prints the same marks under their messages, plainly
+    third, fifth = printed
+    assert third == sent[2] and fifth == sent[4]
+    lines = sent_lines(third)
+    assert lines[lines.index("[1] system (system)") + 1:][SYSTEM_LINES] == "  ^ cache breakpoint: 1h, KSI's"
+    assert lines.index(DIFFERS) == lines.index("[5] assistant (from #2)") - 1
+    assert "extends the request of #2 (new from message 5)" in lines
+    assert sent_lines(fifth)[-1] == "  ^ cache breakpoint: 5m, the client's"
 
 
 async def test_a_turn_after_a_summary_took_over_differs_from_the_system_message_on(
