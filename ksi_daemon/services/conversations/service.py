@@ -148,7 +148,8 @@ class ConversationService:
                        "A conversation's metadata and exchanges (each with its input and output items); those "
                        "shared with its fork chain are marked inherited."),
             r.register(CONVERSATION_SENT, self.handle_sent, ConversationSent,
-                       "What the model was sent for one exchange: system and notes, history shown, input, files."),
+                       "What the model was sent for one exchange: system and notes, history shown, input, files, "
+                       "its prompt-cache breakpoints and where it first differed from the exchange before."),
             r.register(CONVERSATION_STATS, self.handle_stats, ConversationStats,
                        "Exchanges, tokens, cost, models, agents, files and duration of a conversation."),
             r.register(CONVERSATION_UPDATE, self.handle_update, ConversationUpdate,
