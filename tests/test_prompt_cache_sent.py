@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ksi_cli.sent_command import DIFFERS, sent_lines
+from ksi_daemon.services.conversations.sent import first_difference
 from tests.cache_emulator import MINIMUM, CacheEmulator
 from tests.conftest import complete, connected, running_daemon
 from tests.test_compaction import FILLER, settled
@@ -84,7 +85,8 @@ async def test_sent_marks_the_breakpoints_the_provider_received_and_where_each_r
                 await complete(client, prompt=prompt, conversation_id="a", create=n == 0, system=SYSTEM,
                                model=ANTHROPIC)
             await complete(client, prompt="fourth question", conversation_id="a", model=OFF)
-            own = {"type": "message", "role": "user", "content": "fifth question", "cache_control": {"type": "ephemeral"}}
+            own = {"type": "message", "role": "user", "content": "fifth question",
+                   "cache_control": {"type": "ephemeral"}}
             await complete(client, input=[own], conversation_id="a", model=OFF)
         # read back by a daemon started again on the same storage: the record, not a memory
         async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
@@ -134,7 +136,8 @@ async def test_a_turn_after_a_summary_took_over_differs_from_the_system_message_
             sent = [await client.request("conversation:sent", {"conversation_id": "s", "n": n}) for n in range(1, 11)]
     for shown, body in zip(sent, emulator.anthropic_requests, strict=True):
         assert same_marks(shown, body)
-    moved = [s for s, before in zip(sent[1:], sent, strict=False) if before["history"] and s["history"][:1] != before["history"][:1]]
+    moved = [s for s, before in zip(sent[1:], sent, strict=False)
+             if before["history"] and s["history"][:1] != before["history"][:1]]
     assert moved, "the window never moved"
     for shown in moved:  # what went before the history changed: the system message carries the stand-in
         assert shown["first_difference"] == 0 and shown["extends_previous"] is False
@@ -142,3 +145,32 @@ async def test_a_turn_after_a_summary_took_over_differs_from_the_system_message_
     assert summarised, "no summary was closed by a breakpoint"
     for shown in summarised:
         assert [mark["part"] for mark in shown["messages"][0]["cache_breakpoints"]][:2] == ["system", "summary"]
+
+
+async def test_an_exchange_recorded_without_breakpoints_says_they_are_unknown_not_none(
+        short_tmp: Path, backend: dict[str, Any]) -> None:
+    def exchange(n: int) -> dict[str, Any]:
+        return {"input": [{"type": "message", "role": "user", "content": f"question {n}"}],
+                "output": [{"type": "message", "role": "assistant", "content": f"answer {n}"}],
+                "reply": {"model": "echo/test", "content": f"answer {n}"}, "model": "echo/test"}
+
+    document = {"v": 1, "format": "ksi.conversation", "conversation": {"conversation_id": "x"},
+                "exchanges": [exchange(1), exchange(2)]}
+    async with running_daemon(short_tmp, **backend) as daemon, connected(daemon) as client:
+        await client.request("conversation:import", {"data": document, "new_id": "old"})
+        sent = await client.request("conversation:sent", {"conversation_id": "old", "n": 2})
+    assert sent["recorded"] is False and sent["breakpoints"] is None
+    assert not any("cache_breakpoints" in m for m in sent["messages"])
+    # no system message: [q1], then [q1, a1, q2]
+    assert (sent["first_difference"], sent["extends_previous"], sent["compared_with"]) == (1, True, 1)
+    assert "cache breakpoints: not recorded" in sent_lines(sent)
+
+
+def test_a_request_shorter_than_the_one_before_differs_where_it_ends() -> None:
+    before = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+              {"role": "assistant", "content": "b"}]
+    assert first_difference(before, before[:2]) == {"first_difference": 2, "extends_previous": False}
+    assert first_difference(before, before) == {"first_difference": None, "extends_previous": False}
+    changed = [{**before[0], "content": "t"}, *before[1:]]
+    assert first_difference(before, changed) == {"first_difference": 0, "extends_previous": False}
+    assert first_difference(None, before) == {"first_difference": None, "extends_previous": False}
