@@ -21,6 +21,7 @@ previous request), turns after a new stand-in, and the first turn of each fork:
   read share    tokens read from the cache / cacheable tokens (the prefix the request shares with
                 the previous one, 1024 tokens at least; for a fork, with its parent's turn k+1);
   prefix share  the prefix the request shares with the previous one / the request;
+  fork read     a fork's first turns: tokens read from the cache / their whole prompts;
   input cost    in units of one uncached input token: cache reads at 0.1 and Anthropic's cache
                 writes at 1.25 (OpenAI adds nothing for writes).
 The Anthropic costs compare KSI's placement with caching off and with one marker on the last
@@ -154,6 +155,7 @@ def replayed(bodies: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
 def measure(shape: str, bodies: list[dict[str, Any]], usages: list[dict[str, Any]],
             forked: list[int | None]) -> dict[str, Any]:
     kinds, read_share, prefix_share = [], {"continued": [0, 0], "after_stand_in": [0, 0], "fork": [0, 0]}, []
+    fork_prompts = [0, 0]  # a fork's reads, and its whole prompt: how much of it was its parent's
     for n in range(1, len(bodies)):
         # what this request extends: the parent's request before it (a fork's is its parent's turn
         # k+1, sent just before it; the parent's next turn skips the fork's)
@@ -168,6 +170,9 @@ def measure(shape: str, bodies: list[dict[str, Any]], usages: list[dict[str, Any
             read_share[kind][1] += shared
         if kind == "continued":
             prefix_share.append(shared / len(current))
+        if kind == "fork":
+            fork_prompts[0] += usages[n]["read"]
+            fork_prompts[1] += usages[n]["prompt"]
     costs = {"ksi": sum(input_cost(u["prompt"], u["read"], u["written"]) for u in usages),
              "off": float(sum(u["prompt"] for u in usages))}
     if shape == "anthropic":
@@ -178,6 +183,7 @@ def measure(shape: str, bodies: list[dict[str, Any]], usages: list[dict[str, Any
         "read_share_continued": _share(*read_share["continued"]),
         "read_share_after_stand_in": _share(*read_share["after_stand_in"]),
         "read_share_fork": _share(*read_share["fork"]),
+        "fork_read_of_prompt": _share(*fork_prompts),
         "prefix_share_continued_mean": round(sum(prefix_share) / len(prefix_share), 4) if prefix_share else None,
         "prefix_share_continued_min": round(min(prefix_share), 4) if prefix_share else None,
         "input_cost": {k: round(v, 1) for k, v in costs.items()},
@@ -195,14 +201,14 @@ VARIANTS = {"ksi": (4, WRITER), "steps": (4, "off"), "drop-oldest": (1, "off")}
 
 def print_table(report: dict[str, Any]) -> None:
     print(f"{'shape':<10} {'run':<12} {'stand-ins':>9} {'forks':>5} {'read cont.':>10} {'read after':>10} "
-          f"{'read fork':>9} {'prefix mean':>11} {'prefix min':>10} {'cost ksi':>10} {'cost off':>10} "
+          f"{'read fork':>9} {'fork/all':>8} {'prefix mean':>11} {'prefix min':>10} {'cost ksi':>10} {'cost off':>10} "
           f"{'cost fixed':>10} {'ksi/off':>8}")
     for name, row in report["shapes"].items():
         shape, window = name.split(" ")
         cost = row["input_cost"]
         print(f"{shape:<10} {window:<12} {row['stand_ins']:>9} {row['forks']:>5} "
               f"{str(row['read_share_continued']):>10} {str(row['read_share_after_stand_in']):>10} "
-              f"{str(row['read_share_fork']):>9} "
+              f"{str(row['read_share_fork']):>9} {str(row['fork_read_of_prompt']):>8} "
               f"{str(row['prefix_share_continued_mean']):>11} {str(row['prefix_share_continued_min']):>10} "
               f"{cost['ksi']:>10} {cost['off']:>10} {str(cost.get('fixed', '-')):>10} {row['ksi_vs_off']:>8}")
 
