@@ -5,6 +5,7 @@ it from its cache. Against the cache emulator over HTTP, real daemon, both stora
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -113,5 +114,10 @@ async def test_a_fork_of_a_fork_sends_its_roots_cache_key_and_slot_and_a_clients
     assert len({body["id_slot"] for body in slotted_bodies}) == 1  # the root's slot, which holds the shared prefix
     assert mine["prompt_cache_key"] == "client-key"
     # a fork whose parent is gone shares nothing with it any more: it is its own root
-    assert orphan["messages"][0]["content"] == "one" and orphan["id_slot"] != slotted_bodies[0]["id_slot"] or \
-        orphan["messages"][0]["content"] != "one"
+    assert [m["content"] for m in orphan["messages"]] == ["branch", "answer 7", "orphan"]
+    assert orphan["id_slot"] == slot_of("s1", 64) != slot_of("s", 64) == slotted_bodies[0]["id_slot"]
+
+
+def slot_of(conversation_id: str, slots: int) -> int:
+    """The slot the docs give a conversation: a digest of its id modulo the slot count."""
+    return int.from_bytes(hashlib.sha256(conversation_id.encode()).digest()[:8], "big") % slots
