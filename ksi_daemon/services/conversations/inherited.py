@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ksi_common.summaries import Summary
 from ksi_common.records import ResponseRecord
+from ksi_common.summaries import Summary
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.services.conversations.stand_ins import TurnSaw
 
