@@ -3,8 +3,10 @@ completions it answers, so tests see the cache counts a real provider would repo
 
 The rules: every request's prompt is cached; a later request reads the longest prefix it shares
 with a cached prompt still within its lifetime, counted in steps of 128 tokens, and nothing below
-1024 tokens. A token here is a word of the serialized messages (with tools ahead of them), which
-keeps counts easy to reason about in tests.
+1024 tokens. Requests are routed by their `prompt_cache_key`: a request reads only prompts cached
+under the same key (none: only those sent without one), as a key sends requests to one cache. A
+token here is a word of the serialized messages (with tools ahead of them), which keeps counts
+easy to reason about in tests.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class CacheEmulator:
     reported for every request, in order."""
 
     def __init__(self) -> None:
-        self.cached: list[tuple[list[str], float]] = []  # prompt words, last used (monotonic)
+        # prompt words, last used (monotonic), the prompt_cache_key they were sent with
+        self.cached: list[tuple[list[str], float, str | None]] = []
         self.requests: list[dict[str, Any]] = []
         self.usages: list[dict[str, Any]] = []
         self.anthropic_requests: list[dict[str, Any]] = []
@@ -86,14 +89,15 @@ class CacheEmulator:
     def now(self) -> float:
         return time.monotonic() + self.skew
 
-    def read_from_cache(self, words: list[str]) -> int:
-        """The cached tokens of a prompt, by the rules above; the prompt is cached afterwards."""
+    def read_from_cache(self, words: list[str], key: str | None = None) -> int:
+        """The cached tokens of a prompt sent with `key`, by the rules above; the prompt is cached
+        afterwards, under that key."""
         now = self.now()
-        self.cached = [(prompt, used) for prompt, used in self.cached if now - used < LIFETIME_S]
-        longest = max((shared_prefix(prompt, words) for prompt, _used in self.cached), default=0)
+        self.cached = [(prompt, used, k) for prompt, used, k in self.cached if now - used < LIFETIME_S]
+        longest = max((shared_prefix(prompt, words) for prompt, _used, k in self.cached if k == key), default=0)
         read = longest // STEP * STEP if longest >= MINIMUM else 0
         if len(words) >= MINIMUM:
-            self.cached.append((words, now))
+            self.cached.append((words, now, key))
         return read
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -102,7 +106,7 @@ class CacheEmulator:
         self.requests.append(body)
         words = prompt_words(body)
         usage = {"prompt_tokens": len(words), "completion_tokens": 2, "total_tokens": len(words) + 2,
-                 "prompt_tokens_details": {"cached_tokens": self.read_from_cache(words)}}
+                 "prompt_tokens_details": {"cached_tokens": self.read_from_cache(words, body.get("prompt_cache_key"))}}
         self.usages.append(usage)
         text = f"answer {len(self.requests)}"
         if body.get("stream"):

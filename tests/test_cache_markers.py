@@ -1,4 +1,5 @@
-"""KSI's Anthropic breakpoints: the end of the system prompt and of the newest message; a request
+"""KSI's Anthropic breakpoints: the end of the system prompt, of the newest reply and of the newest
+message, four at most; a request
 already carrying a client's cache_control is left as it came; the caller's messages are not changed."""
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"r
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
 
 
-def test_breakpoints_close_the_system_prompt_and_the_newest_message() -> None:
+def test_breakpoints_close_the_system_prompt_the_newest_reply_and_the_newest_message() -> None:
     before = copy.deepcopy(MESSAGES)
     placed = with_breakpoints(MESSAGES)
     assert placed[0]["content"] == [{"type": "text", "text": "be brief", "cache_control": EPHEMERAL}]
-    assert placed[1:3] == MESSAGES[1:3]
+    assert placed[1] == MESSAGES[1]
+    # what a fork at this point sends again ends here
+    assert placed[2]["content"] == [{"type": "text", "text": "hello", "cache_control": EPHEMERAL}]
     assert placed[3]["content"] == [{"type": "text", "text": "a"},
                                     {"type": "text", "text": "b", "cache_control": EPHEMERAL}]
     assert MESSAGES == before
@@ -43,8 +46,20 @@ def test_the_stable_parts_the_system_message_opens_with_each_get_a_breakpoint_of
     blocks = placed[0]["content"]
     assert "".join(block["text"] for block in blocks) == system["content"]  # the same text, cut
     assert [block["text"] for block in blocks[:2]] == ["be brief", f"\n\n{summary}"]
-    assert [block["cache_control"] for block in blocks] == [lifetime("1h"), lifetime("1h"), EPHEMERAL]
+    # four at most: the end of the notes gives way to the newest reply's
+    assert [block.get("cache_control") for block in blocks] == [lifetime("1h"), lifetime("1h"), None]
+    assert placed[2]["content"][-1]["cache_control"] == EPHEMERAL
     assert placed[3]["content"][-1]["cache_control"] == EPHEMERAL  # the newest message: five minutes
+    without_reply = with_prefix_breakpoints([system, MESSAGES[1]], ["be brief", summary], "1h")
+    assert [block["cache_control"] for block in without_reply[0]["content"]] == [lifetime("1h"), lifetime("1h"),
+                                                                                 EPHEMERAL]
+
+
+def test_an_empty_reply_gets_no_breakpoint() -> None:
+    calling = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                                    "function": {"name": "f", "arguments": "{}"}}]}
+    placed = with_breakpoints([MESSAGES[0], MESSAGES[1], calling, MESSAGES[3]])
+    assert placed[2] == calling
 
 
 def test_a_part_the_system_message_does_not_open_with_is_not_cut_at() -> None:

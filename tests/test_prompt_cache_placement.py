@@ -91,7 +91,7 @@ async def test_the_model_lifetime_setting_keeps_the_system_prompt_cached_through
     assert markers(first_default) == [("system", "5m"), ("user", "5m")]
     reads = [usage["cache_read_input_tokens"] for usage in emulator.anthropic_usages]
     assert reads[2] >= MINIMUM and reads[3] == 0
-    assert markers(second_hour) == [("system", "1h"), ("user", "5m")]
+    assert markers(second_hour) == [("system", "1h"), ("assistant", "5m"), ("user", "5m")]
 
 
 async def test_a_local_server_with_slots_gets_cache_prompt_and_one_stable_slot_per_conversation(

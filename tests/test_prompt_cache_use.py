@@ -107,7 +107,8 @@ async def test_anthropic_requests_carry_ksis_breakpoints_and_read_the_cache_unle
                                    system=SYSTEM, model="anthropic/cache-model")
                 await complete(client, prompt="fourth", conversation_id="a", model="anthropic/cache-off")
                 shown = await client.request("conversation:stats", {"conversation_id": "a"})
-    assert [marked(body) for body in emulator.anthropic_requests] == [["system", "user"]] * 3 + [[]]
+    assert [marked(body) for body in emulator.anthropic_requests] == [["system", "user"]] + \
+        [["system", "assistant", "user"]] * 2 + [[]]
     reads = [u["cache_read_input_tokens"] for u in emulator.anthropic_usages]
     assert reads[0] == 0 and reads[1] > MINIMUM and reads[2] > reads[1] and reads[3] == 0
     assert [t["read"] for t in shown["cache"]["turns"]] == reads

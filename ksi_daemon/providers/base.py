@@ -48,6 +48,9 @@ class ProviderCall:
     # what the system message opens with, in order, that changes least (the system prompt, then the
     # stored summaries up to the newest): a provider taking cache breakpoints closes each of them
     stable_system: list[str] = field(default_factory=list)
+    # the conversation whose cached prefix the call extends: the root of its fork chain, so a fork
+    # meets the cache (OpenAI's key, a local server's slot) its parent's turns filled
+    cache_root: str | None = None
 
 
 @dataclass(slots=True)

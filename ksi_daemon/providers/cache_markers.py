@@ -1,7 +1,9 @@
 """Anthropic prompt-cache breakpoints placed by KSI: the end of the system prompt (which also
-closes the tools, sent ahead of it) and the end of the newest message, so the next turn, which
-extends this one, reads everything up to it from the cache. A request whose messages already
-carry a client's `cache_control` is sent as it came: the client placed its own."""
+closes the tools, sent ahead of it), the end of the newest message, so the next turn, which
+extends this one, reads everything up to it from the cache, and the end of the history before
+the new input, which a fork of the conversation at that point (or an edited input) sends again.
+A request whose messages already carry a client's `cache_control` is sent as it came: the client
+placed its own."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 EPHEMERAL = {"type": "ephemeral"}
 MARKED_ROLES = ("system", "user", "assistant")  # litellm carries cache_control on these roles' blocks
+MAX_BREAKPOINTS = 4  # Anthropic refuses a request with more
 
 
 def has_markers(messages: list[dict[str, Any]]) -> bool:
@@ -40,12 +43,27 @@ def with_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     placed = list(messages)
     targets = [i for i, m in enumerate(placed) if m.get("role") == "system"][-1:]
     last = next((i for i in range(len(placed) - 1, -1, -1) if placed[i].get("role") in MARKED_ROLES), None)
+    # the newest reply before the newest message closes what a fork made here, or this input
+    # edited, sends again: Anthropic caches a prefix only where a breakpoint ends it
+    before = next((i for i in range(last - 1, -1, -1) if placed[i].get("role") == "assistant"), None) \
+        if last is not None else None
+    if before is not None and _ends_in_text(placed[before]) and before not in targets:
+        targets.append(before)
     if last is not None and last not in targets:
         targets.append(last)
     for index in targets:
         if isinstance(placed[index].get("content"), (str, list)):
             placed[index] = _marked(placed[index])
     return placed
+
+
+def _ends_in_text(message: dict[str, Any]) -> bool:
+    """Whether the message's content ends in text a breakpoint may close (not an empty reply)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return bool(content.strip())
+    last = content[-1] if isinstance(content, list) and content else None
+    return isinstance(last, dict) and last.get("type") == "text" and bool(str(last.get("text") or "").strip())
 
 
 def lifetime(ttl: str) -> dict[str, str]:
@@ -80,9 +98,11 @@ def _split_system(messages: list[dict[str, Any]], stable: list[str]) -> tuple[li
 def with_prefix_breakpoints(messages: list[dict[str, Any]], stable: list[str], ttl: str) -> list[dict[str, Any]]:
     """KSI's breakpoints where the call says its stable prefix ends: the end of each `stable` part
     the system message opens with (system prompt, newest stored summary) lives `ttl`; the end of
-    the system message and the newest message live five minutes, as `with_breakpoints` places them.
-    At most four, and the longer lifetimes come first (the system comes before the messages), as
-    Anthropic requires. A request carrying a client's own markers is sent as it came."""
+    the system message, the newest reply and the newest message live five minutes, as
+    `with_breakpoints` places them. At most four: the end of the system message gives way first
+    (the notes there change only when the window moves, and so does all that follows them). The
+    longer lifetimes come first (the system comes before the messages), as Anthropic requires. A
+    request carrying a client's own markers is sent as it came."""
     if has_markers(messages):
         return messages
     split, frozen = _split_system(messages, stable)
@@ -93,7 +113,15 @@ def with_prefix_breakpoints(messages: list[dict[str, Any]], stable: list[str], t
         for block in blocks[:frozen]:
             block["cache_control"] = lifetime(ttl)
         placed[index] = {**placed[index], "content": blocks}
+        if _count(placed) > MAX_BREAKPOINTS and len(blocks) > frozen:
+            blocks[-1].pop("cache_control", None)
     return placed
+
+
+def _count(messages: list[dict[str, Any]]) -> int:
+    """The breakpoints a request's messages carry."""
+    return sum(1 for m in messages if isinstance(m.get("content"), list)
+               for b in m["content"] if isinstance(b, dict) and "cache_control" in b)
 
 
 # OpenAI's explicit breakpoint (models from gpt-5.6 on): at most four cache writes a request, one of

@@ -575,13 +575,20 @@ def _first_known(declared: bool | None, listed: Any) -> bool | None:
     return listed if isinstance(listed, bool) else None
 
 
+def _cache_owner(call: ProviderCall) -> str | None:
+    """The conversation a call's cache is named by: the root of its fork chain (every fork of it
+    shares a prefix with its turns), else the conversation asking."""
+    return call.cache_root or call.request.get("conversation_id")
+
+
 def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
-    """The key OpenAI routes a conversation's requests to one cache by: its KSI id, prefixed so it
-    never meets a key the client's other programs use. Only OpenAI's own models take one."""
-    conversation_id = call.request.get("conversation_id")
-    if placement == "off" or provider_of(call.model) != "openai" or not conversation_id:
+    """The key OpenAI routes a conversation's requests to one cache by: the KSI id of its fork
+    chain's root, prefixed so it never meets a key the client's other programs use. Only OpenAI's
+    own models take one."""
+    owner = _cache_owner(call)
+    if placement == "off" or provider_of(call.model) != "openai" or not owner:
         return None
-    return f"ksi:{conversation_id}"
+    return f"ksi:{owner}"
 
 
 def _placed_by(call: ProviderCall) -> str:
@@ -617,12 +624,13 @@ def _uncached_cost(litellm: ModuleType, model: str, usage: dict[str, int]) -> fl
 def _slot_options(call: ProviderCall, slots: int) -> dict[str, Any]:
     """A llama.cpp-style server's prompt-cache options: keep the prompt cached, in the conversation's
     own slot, so its next turn finds its prefix there (the server evaluates only what follows).
-    The slot comes from a digest of the conversation id: the same on every turn and every daemon.
-    The client's own values are kept (the caller lays its extra_body over these)."""
+    The slot comes from a digest of the fork chain's root: the same on every turn and every daemon,
+    and a fork's the slot holding its parent's prefix. The client's own values are kept (the caller
+    lays its extra_body over these)."""
     options: dict[str, Any] = {"cache_prompt": True}
-    conversation_id = call.request.get("conversation_id")
-    if conversation_id:
-        digest = hashlib.sha256(str(conversation_id).encode()).digest()
+    owner = _cache_owner(call)
+    if owner:
+        digest = hashlib.sha256(str(owner).encode()).digest()
         options["id_slot"] = int.from_bytes(digest[:8], "big") % slots
     return options
 

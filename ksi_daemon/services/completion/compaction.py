@@ -43,6 +43,7 @@ from ksi_daemon.services.completion.salience import (
 )
 from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
+from ksi_daemon.services.conversations.inherited import fork_point_turn, inherited_summaries
 from ksi_daemon.services.conversations.memory import (
     NEWEST_TAIL_BUDGET,
     ConversationCache,
@@ -169,10 +170,11 @@ class Compactor:
         return memory.summaries
 
     async def _cover(self, memory: ConversationMemory) -> list[Summary]:
-        found: list[tuple[Summary, int | None]] = []
-        for member, upto in reversed(await fork_chain(self.cache, memory, self.settings.max_fork_depth)):
-            found.extend((summary, upto) for summary in await self.summaries(member))
-        return cover(found)
+        """The summaries standing in for exchanges 1..n: a fork's ancestors' only those the turn
+        after its fork point had to choose from (conversations.inherited), so it opens as that turn did."""
+        chain = await fork_chain(self.cache, memory, self.settings.max_fork_depth)
+        found = [await self.summaries(member) for member, _upto in chain]
+        return cover(inherited_summaries(chain, found, await fork_point_turn(self.cache, chain)))
 
     async def for_turn(self, memory: ConversationMemory, model: str, budget: int,
                        share: int | None = None) -> StandIn | None:

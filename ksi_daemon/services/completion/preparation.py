@@ -156,6 +156,7 @@ class TurnPreparation:
         # the system prompt and the newest frozen summary: the prefix cache markers may close
         stable = stable_parts(turn.sent_system, plan.stand_in if own is None else None)
         call = self._call(state, memory, messages, turn.sent_system, stable, on_chunk)
+        call.cache_root = plan.root
         return self._prepared(state, memory, turn, plan, own, call)
 
     def _turn_input(self, memory: ConversationMemory, state: RequestState) -> TurnInput:

@@ -22,6 +22,7 @@ from ksi_daemon.services.conversations.pending import WaitingInputs
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
 from ksi_daemon.services.conversations.salient import Items
+from ksi_daemon.services.conversations.stand_ins import TurnSaw
 
 
 
@@ -115,6 +116,9 @@ class ConversationMemory:
         self.users = 0  # requests queued or running on it: it is not evicted meanwhile
         # summaries standing in for left-out exchanges, oldest first; None until first needed
         self.summaries: list[Summary] | None = None
+        # a fork's: the record of the turn after its fork point it was read from, and the stored
+        # summaries that turn had to choose from (conversations.inherited)
+        self.inherited: tuple[str, TurnSaw | None] | None = None
         # deleted, or moved away by a reset: a background writer holding it writes nothing more
         self.retired = False
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, Self, TypeVar
 
-from ksi_daemon.services.conversations.history import History, Pinned, pinned_exchanges, select_history
+from ksi_daemon.services.conversations.history import History, Pinned, fork_chain, pinned_exchanges, select_history
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.stand_ins import StandIn
 from ksi_daemon.services.conversations.turn_budget import TurnBudget
@@ -53,6 +53,7 @@ class TurnPlan(Generic[NotesT]):
     files: NotesT
     stand_in: StandIn | None = None
     pinned: Pinned = field(default_factory=Pinned)
+    root: str | None = None  # the root of the conversation's fork chain, whose prompt cache its turns meet
 
     @property
     def summary(self) -> str | None:
@@ -89,7 +90,8 @@ class TurnPlanner(Generic[NotesT]):
                                                     after, budget.pins, pinned)
             files = files.kept_for(history.exchanges)
         pinned.add_to(history, after)
-        return TurnPlan(history, files, stand_in, pinned)
+        root = (await fork_chain(self.cache, memory, self.max_fork_depth))[-1][0].conversation_id
+        return TurnPlan(history, files, stand_in, pinned, root)
 
     async def _select(self, memory: ConversationMemory, budget: int, after: int = 0) -> History:
         return await select_history(self.cache, memory, budget, self.max_fork_depth, after, self.step)

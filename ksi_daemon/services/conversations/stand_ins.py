@@ -75,6 +75,21 @@ def summary_block(summary: Summary) -> Block:
                  summary.conversation_id)
 
 
+@dataclass(frozen=True, slots=True)
+class TurnSaw:
+    """The stored summaries a turn had to choose from: those its record names by range (a block of
+    its stand-in), and every one stored before it was asked (`asked`, a timestamp)."""
+
+    ranges: frozenset[tuple[int, int]]
+    asked: str | None
+
+    def includes(self, summary: Summary) -> bool:
+        if (summary.first, summary.upto) in self.ranges:
+            return True
+        # one timestamp format throughout (ksi_common.timefmt): the strings order as the times do
+        return self.asked is not None and summary.ts is not None and summary.ts <= self.asked
+
+
 def cover(found: list[tuple[Summary, int | None]]) -> list[Summary]:
     """Consecutive summaries from exchange 1 on: at each start the one reaching furthest (a merge
     over its chunks), the newest on a tie. `found` pairs each summary with the last exchange its
