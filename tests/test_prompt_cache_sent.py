@@ -98,8 +98,10 @@ async def test_sent_marks_the_breakpoints_the_provider_received_and_where_each_r
     for shown, body in zip(sent[:3], bodies, strict=False):
         assert received_marks(body) and same_marks(shown, body)
         assert {mark["by"] for mark in shown["breakpoints"]} == {"ksi"}
-    # the system prompt alone (no notes yet): one breakpoint closes it, at the model's lifetime
+    # the system prompt alone (no notes yet): one breakpoint closes it, at the model's lifetime;
+    # the newest reply holds one (where a fork at that exchange stops sharing) and the input the last
     assert sent[2]["breakpoints"] == [{"at": 0, "part": "system", "ttl": "1h", "by": "ksi"},
+                                      {"at": 4, "part": "history", "ttl": "5m", "by": "ksi", "n": 2},
                                       {"at": 5, "part": "input", "ttl": "5m", "by": "ksi"}]
     assert sent[2]["messages"][0]["cache_breakpoints"][0] == {"part": "system", "ttl": "1h", "by": "ksi"}
     # each turn extends the one before: the cache can read all of the previous request
