@@ -1,15 +1,24 @@
-"""Anthropic content blocks as KSI items: a user turn's `text` and `image` blocks are one user
-message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
+"""Anthropic content blocks as KSI items: a user turn's `text`, `image` and `document` blocks are one
+user message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
 assistant message and each `tool_use` a `function_call` item. An assistant turn's `thinking` and
 `redacted_thinking` blocks are one reasoning item, the reasoning item the Responses door keeps: its
 text as the summary, its signed and redacted blocks as they came (`thinking_blocks`), so the client's
 own history replays them to the provider that signed them. Matching leaves reasoning out, as on every
 door. Blocks no exchange can hold (server tools' blocks, images inside a tool's result) are refused
-by name."""
+by name.
+
+A `document` holding a base64 PDF is a PDF part (stored by reference, as an image); one holding
+plain text is that text, headed by the document's title, so it reaches every model and replays as
+it came. A message holding images or PDFs keeps its text first, in one part, then those: the order
+the stored exchange keeps them in, so a resent history is recognised."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import base64
+import binascii
+import re
 
 import orjson
 
@@ -19,6 +28,7 @@ from ksi_common.items import Item, message
 Block = dict[str, Any]
 ERROR_MARK = "[tool error] "  # a tool_result with is_error: its output says so to every provider
 THINKING = frozenset({"thinking", "redacted_thinking"})
+BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SERVER_BLOCKS = "belongs to a server tool: KSI runs client tools only (the client runs each call)"
 
 
@@ -50,6 +60,57 @@ def image_part(block: Block, where: str) -> dict[str, Any]:
     if kind == "file":
         raise refused(f"{where}.source.type", "a file of Anthropic's Files API: send the image as base64 or a URL")
     raise invalid(f"{where}.source", "an image source: {type: base64, media_type, data} or {type: url, url}")
+
+
+def document_parts(block: Block, where: str) -> list[dict[str, Any]]:
+    """A document block as an `input_file` part (a base64 PDF, after its context as text, if any)
+    or an `input_text` part (plain text, its title and context heading it)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if not isinstance(source, dict) or kind is None:
+        raise invalid(f"{where}.source", "a document source: {type: base64, media_type: application/pdf, data} "
+                                         "or {type: text, media_type: text/plain, data}")
+    if kind in ("url", "file", "content"):
+        raise refused(f"{where}.source.type", f"a {kind} document source: send a PDF as base64, or plain text")
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled") is True:
+        raise refused(f"{where}.citations", "KSI answers with text blocks, without citations")
+    title, context = block.get("title"), block.get("context")
+    for name, value in (("title", title), ("context", context)):
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{where}.{name}", "must be text")
+    data = source.get("data")
+    if not isinstance(data, str):
+        raise invalid(f"{where}.source.data", "the document's data, as a string")
+    expected = {"base64": "application/pdf", "text": "text/plain"}.get(str(kind))
+    if expected is None:
+        raise invalid(f"{where}.source.type", "base64 (a PDF) or text")
+    if source.get("media_type", expected if kind == "text" else None) != expected:
+        raise invalid(f"{where}.source.media_type", f"a {kind} document source is {expected}")
+    if kind == "base64":
+        _check_pdf(data, f"{where}.source.data")
+    heading = f"[document{f' {title}' if title else ''}]"
+    note = f"\n{context}" if context else ""
+    if kind == "text":
+        return [{"type": "input_text", "text": f"{heading}{note}\n{data}"}]
+    part: dict[str, Any] = {"type": "input_file", "file_data": f"data:application/pdf;base64,{data}"}
+    if title:
+        part["filename"] = title  # the file's name in every transcript, and to the provider
+    # a PDF's context goes before it as text: the provider is sent no such field
+    return [{"type": "input_text", "text": f"{heading}{note}"}, part] if context else [part]
+
+
+def _check_pdf(data: str, where: str) -> None:
+    """Base64 that starts like a PDF, named by the block's own field (the daemon decodes and checks
+    it again, for every client; nothing is decoded whole here)."""
+    try:
+        head = base64.b64decode(data[:8], validate=True)
+    except (binascii.Error, ValueError):
+        head = b""
+    if len(data) % 4 or not BASE64.fullmatch(data):
+        raise invalid(where, "not valid base64")
+    if not head.startswith(b"%PDF-"):
+        raise invalid(where, "not a PDF (its bytes do not start with %PDF-)")
 
 
 def tool_output(block: Block, where: str) -> Item:
@@ -91,19 +152,21 @@ def user_items(content: str | list[Block], where: str) -> list[Item]:
         elif kind == "tool_result":
             outputs.append(tool_output(block, at))
         elif kind == "document":
-            raise refused(f"{at}.type", "a document block: KSI sends text and images; send a document's text")
+            parts.extend(document_parts(block, at))
         elif kind in ("search_result", "container_upload") or str(kind).endswith("_tool_result"):
             raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
         else:
-            raise invalid(f"{at}.type", f"a user turn holds text, image and tool_result blocks, not {kind!r}")
+            raise invalid(f"{at}.type", f"a user turn holds text, image, document and tool_result blocks, not {kind!r}")
     if not parts:
         return outputs
-    if all(part["type"] == "input_text" for part in parts):
-        said = message("user", "\n\n".join(part["text"] for part in parts))
-    else:
-        said = message("user", parts)
-    marker = next((block["cache_control"] for block in reversed(content)
-                   if block.get("type") in ("text", "image") and block.get("cache_control") is not None), None)
+    texts = [part["text"] for part in parts if part["type"] == "input_text"]
+    if len(texts) == len(parts):
+        said = message("user", "\n\n".join(texts))
+    else:  # its text then its images and PDFs: as the exchange stores them (see the module's docstring)
+        said = message("user", [*([{"type": "input_text", "text": "\n".join(texts)}] if texts else []),
+                                *(part for part in parts if part["type"] != "input_text")])
+    marker = next((block["cache_control"] for block in reversed(content) if block.get("type") in
+                   ("text", "image", "document") and block.get("cache_control") is not None), None)
     if marker is not None:  # the blocks become one message: the client's breakpoint goes at its end
         said["cache_control"] = marker
     return [*outputs, said]
