@@ -25,7 +25,8 @@ from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
 from tests.stub_openai import StubOpenAI
 from tests.test_http_messages import conversations, sdk
-from tests.test_image_files import blob_files
+
+pytestmark = pytest.mark.backends
 
 PDF_MODEL = "openai/stub-pdf"
 TEXT_MODEL = "openai/stub-text"
@@ -48,11 +49,15 @@ NOTES = {"type": "document", "title": "Notes", "source": {"type": "text", "media
 
 
 @pytest.fixture
-async def http(short_tmp: Path, stub: StubOpenAI) -> AsyncIterator[HttpDaemon]:
+async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
     models = {PDF_MODEL: {"api_base": stub.api_base, "supports_pdf_input": True},
               TEXT_MODEL: {"api_base": stub.api_base, "supports_pdf_input": False}}
-    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models)) as running:
+    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), **backend) as running:
         yield running
+
+
+async def blobs(http: HttpDaemon) -> list[str]:
+    return sorted(await http.daemon.storage.blobs.ids())
 
 
 @pytest.fixture
@@ -81,7 +86,7 @@ async def test_a_pdf_and_a_text_document_reach_the_model_on_their_turn_and_again
     assert record is not None and PDF_DATA not in str(record)  # a reference, never the bytes
     assert record[0]["parts"][1] == {"type": "input_file", "file": {
         "sha256": SHA, "media_type": "application/pdf", "bytes": len(PDF), "pages": 2, "name": "report.pdf"}}
-    assert [p.name for p in blob_files(http.daemon.layout.root)] == [SHA]
+    assert await blobs(http) == [SHA]
     # the client resends its history, the PDF with it: the same conversation, the PDF sent again
     asked += [{"role": "assistant", "content": "It moved."}, {"role": "user", "content": "When?"}]
     second = await client.messages.with_raw_response.create(model=PDF_MODEL, max_tokens=20, messages=asked)
@@ -160,7 +165,7 @@ async def test_refused_documents_write_nothing(http: HttpDaemon, client: anthrop
     if what.startswith("a PDF for"):
         assert TEXT_MODEL in error["error"]["message"] and "supports_pdf_input" in error["error"]["message"]
     assert await stored_snapshot(http.daemon.settings) == before
-    assert await conversations(http) == {} and not blob_files(http.daemon.layout.root)
+    assert await conversations(http) == {} and await blobs(http) == []
     assert stub.requests == []
 
 
