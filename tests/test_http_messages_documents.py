@@ -2,8 +2,9 @@
 by reference (as an image is) and reaches a model that reads PDFs as litellm's file part, on its
 turn and again from the blob store when the history is resent; a plain-text document reaches every
 model as text under its title. A PDF for a model that cannot read one, bad base64 and a wrong media
-type are refused with nothing written. Transcripts, `conversation:sent` and an export name the PDF
-by its label, never its bytes, and the export imports again."""
+type are refused with nothing written. A PDF inside a tool's result reaches the model too.
+Transcripts, `conversation:sent` and an export name the PDF by its label, never its bytes, and the
+export imports again."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.services.completion.documents import TOKENS_PER_PAGE
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
-from tests.stub_openai import StubOpenAI
+from tests.stub_openai import Reply, StubOpenAI
 from tests.test_http_messages import conversations, sdk
 
 pytestmark = pytest.mark.backends
@@ -173,3 +174,18 @@ async def test_a_text_document_reaches_a_model_that_reads_no_pdf(
         client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
     await client.messages.create(model=TEXT_MODEL, max_tokens=20, messages=[{"role": "user", "content": [NOTES]}])
     assert user_turns(stub) == ["[document Notes]\nThe launch moved to May."]
+
+
+async def test_a_pdf_a_tool_read_reaches_the_model_in_the_users_message(
+        client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    """Claude Code's Read tool returns a PDF it read as a document block inside the tool_result."""
+    read = {"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+    stub.enqueue(Reply(calls=[{"id": "toolu_r", "name": "read", "arguments": {"path": "report.pdf"}}]), "Two pages.")
+    ask: Any = {"role": "user", "content": "Read report.pdf"}
+    first = await client.messages.create(model=PDF_MODEL, max_tokens=100, tools=[read], messages=[ask])
+    await client.messages.create(model=PDF_MODEL, max_tokens=100, tools=[read], messages=[
+        ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_r", "content": [pdf_block()]}]}])
+    tool, user = stub.requests[-1]["messages"][-2:]
+    assert tool["content"] == "[1 attachment of this result: in the user's message]"
+    assert user["content"] == [{"type": "text", "text": "[attachments of the result of toolu_r]"}, FILE_PART]

@@ -160,8 +160,8 @@ async def test_an_image_in_a_tool_result_reaches_the_model_in_the_users_message_
     history: Any = [ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, result]
     stub.enqueue("A grey square.", "You are welcome.")
     await client.messages.create(model=MODEL, max_tokens=100, tools=[read], messages=history)
-    shown = [("tool", "toolu_r", "shot.png, 16x16\n[1 image of this result: in the user's message]"),
-             ("user", [{"type": "text", "text": "[images of the result of toolu_r]"},
+    shown = [("tool", "toolu_r", "shot.png, 16x16\n[1 attachment of this result: in the user's message]"),
+             ("user", [{"type": "text", "text": "[attachments of the result of toolu_r]"},
                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}])]
     assert sent(stub)[2:] == shown
     history += [{"role": "assistant", "content": "A grey square."}, {"role": "user", "content": "thanks"}]

@@ -4,9 +4,9 @@ assistant message and each `tool_use` a `function_call` item. An assistant turn'
 `redacted_thinking` blocks are one reasoning item, the reasoning item the Responses door keeps: its
 text as the summary, its signed and redacted blocks as they came (`thinking_blocks`), so the client's
 own history replays them to the provider that signed them. Matching leaves reasoning out, as on every
-door. An image inside a `tool_result` (Claude Code's Read tool returns one) goes into the turn's
-user message, after a line naming the result it came from: a stored tool output is text, and
-chat providers take images in user messages only. Blocks no exchange can hold (server tools'
+door. An image or document inside a `tool_result` (Claude Code's Read tool returns them) goes into
+the turn's user message, after a line naming the result it came from: a stored tool output is
+text, and chat providers take images and files in user messages only. Blocks no exchange can hold (server tools'
 blocks) are refused by name.
 
 A `document` holding a base64 PDF is a PDF part (stored by reference, as an image); one holding
@@ -117,31 +117,35 @@ def _check_pdf(data: str, where: str) -> None:
 
 def tool_output(block: Block, where: str) -> tuple[Item, list[dict[str, Any]]]:
     """A tool_result block as a function_call_output item: its text (a list of text blocks joined),
-    marked when the client says the tool failed; and its images, as the user message's parts
-    (the output says they follow)."""
+    marked when the client says the tool failed; and its images and documents, as the user
+    message's parts (the output says they are there)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{where}.tool_use_id", "the id of the tool_use this result answers")
     content = block.get("content", "")
-    images: list[dict[str, Any]] = []
+    attached: list[dict[str, Any]] = []
     if isinstance(content, list):
         texts = []
         for position, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
+            at = f"{where}.content.{position}"
             if kind == "image":
-                images.append(image_part(part, f"{where}.content.{position}"))
-                continue
-            if kind != "text":
-                raise refused(f"{where}.content.{position}.type",
-                              f"a {kind} block in a tool result: a tool's output is kept as text and images")
-            texts.append(_text(part, f"{where}.content.{position}"))
-        if images:
-            texts.append(f"[{len(images)} image{'s' if len(images) > 1 else ''} of this result: in the user's message]")
+                attached.append(image_part(part, at))
+            elif kind == "document":
+                attached.extend(document_parts(part, at))
+            elif kind == "text":
+                texts.append(_text(part, at))
+            else:
+                raise refused(f"{at}.type", f"a {kind} block in a tool result: a tool's output is kept as text, "
+                                            "images and documents")
+        if attached:
+            texts.append(f"[{len(attached)} attachment{'s' if len(attached) > 1 else ''} of this result: "
+                         "in the user's message]")
         content = "\n".join(texts)
     elif not isinstance(content, str):
-        raise invalid(f"{where}.content", "a string or a list of text and image blocks")
+        raise invalid(f"{where}.content", "a string or a list of text, image and document blocks")
     output = f"{ERROR_MARK}{content}" if block.get("is_error") is True else content
-    return {"type": "function_call_output", "call_id": call_id, "output": output}, images
+    return {"type": "function_call_output", "call_id": call_id, "output": output}, attached
 
 
 def user_items(content: str | list[Block], where: str) -> list[Item]:
@@ -159,10 +163,11 @@ def user_items(content: str | list[Block], where: str) -> list[Item]:
         elif kind == "image":
             parts.append(image_part(block, at))
         elif kind == "tool_result":
-            output, images = tool_output(block, at)
+            output, attached = tool_output(block, at)
             outputs.append(output)
-            if images:  # after a line naming the call whose result they are
-                parts += [{"type": "input_text", "text": f"[images of the result of {output['call_id']}]"}, *images]
+            if attached:  # after a line naming the call whose result they are
+                parts += [{"type": "input_text", "text": f"[attachments of the result of {output['call_id']}]"},
+                          *attached]
         elif kind == "document":
             parts.extend(document_parts(block, at))
         elif kind in ("search_result", "container_upload") or str(kind).endswith("_tool_result"):
