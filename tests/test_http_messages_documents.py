@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from ksi_common.events import CONVERSATION_EXPORT, CONVERSATION_IMPORT, CONVERSATION_SENT, CONVERSATION_SHOW
+from ksi_common.pdf_pages import TOKENS_PER_PAGE
 from ksi_daemon.context import EventContext
-from ksi_daemon.services.completion.documents import TOKENS_PER_PAGE
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
 from tests.stub_openai import Reply, StubOpenAI
@@ -189,3 +189,12 @@ async def test_a_pdf_a_tool_read_reaches_the_model_in_the_users_message(
     tool, user = stub.requests[-1]["messages"][-2:]
     assert tool["content"] == "[1 attachment of this result: in the user's message]"
     assert user["content"] == [{"type": "text", "text": "[attachments of the result of toolu_r]"}, FILE_PART]
+
+
+async def test_count_tokens_counts_a_pdf_by_its_pages(http: HttpDaemon, client: anthropic.AsyncAnthropic) -> None:
+    before = await stored_snapshot(http.daemon.settings)
+    text = await client.messages.count_tokens(model=PDF_MODEL, messages=[{"role": "user", "content": "read it"}])
+    counted = await client.messages.count_tokens(model=PDF_MODEL, messages=[
+        {"role": "user", "content": [pdf_block(), {"type": "text", "text": "read it"}]}])
+    assert counted.input_tokens >= text.input_tokens + 2 * TOKENS_PER_PAGE
+    assert await stored_snapshot(http.daemon.settings) == before

@@ -28,6 +28,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import MEDIA_PART_TYPES, file_name, media_parts, part_text
+from ksi_common.pdf_pages import page_count, pdf_tokens
 from ksi_daemon.services.completion import documents
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
@@ -84,7 +85,7 @@ class Images:
                                fields={field: "only a PDF in file_data"})
             data = documents.pdf_bytes(part, field, self.max_bytes)
             name = file_name(part.get("filename"))
-            return CheckedImage(field, None, data=data, name=name, kind="input_file", pages=documents.page_count(data))
+            return CheckedImage(field, None, data=data, name=name, kind="input_file", pages=page_count(data))
         if part.get("type") != "input_image":
             raise _invalid(field, "type", "an image part has type input_image")
         if "file_id" in part:
@@ -326,7 +327,7 @@ class Images:
     def part_tokens(cls, part: Mapping[str, Any], model: str) -> int:
         """The prompt tokens of a stored image or PDF part for `model`."""
         if part.get("type") == "input_file":
-            return documents.pdf_tokens(part.get("file") or {})
+            return pdf_tokens(part.get("file") or {})
         return cls.tokens(part.get("image") or {}, model)
 
     @staticmethod

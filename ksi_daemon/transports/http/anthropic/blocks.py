@@ -247,6 +247,15 @@ def _call(block: Block, where: str) -> Item:
     return {"type": "function_call", "call_id": call_id, "name": name, "arguments": orjson.dumps(arguments).decode()}
 
 
+def pdf_payloads(contents: list[Any]) -> list[str]:
+    """The base64 data of every PDF document among turns' contents, those inside tool results too."""
+    blocks = [block for content in contents if isinstance(content, list) for block in content]
+    blocks += [inner for block in blocks if block.get("type") == "tool_result"
+               and isinstance(block.get("content"), list) for inner in block["content"] if isinstance(inner, dict)]
+    return [str(block["source"]["data"]) for block in blocks if block.get("type") == "document"
+            and isinstance(block.get("source"), dict) and block["source"].get("type") == "base64"]
+
+
 def system_text(system: str | list[Block] | None) -> str | None:
     """The system prompt: a string, or its text blocks joined."""
     if system is None or isinstance(system, str):
