@@ -8,7 +8,8 @@ plain dict (it is stored, exported and sent as JSON as it is):
   or ``{"type": "input_file", "file": ref}``; ``ref`` names stored bytes
   (``{"sha256", "media_type", "bytes"}``, plus ``"url"`` for an image kept as its https URL,
   ``"detail"`` and ``"name"`` (a file's own name, never its directories) where given; a stored image adds its ``"width"`` and ``"height"``,
-  read from its header, and an image kept as its URL has only ``"url"`` and ``"detail"``).
+  read from its header, a stored PDF its ``"pages"`` as counted at admission, and an image kept as
+  its URL has only ``"url"`` and ``"detail"``).
   An assistant message's content is its text.
 - ``{"type": "function_call", "call_id": str, "name": str, "arguments": str}`` (arguments: JSON text);
   a call of a tool the client runs that is not a plain function (a custom tool, a shell form, a
@@ -54,7 +55,8 @@ INPUT_LINE_TYPES = frozenset({"user", "system", "feedback", "function_call_outpu
 INPUT_ITEM_TYPES = frozenset({"message", "function_call_output"})
 OUTPUT_ITEM_TYPES = frozenset({"message", "function_call", "reasoning"})
 PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
-REF_KEYS = ("sha256", "url", "media_type", "bytes", "width", "height", "detail", "name")
+REF_KEYS = ("sha256", "url", "media_type", "bytes", "width", "height", "detail", "name", "pages")
+MEDIA_PART_TYPES = ("input_image", "input_file")
 
 
 def message(role: str, content: str | list[dict[str, Any]]) -> Item:
@@ -184,6 +186,12 @@ def image_parts(items: Any) -> list[dict[str, Any]]:
     """The stored `input_image` parts of a list of items, in order."""
     return [part for item in items if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
             for part in item["content"] if isinstance(part, dict) and part.get("type") == "input_image"]
+
+
+def media_parts(items: Any) -> list[dict[str, Any]]:
+    """The stored `input_image` and `input_file` parts of a list of items, in order."""
+    return [part for item in items if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
+            for part in item["content"] if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES]
 
 
 def part_text(content: str | list[dict[str, Any]]) -> str:

@@ -96,6 +96,8 @@ class ModelSettings(BaseModel):
     """Whether the model follows a JSON schema; unset: litellm's model list says."""
     supports_vision: bool | None = None
     """Whether the model sees images; unset: litellm's model list says."""
+    supports_pdf_input: bool | None = None
+    """Whether the model reads PDF documents (sent as file parts); unset: litellm's model list says."""
     supports_function_calling: bool | None = None
     """Whether the model calls tools; unset: litellm's model list says."""
     supports_web_search: bool | None = None
@@ -243,7 +245,7 @@ class Settings(BaseSettings):
     files_budget_share: float = Field(default=0.5, gt=0, le=1)
     """Share of a turn's history budget that attached files may take."""
     max_image_bytes: int = Field(default=20 * 1024 * 1024, gt=0)  # one image of a request, stored once by hash
-    """Bytes of one image of a request at most; more is refused with `image_too_large`."""
+    """Bytes of one image or PDF of a request at most; more is refused with `image_too_large`."""
     max_fork_depth: int = Field(default=32, gt=0)
     """Forks of forks a conversation may sit under."""
     pending_match_window: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT)

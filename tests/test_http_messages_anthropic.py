@@ -1,6 +1,7 @@
 """What the Messages door passes on to models called through Anthropic's API and to no other:
-the client's `anthropic-beta` header and its `cache_control` breakpoints. The provider is the cache emulator, which answers both
-Anthropic's Messages shape and chat completions, reached through real litellm; the client is
+the client's `anthropic-beta` header and its `cache_control` breakpoints; a PDF document arrives
+there as a document block. The provider is the cache emulator, which answers both Anthropic's
+Messages shape and chat completions, reached through real litellm; the client is
 the official `anthropic` SDK."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.conftest import HttpDaemon, running_http_daemon
 from tests.image_bytes import png
 from tests.stored import stored_response, stored_snapshot
 from tests.test_http_messages import conversations, sdk
+from tests.test_http_messages_documents import PDF_DATA
 
 pytestmark = pytest.mark.backends
 
@@ -145,3 +147,20 @@ async def test_a_cache_control_of_no_known_kind_is_refused_and_nothing_is_writte
     assert "cache_control" in body["error"]["message"]
     assert emulator.anthropic_requests == [] and await conversations(http) == {}
     assert await stored_snapshot(http.daemon.settings) == before
+
+
+async def test_a_pdf_reaches_anthropic_as_a_document_block_on_its_turn_and_the_next(
+        http: HttpDaemon, emulator: CacheEmulator) -> None:
+    pdf = {"type": "document", "title": "report.pdf",
+           "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_DATA}}
+    asked: Any = [{"role": "user", "content": [pdf, {"type": "text", "text": "what is this"}]}]
+    async with sdk(http) as client:
+        reply = await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20, messages=asked)
+        asked += [{"role": "assistant", "content": reply.content[0].text},  # type: ignore[union-attr]
+                  {"role": "user", "content": "and?"}]
+        await client.messages.create(model=ANTHROPIC_MODEL, max_tokens=20, messages=asked)
+    for sent in emulator.anthropic_requests:
+        documents = [block for block in sent["messages"][0]["content"] if block["type"] == "document"]
+        assert [document["source"] for document in documents] == [
+            {"type": "base64", "media_type": "application/pdf", "data": PDF_DATA}]
+    assert list((await conversations(http)).values()) == [2]

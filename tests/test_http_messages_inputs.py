@@ -58,9 +58,9 @@ REFUSED: list[tuple[str, dict[str, Any], int, str, str]] = [
      400, "unsupported_parameter", "tools.0.type"),
     ("a prefilled answer", {"model": MODEL, "max_tokens": 10, "messages": [
         *ASK, {"role": "assistant", "content": "Sure,"}]}, 400, "unsupported_parameter", "messages.1.role"),
-    ("a document", {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": [
-        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]},
-     400, "unsupported_parameter", "messages.0.content.0.type"),
+    ("a document of the Files API", {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "file", "file_id": "file_011"}}]}]},
+     400, "unsupported_parameter", "messages.0.content.0.source.type"),
     ("too many stop sequences", {"model": MODEL, "max_tokens": 10, "messages": ASK,
                                  "stop_sequences": ["a", "b", "c", "d", "e"]},
      400, "validation_error", "stop_sequences"),

@@ -1,11 +1,12 @@
 """Tool exchanges through the Messages door with the official `anthropic` SDK, on both storage
-backends: the model's tool_use blocks, the client's tool_result blocks (is_error, content lists)
-in a resent history, the final answer; and one conversation carried from /v1/messages through
-/v1/responses and back, to an OpenAI-style and an Anthropic-style provider, every call paired
+backends: the model's tool_use blocks, the client's tool_result blocks (is_error, content lists,
+an image inside one) in a resent history, the final answer; and one conversation carried from
+/v1/messages through /v1/responses and back, to an OpenAI-style and an Anthropic-style provider, every call paired
 with its result at the provider."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
+from tests.image_bytes import png
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_http_messages import MODEL, conversations, sdk
 
@@ -141,3 +143,28 @@ async def test_thinking_reaches_a_model_called_through_anthropic(
         model="anthropic/stub-claude", max_tokens=2000, thinking=thinking, messages=[{"role": "user", "content": "hi"}])
     assert "x-ksi-unsent" not in raw.headers
     assert stub.anthropic_requests[-1]["thinking"] == thinking
+
+
+async def test_an_image_in_a_tool_result_reaches_the_model_in_the_users_message_and_again_on_the_next_turn(
+        http: HttpDaemon, client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    """Claude Code's Read tool returns an image it read as an image block inside the tool_result."""
+    data = base64.b64encode(png(16, 16)).decode()
+    read = {"name": "read", "description": "read a file",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+    stub.enqueue(Reply(calls=[{"id": "toolu_r", "name": "read", "arguments": {"path": "shot.png"}}]))
+    ask: Any = {"role": "user", "content": "What is in shot.png?"}
+    first = await client.messages.create(model=MODEL, max_tokens=100, tools=[read], messages=[ask])
+    result: Any = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_r", "content": [
+        {"type": "text", "text": "shot.png, 16x16"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}
+    history: Any = [ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, result]
+    stub.enqueue("A grey square.", "You are welcome.")
+    await client.messages.create(model=MODEL, max_tokens=100, tools=[read], messages=history)
+    shown = [("tool", "toolu_r", "shot.png, 16x16\n[1 attachment of this result: in the user's message]"),
+             ("user", [{"type": "text", "text": "[attachments of the result of toolu_r]"},
+                       {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}])]
+    assert sent(stub)[2:] == shown
+    history += [{"role": "assistant", "content": "A grey square."}, {"role": "user", "content": "thanks"}]
+    await client.messages.create(model=MODEL, max_tokens=100, tools=[read], messages=history)
+    assert sent(stub)[2:] == [*shown, ("assistant", "A grey square."), ("user", "thanks")]
+    assert list((await conversations(http)).values()) == [3]

@@ -59,6 +59,12 @@ async def test_image_parts_reach_a_vision_model_and_come_back_from_storage(short
     ("openai/stub-vision", {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 8000},
      ErrorCode.IMAGE_TOO_LARGE, None),
     ("openai/stub-vision", {"type": "input_file", "file_data": "abc"}, ErrorCode.UNSUPPORTED_PARAMETER, None),
+    ("openai/stub-vision", {"type": "input_file", "file_data": "data:application/pdf;base64,@@@@"},
+     ErrorCode.VALIDATION_ERROR, "input.0.content.1.file_data"),
+    ("openai/stub-vision", {"type": "input_file", "file_data": "data:application/pdf;base64,aGVsbG8="},
+     ErrorCode.VALIDATION_ERROR, "input.0.content.1.file_data"),  # "hello": not a PDF
+    ("openai/stub-vision", {"type": "input_file", "file_data": "data:application/pdf;base64," + "A" * 8000},
+     ErrorCode.IMAGE_TOO_LARGE, "input.0.content.1.file_data"),
 ])
 async def test_refused_image_parts_write_nothing(short_tmp: Path, stub: Any, model: str, part: dict[str, Any],
                                                  code: str, field: str | None) -> None:

@@ -220,7 +220,7 @@ async def test_a_damaged_image_is_sent_as_a_note_and_a_later_turn_replays_withou
     async with images_on(short_tmp, roots, backend) as (images, storage):
         history = [Exchange(input=[message("user", [{"type": "input_text", "text": "look"}, stored])],
                             output=[message("assistant", "a square")])]
-        replayed = await images.replay(history, vision=True)
+        replayed = await images.replay(history, frozenset({"input_image"}))
         assert replayed[0].chat_messages()[0]["content"] == [
             {"type": "text", "text": "look"},
             {"type": "text", "text": f"[image sha256:{digest[:12]}] (its stored bytes are missing)"}]
@@ -267,7 +267,7 @@ async def test_only_the_file_name_of_a_path_is_kept(short_tmp: Path, roots: Path
         assert stored["image"]["name"] == "holiday.jpg"
         history = [Exchange(input=[message("user", [{"type": "input_text", "text": "see"}, stored])],
                             output=[message("assistant", "ok")])]
-        note = (await images.replay(history, vision=False))[0].chat_messages()[0]["content"]
+        note = (await images.replay(history, frozenset()))[0].chat_messages()[0]["content"]
         assert note == "see [image holiday.jpg]" and str(roots) not in note
 
 

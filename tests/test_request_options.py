@@ -103,13 +103,14 @@ async def test_malformed_sampling_options_are_validation_errors(
 
 async def test_abilities_come_from_the_settings_then_from_litellm(short_tmp: Path) -> None:
     provider = LiteLLMProvider(make_settings(short_tmp, models={
-        "openai/local-*": {"supports_response_schema": True, "supports_vision": False},
+        "openai/local-*": {"supports_response_schema": True, "supports_vision": False, "supports_pdf_input": False},
         "gpt-4o-mini": {"supports_response_schema": False}}))
     # litellm's model list knows gpt-4o; a declaration overrides it, key by key
-    assert await provider.abilities("gpt-4o") == ModelAbilities(True, function_calling=True, vision=True)
+    assert await provider.abilities("gpt-4o") == ModelAbilities(True, function_calling=True, vision=True,
+                                                                pdf_input=True)
     assert (await provider.abilities("gpt-4o-mini")).response_schema is False
     assert (await provider.abilities("gpt-4o-mini")).function_calling is True
-    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True, vision=False)
+    assert await provider.abilities("openai/local-qwen") == ModelAbilities(True, vision=False, pdf_input=False)
     assert await provider.abilities("openai/nobody-knows") == ModelAbilities(None)
 
 

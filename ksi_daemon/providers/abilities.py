@@ -13,9 +13,9 @@ from ksi_daemon.providers.options import KEPT_OPTIONS, asks_for_schema
 
 
 def refuse_unable(model: str, abilities: ModelAbilities, options: Mapping[str, Any], tools: bool,
-                  image_fields: Sequence[str]) -> None:
-    """Raise for the first of `options`, tools and images that `model` is known not to take; what
-    nobody knows it cannot take is passed on (the provider's own refusal then comes back)."""
+                  image_fields: Sequence[str], pdf_fields: Sequence[str] = ()) -> None:
+    """Raise for the first of `options`, tools, images and PDFs that `model` is known not to take;
+    what nobody knows it cannot take is passed on (the provider's own refusal then comes back)."""
     sent = [name for name in options if name not in KEPT_OPTIONS]  # kept ones are kept whoever answers
     if sent and not abilities.options:
         _refuse(model, abilities, f"takes no request options ({', '.join(sorted(sent))})",
@@ -34,6 +34,9 @@ def refuse_unable(model: str, abilities: ModelAbilities, options: Mapping[str, A
     if image_fields and abilities.vision is False:
         _refuse(model, abilities, "does not take images; use a vision model",
                 {name: "this model does not take images" for name in image_fields}, "supports_vision")
+    if pdf_fields and abilities.pdf_input is False:
+        _refuse(model, abilities, "does not read PDF documents; send their text, or use a model that reads PDFs",
+                {name: "this model does not read PDFs" for name in pdf_fields}, "supports_pdf_input")
 
 
 def _refuse(model: str, abilities: ModelAbilities, what: str, fields: dict[str, str],

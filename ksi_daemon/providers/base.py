@@ -89,6 +89,7 @@ class ModelAbilities:
     response_schema: bool | None = None
     function_calling: bool | None = None
     vision: bool | None = None
+    pdf_input: bool | None = None  # takes a PDF as a file part (litellm's supports_pdf_input)
     web_search: bool | None = None  # searches the web itself (litellm's web_search_options)
     options: bool = True  # takes request options at all (a CLI keeps its own sampling)
     # what the provider is, when that (not the model) is why it cannot ("runs the claude CLI", "is a

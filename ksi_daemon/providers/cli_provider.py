@@ -41,8 +41,8 @@ class CLISessionProvider:
 
     async def abilities(self, model: str) -> ModelAbilities:
         # the CLI is sent text alone, keeps its own sampling and runs its own tools, if any
-        return ModelAbilities(response_schema=False, function_calling=False, vision=False, options=False,
-                              because=f"runs the {self.program} CLI")
+        return ModelAbilities(response_schema=False, function_calling=False, vision=False, pdf_input=False,
+                              options=False, because=f"runs the {self.program} CLI")
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
         return await self.calls.complete(call)

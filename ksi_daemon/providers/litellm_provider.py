@@ -320,7 +320,8 @@ class LiteLLMProvider:
                     info = {}
             known = ModelAbilities(response_schema=info.get("supports_response_schema"),
                                    function_calling=info.get("supports_function_calling"),
-                                   vision=info.get("supports_vision"), web_search=info.get("supports_web_search"))
+                                   vision=info.get("supports_vision"), web_search=info.get("supports_web_search"),
+                                   pdf_input=info.get("supports_pdf_input"))
             self._abilities[model] = known
             while len(self._abilities) > ABILITIES_KEPT:
                 self._abilities.popitem(last=False)
@@ -330,6 +331,7 @@ class LiteLLMProvider:
             response_schema=_first_known(declared.supports_response_schema, known.response_schema),
             function_calling=_first_known(declared.supports_function_calling, known.function_calling),
             vision=_first_known(declared.supports_vision, known.vision),
+            pdf_input=_first_known(declared.supports_pdf_input, known.pdf_input),
             web_search=_first_known(declared.supports_web_search, known.web_search))
 
     def output_reserve(self, model: str, max_tokens: int | None) -> int:

@@ -241,7 +241,7 @@ class Admission:
         if data.files:  # refused files fail the ack before any conversation is written
             files, images = await self.images.split_files(data.files)  # images are read here, once
             data = data.model_copy(update={"files": await self.attachments.check(files)})
-        for where, part in data.image_parts():  # an https URL is kept as it is, never fetched
+        for where, part in data.media_parts():  # an https URL is kept as it is, never fetched
             images.append(await self.images.check(part, where))
         agent = await self.agents.defaults(data.agent_id) if data.agent_id else None
         chosen = data.model or (INLINE_CONSORTIUM if data.consortium else None) or (agent.model if agent else None)
@@ -300,7 +300,8 @@ class Admission:
         options = data.provider_options()
         if options or data.tools or images:  # abilities are looked up only when something asks for one
             refuse_unable(model, await self.answerers.abilities(model), options, bool(data.tools),
-                          [image.field for image in images])
+                          [image.field for image in images if image.kind == "input_image"],
+                          [image.field for image in images if image.kind == "input_file"])
 
     def _check_options(self, model: str, data: CompletionAsync) -> None:
         check_options(model, data.options, self.settings.model_settings(model).allow_options)
@@ -353,7 +354,7 @@ class Admission:
         if data.files:  # read again at admission: a refused file or image must not leave a history written
             files, images = await self.images.split_files(data.files)
             await self.attachments.check(files)
-        images += [await self.images.check(part, field) for field, part in data.image_parts()]
+        images += [await self.images.check(part, field) for field, part in data.media_parts()]
         await self._check_model_options(model, data, images)
         self._check_options(model, data)
 

@@ -87,7 +87,8 @@ class ClientTurns:
                    for inputs, outputs in self.exchanges for item in (*inputs, *outputs))
 
     def has_images(self) -> bool:
-        return any(items.image_parts(inputs) for inputs, _outputs in self.exchanges)
+        """Whether an input holds an image or a PDF (stored bytes a client's history only names)."""
+        return any(items.media_parts(inputs) for inputs, _outputs in self.exchanges)
 
     def messages(self) -> list[dict[str, Any]]:
         """The history as chat messages: its tool calls and their outputs as the provider takes them."""
@@ -421,9 +422,9 @@ class ClientHistory:
                       new_id: str | None = None, linked: Match | None = None) -> str:
         if turns.has_images():
             raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                           "history: a history holding images is matched to a stored conversation but cannot be "
-                           "imported as a new one (its image bytes are not stored here)",
-                           fields={"history": "images are not imported"})
+                           "history: a history holding images or PDFs is matched to a stored conversation but "
+                           "cannot be imported as a new one (their bytes are not stored here)",
+                           fields={"history": "images and PDFs are not imported"})
         document: dict[str, Any] = {
             "format": "ksi.conversation", "v": 1,
             "conversation": {"system": turns.system},

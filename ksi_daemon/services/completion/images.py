@@ -1,4 +1,5 @@
-"""Image parts of requests: taken in once, stored by content hash, sent to vision models.
+"""Image parts of requests: taken in once, stored by content hash, sent to vision models; PDF parts
+(see documents.py) take the same path: stored by hash, rebuilt from the blob store for every turn.
 
 A client's part names its image by an https URL (kept as the URL: the provider fetches it, the
 daemon never does), a `data:` URL (decoded and stored) or a path inside `KSI_ALLOWED_FILE_ROOTS`
@@ -26,7 +27,9 @@ from urllib.parse import urlsplit
 import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_common.items import image_parts, part_text
+from ksi_common.items import MEDIA_PART_TYPES, file_name, media_parts, part_text
+from ksi_common.pdf_pages import page_count, pdf_tokens
+from ksi_daemon.services.completion import documents
 from ksi_daemon.services.completion.file_roots import FileRoots
 from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
 from ksi_daemon.services.conversations.image_tokens import image_tokens
@@ -54,6 +57,8 @@ class CheckedImage:
     data: bytes | None = None
     facts: ImageFacts | None = None
     name: str | None = None  # the file's name (never its directories), for people reading the record
+    kind: str = "input_image"  # or input_file: a PDF, whose facts are its pages
+    pages: int | None = None
 
 
 class Images:
@@ -73,6 +78,14 @@ class Images:
 
     async def check(self, part: Mapping[str, Any], field: str = "image") -> CheckedImage:
         """Every check of a client's part, its bytes read (a path's in a worker thread); nothing written."""
+        if part.get("type") == "input_file":
+            if not documents.is_pdf_part(part):
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{field}: a file part other than a PDF as a base64 "
+                               "data URL in file_data; give other files' paths in files",
+                               fields={field: "only a PDF in file_data"})
+            data = documents.pdf_bytes(part, field, self.max_bytes)
+            name = file_name(part.get("filename"))
+            return CheckedImage(field, None, data=data, name=name, kind="input_file", pages=page_count(data))
         if part.get("type") != "input_image":
             raise _invalid(field, "type", "an image part has type input_image")
         if "file_id" in part:
@@ -102,7 +115,13 @@ class Images:
         return CheckedImage(field, detail, url=value)
 
     async def store(self, checked: CheckedImage) -> dict[str, Any]:
-        """The stored part of a checked image: its bytes put in the blob store (once per content)."""
+        """The stored part of a checked image or PDF: its bytes put in the blob store (once per content)."""
+        if checked.kind == "input_file" and checked.data is not None:
+            stored = await self.blobs.put(checked.data, documents.PDF)
+            ref = {**stored.to_record(), "pages": checked.pages}
+            if checked.name is not None:
+                ref["name"] = checked.name
+            return {"type": "input_file", "file": ref}
         if checked.data is None or checked.facts is None:
             ref: dict[str, Any] = {"url": checked.url}
         else:
@@ -225,7 +244,10 @@ class Images:
     async def chat_part(self, part: Mapping[str, Any]) -> dict[str, Any]:
         """A stored part as a chat message's `image_url` part: its URL, or its bytes as a data URL;
         an image whose bytes are missing or damaged becomes the note a model without vision gets
-        (a text part), so one lost blob does not fail every later turn of its conversation."""
+        (a text part), so one lost blob does not fail every later turn of its conversation. A PDF
+        becomes litellm's `file` part (which it sends to Anthropic as a document block)."""
+        if part.get("type") == "input_file":
+            return await self._file_part(part)
         ref = part.get("image") or {}
         image: dict[str, Any]
         if ref.get("url"):
@@ -243,6 +265,20 @@ class Images:
             image["detail"] = str(ref["detail"])
         return {"type": "image_url", "image_url": image}
 
+    async def _file_part(self, part: Mapping[str, Any]) -> dict[str, Any]:
+        ref = part.get("file") or {}
+        sha256 = str(ref.get("sha256") or "")
+        url = self.data_urls.get(sha256)
+        if url is None:
+            url = await self._data_url(sha256, documents.PDF)
+            if url is None:
+                return {"type": "text", "text": f"{part_text([dict(part)])} (its stored bytes are missing)"}
+            self.data_urls.put(sha256, url)
+        file: dict[str, Any] = {"file_data": url}
+        if ref.get("name"):
+            file["filename"] = str(ref["name"])
+        return {"type": "file", "file": file}
+
     async def _data_url(self, sha256: str, claimed: str) -> str | None:
         """The blob as a data URL; None when missing or damaged. The store checks the bytes against
         their hash off the event loop, and they are encoded in a worker thread: megabytes of hashing
@@ -257,11 +293,12 @@ class Images:
             return None
         return await asyncio.to_thread(_encoded, data, claimed)
 
-    async def with_images(self, items: Sequence[Mapping[str, Any]], messages: list[dict[str, Any]]
-                          ) -> list[dict[str, Any]]:
-        """Chat messages of `items` (one exchange's input) with its stored images sent as image parts:
-        the last user message becomes its text parts then the images, rebuilt from storage."""
-        parts = image_parts(items)
+    async def with_images(self, items: Sequence[Mapping[str, Any]], messages: list[dict[str, Any]],
+                          kinds: frozenset[str] = frozenset(MEDIA_PART_TYPES)) -> list[dict[str, Any]]:
+        """Chat messages of `items` (one exchange's input) with its stored images and PDFs of `kinds`
+        sent as parts: the last user message becomes its text parts then those, rebuilt from storage
+        (a part of another kind stays its label in the text)."""
+        parts = [part for part in media_parts(items) if part.get("type") in kinds]
         if not parts:
             return messages
         out = list(messages)
@@ -273,18 +310,25 @@ class Images:
                 break
         return out
 
-    async def replay(self, exchanges: Sequence[Exchange], vision: bool | None) -> list[Exchange]:
-        """History as a turn sends it: each exchange's stored images rebuilt from storage. A model
-        known not to see images keeps the text, which names each image (`[image NAME]`)."""
-        if vision is False:
+    async def replay(self, exchanges: Sequence[Exchange], kinds: frozenset[str]) -> list[Exchange]:
+        """History as a turn sends it: each exchange's stored images and PDFs of `kinds` (those the
+        model takes) rebuilt from storage. Others stay the text, which names each (`[image NAME]`)."""
+        if not kinds:
             return list(exchanges)
         out: list[Exchange] = []
         for exchange in exchanges:
-            if not image_parts(exchange.input) or not exchange.input:
+            if not any(part.get("type") in kinds for part in media_parts(exchange.input)):
                 out.append(exchange)
                 continue
-            out.append(exchange.sent_as(await self.with_images(exchange.input, exchange.chat_messages())))
+            out.append(exchange.sent_as(await self.with_images(exchange.input, exchange.chat_messages(), kinds)))
         return out
+
+    @classmethod
+    def part_tokens(cls, part: Mapping[str, Any], model: str) -> int:
+        """The prompt tokens of a stored image or PDF part for `model`."""
+        if part.get("type") == "input_file":
+            return pdf_tokens(part.get("file") or {})
+        return cls.tokens(part.get("image") or {}, model)
 
     @staticmethod
     def tokens(ref: Mapping[str, Any], model: str) -> int:

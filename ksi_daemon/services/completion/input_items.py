@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message, with_client_form
+from ksi_daemon.services.completion.documents import is_pdf_part
 from ksi_daemon.events import NonBlank, Text
 from ksi_daemon.services.conversations.client_items import TOOL_NAME
 
@@ -99,25 +100,26 @@ def items_of(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[Item]:
 
 
 def resolve_parts(content: str | list[Any], where: str) -> str:
-    """A message's text as the exchange keeps it: its text parts joined. Its image parts are read
-    and stored at admission (`image_parts`), kept with the message's line by reference; file
-    parts are refused by name (send a file's path in `files`)."""
+    """A message's text as the exchange keeps it: its text parts joined. Its image parts and PDF
+    parts are read and stored at admission (`media_parts`), kept with the message's line by
+    reference; other file parts are refused by name (send a file's path in `files`)."""
     if isinstance(content, str):
         return content
-    refused = {f"{where}.{n}": "file parts are not supported; give the path in files"
-               for n, part in enumerate(content) if isinstance(part, InputFile)}
+    refused = {f"{where}.{n}": "only a PDF as a base64 data URL in file_data; give other files' paths in files"
+               for n, part in enumerate(content) if isinstance(part, InputFile) and not is_pdf_part(part.model_dump())}
     if refused:
         raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
-                       f"{', '.join(refused)}: file parts are not supported; give the file's path in files",
+                       f"{', '.join(refused)}: file parts other than a PDF (file_data: "
+                       "data:application/pdf;base64,...) are not supported; give the file's path in files",
                        fields=refused)
     return "\n".join(part.text for part in content if isinstance(part, InputText))
 
 
-def image_parts(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[tuple[str, dict[str, Any]]]:
-    """The image parts of the input's messages, each with the field that names it."""
+def media_parts(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[tuple[str, dict[str, Any]]]:
+    """The image and PDF parts of the input's messages, each with the field that names it."""
     return [(f"input.{position}.content.{n}", part.model_dump())
             for position, item in enumerate(inputs) if isinstance(item, MessageItem) and isinstance(item.content, list)
-            for n, part in enumerate(item.content) if isinstance(part, InputImage)]
+            for n, part in enumerate(item.content) if isinstance(part, InputImage | InputFile)]
 
 
 class FunctionTool(_Shape):

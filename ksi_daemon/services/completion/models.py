@@ -20,8 +20,8 @@ from ksi_daemon.services.completion.input_items import (
     checked_choice,
     checked_tools,
     client_tools,
-    image_parts,
     items_of,
+    media_parts,
 )
 
 # sampling fields a request may give at its top level; they reach the provider as options do
@@ -177,9 +177,9 @@ class CompletionAsync(EventData):
             return [message("user", self.prompt)]
         return [message(m.role, m.content) for m in self.messages or []]
 
-    def image_parts(self) -> list[tuple[str, dict[str, Any]]]:
-        """The image parts of `input` with the field naming each (read and stored at admission)."""
-        return image_parts(self.input) if self.input is not None else []
+    def media_parts(self) -> list[tuple[str, dict[str, Any]]]:
+        """The image and PDF parts of `input` with the field naming each (read and stored at admission)."""
+        return media_parts(self.input) if self.input is not None else []
 
     def provider_options(self) -> dict[str, Any]:
         """`options` with the sampling fields given at the top level."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ksi_common.items import Item, image_parts
+from ksi_common.items import Item, media_parts
 from ksi_common.settings import Settings
 from ksi_daemon.providers.base import ProviderCall
 from ksi_daemon.providers.tool_calls import input_messages
@@ -168,18 +168,21 @@ class TurnPreparation:
         instructions = state.request.instructions
         new_items = records.new_items(inputs)
         tokens = items_tokens(new_items, self.facts.count_tokens, MESSAGE_OVERHEAD)
-        tokens += sum(self.images.tokens(part["image"], state.model) for part in state.images)
+        tokens += sum(self.images.part_tokens(part, state.model) for part in state.images)
         return TurnInput(inputs, new_items, tokens, new_system, system,
                          instructions if instructions is not None else system)
 
     async def _messages(self, state: RequestState, turn: TurnInput, plan: TurnPlan[Attached], budget: TurnBudget
                         ) -> tuple[list[dict[str, Any]], OwnHistory | None]:
-        """The provider's messages: the plan's history (its images sent again from storage) and the
-        new input with the files block, or the client's own history when it sent one that fits."""
+        """The provider's messages: the plan's history (its images and PDFs sent again from storage)
+        and the new input with the files block, or the client's own history when it sent one that fits."""
         history = plan.history
-        if any(image_parts(exchange.input) for exchange in history.exchanges):
-            vision = (await self.answerers.abilities(state.model)).vision
-            history.exchanges = await self.images.replay(history.exchanges, vision)
+        if any(media_parts(exchange.input) for exchange in history.exchanges):
+            abilities = await self.answerers.abilities(state.model)
+            # a model known not to take a kind (the conversation moved to it) gets those parts' labels
+            able = {"input_image": abilities.vision, "input_file": abilities.pdf_input}
+            kinds = frozenset(kind for kind, known in able.items() if known is not False)
+            history.exchanges = await self.images.replay(history.exchanges, kinds)
         tool_turns.check_called_in_history(history, turn.new_items, state.model)
         new_messages = await self.images.with_images(turn.new_items, plan.files.prepend(input_messages(turn.new_items)))
         own = own_history(state.request, budget.history - plan.files.tokens, self.facts.count_tokens)

@@ -166,7 +166,8 @@ class ConsortiumService:
     async def abilities(self, model: str) -> ModelAbilities:
         # no member's tool call reaches the client, and traces, member files and the arbiter's
         # prompt hold text only; options go to every member as they are
-        return ModelAbilities(function_calling=False, vision=False, because="is a consortium, whose members answer")
+        return ModelAbilities(function_calling=False, vision=False, pdf_input=False,
+                              because="is a consortium, whose members answer")
 
     async def complete(self, call: ProviderCall) -> ProviderReply:
         """Run the consortium on the conversation's rebuilt messages and return its one answer."""

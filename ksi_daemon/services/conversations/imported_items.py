@@ -76,11 +76,12 @@ def _ref(ref: Any, where: str) -> dict[str, Any]:
         name = items.file_name(checked.pop("name"))
         if name:
             checked["name"] = name
-    for key in ("width", "height"):  # an image's size in pixels: what its prompt tokens are counted by
+    # an image's size in pixels, a PDF's pages: what their prompt tokens are counted by
+    for key in ("width", "height", "pages"):
         value = ref.get(key)
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise _invalid(f"{where}.{key}", "must be the size in pixels, a whole number from 1")
+                raise _invalid(f"{where}.{key}", "must be a whole number from 1")
             checked[key] = value
     size = ref.get("bytes")
     if size is not None:
@@ -225,9 +226,10 @@ def _exchange_items(exchange: ImportedExchange, where: str, calls: _Calls) -> Ex
     for k, item in enumerate(found.input):
         content = item.get("content")
         for position, part in enumerate(content if isinstance(content, list) else ()):
-            sha256 = (part.get("image") or {}).get("sha256") if part.get("type") == "input_image" else None
-            if sha256 is not None and not (part.get("image") or {}).get("url"):
-                found.stored_images.append((f"data.{side}.{k}.content.{position}.image.sha256", sha256))
+            key = "image" if part.get("type") == "input_image" else "file"  # a file's bytes must be stored too
+            ref = part.get(key) or {}
+            if ref.get("sha256") is not None and not ref.get("url"):
+                found.stored_images.append((f"data.{side}.{k}.content.{position}.{key}.sha256", ref["sha256"]))
     if exchange.output is not None:
         found.output = [_output_item(item, f"{where}.output.{k}", calls) for k, item in enumerate(exchange.output)]
         if not found.output and exchange.reply is not None:

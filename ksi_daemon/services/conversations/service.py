@@ -412,14 +412,15 @@ class ConversationService:
                 "conversation": self._summary(meta)}
 
     async def _check_stored(self, stored_images: list[tuple[str, str]]) -> None:
-        """Every image the kept exchanges name by hash is in this daemon's blob store: an export
+        """Every image (or PDF) the kept exchanges name by hash is in this daemon's blob store: an export
         from another machine names bytes that never came with it, and a later turn could not send them."""
         for where, sha256 in stored_images:
             if not await self.blobs.has(sha256):
+                what = "file" if ".file." in where else "image"
                 raise KsiError(ErrorCode.IMAGE_NOT_STORED,
-                               f"the export cannot be imported: {where}: the image sha256:{sha256} is not stored "
+                               f"the export cannot be imported: {where}: the {what} sha256:{sha256} is not stored "
                                "here (an export carries references, not the bytes)",
-                               fields={where: "no stored image has this hash"}, sha256=sha256)
+                               fields={where: f"no stored {what} has this hash"}, sha256=sha256)
 
     def _imported(self, document: ImportedDocument, conversation_id: str, now: str, title: str | None
                   ) -> tuple[ConversationMeta, list[tuple[IndexEntry, list[dict[str, Any]]]], int,

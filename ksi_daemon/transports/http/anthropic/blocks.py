@@ -1,15 +1,26 @@
-"""Anthropic content blocks as KSI items: a user turn's `text` and `image` blocks are one user
-message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
+"""Anthropic content blocks as KSI items: a user turn's `text`, `image` and `document` blocks are one
+user message, its `tool_result` blocks `function_call_output` items; an assistant turn's `text` is an
 assistant message and each `tool_use` a `function_call` item. An assistant turn's `thinking` and
 `redacted_thinking` blocks are one reasoning item, the reasoning item the Responses door keeps: its
 text as the summary, its signed and redacted blocks as they came (`thinking_blocks`), so the client's
 own history replays them to the provider that signed them. Matching leaves reasoning out, as on every
-door. Blocks no exchange can hold (server tools' blocks, images inside a tool's result) are refused
-by name."""
+door. An image or document inside a `tool_result` (Claude Code's Read tool returns them) goes into
+the turn's user message, after a line naming the result it came from: a stored tool output is
+text, and chat providers take images and files in user messages only. Blocks no exchange can hold (server tools'
+blocks) are refused by name.
+
+A `document` holding a base64 PDF is a PDF part (stored by reference, as an image); one holding
+plain text is that text, headed by the document's title, so it reaches every model and replays as
+it came. A message holding images or PDFs keeps its text first, in one part, then those: the order
+the stored exchange keeps them in, so a resent history is recognised."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import base64
+import binascii
+import re
 
 import orjson
 
@@ -19,6 +30,7 @@ from ksi_common.items import Item, message
 Block = dict[str, Any]
 ERROR_MARK = "[tool error] "  # a tool_result with is_error: its output says so to every provider
 THINKING = frozenset({"thinking", "redacted_thinking"})
+BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SERVER_BLOCKS = "belongs to a server tool: KSI runs client tools only (the client runs each call)"
 
 
@@ -52,26 +64,88 @@ def image_part(block: Block, where: str) -> dict[str, Any]:
     raise invalid(f"{where}.source", "an image source: {type: base64, media_type, data} or {type: url, url}")
 
 
-def tool_output(block: Block, where: str) -> Item:
+def document_parts(block: Block, where: str) -> list[dict[str, Any]]:
+    """A document block as an `input_file` part (a base64 PDF, after its context as text, if any)
+    or an `input_text` part (plain text, its title and context heading it)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if not isinstance(source, dict) or kind is None:
+        raise invalid(f"{where}.source", "a document source: {type: base64, media_type: application/pdf, data} "
+                                         "or {type: text, media_type: text/plain, data}")
+    if kind in ("url", "file", "content"):
+        raise refused(f"{where}.source.type", f"a {kind} document source: send a PDF as base64, or plain text")
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled") is True:
+        raise refused(f"{where}.citations", "KSI answers with text blocks, without citations")
+    title, context = block.get("title"), block.get("context")
+    for name, value in (("title", title), ("context", context)):
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{where}.{name}", "must be text")
+    data = source.get("data")
+    if not isinstance(data, str):
+        raise invalid(f"{where}.source.data", "the document's data, as a string")
+    expected = {"base64": "application/pdf", "text": "text/plain"}.get(str(kind))
+    if expected is None:
+        raise invalid(f"{where}.source.type", "base64 (a PDF) or text")
+    if source.get("media_type", expected if kind == "text" else None) != expected:
+        raise invalid(f"{where}.source.media_type", f"a {kind} document source is {expected}")
+    if kind == "base64":
+        _check_pdf(data, f"{where}.source.data")
+    heading = f"[document{f' {title}' if title else ''}]"
+    note = f"\n{context}" if context else ""
+    if kind == "text":
+        return [{"type": "input_text", "text": f"{heading}{note}\n{data}"}]
+    part: dict[str, Any] = {"type": "input_file", "file_data": f"data:application/pdf;base64,{data}"}
+    if title:
+        part["filename"] = title  # the file's name in every transcript, and to the provider
+    # a PDF's context goes before it as text: the provider is sent no such field
+    return [{"type": "input_text", "text": f"{heading}{note}"}, part] if context else [part]
+
+
+def _check_pdf(data: str, where: str) -> None:
+    """Base64 that starts like a PDF, named by the block's own field (the daemon decodes and checks
+    it again, for every client; nothing is decoded whole here)."""
+    try:
+        head = base64.b64decode(data[:8], validate=True)
+    except (binascii.Error, ValueError):
+        head = b""
+    if len(data) % 4 or not BASE64.fullmatch(data):
+        raise invalid(where, "not valid base64")
+    if not head.startswith(b"%PDF-"):
+        raise invalid(where, "not a PDF (its bytes do not start with %PDF-)")
+
+
+def tool_output(block: Block, where: str) -> tuple[Item, list[dict[str, Any]]]:
     """A tool_result block as a function_call_output item: its text (a list of text blocks joined),
-    marked when the client says the tool failed."""
+    marked when the client says the tool failed; and its images and documents, as the user
+    message's parts (the output says they are there)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{where}.tool_use_id", "the id of the tool_use this result answers")
     content = block.get("content", "")
+    attached: list[dict[str, Any]] = []
     if isinstance(content, list):
         texts = []
         for position, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text":
-                raise refused(f"{where}.content.{position}.type",
-                              f"a {kind} block in a tool result: a tool's output is kept as text")
-            texts.append(_text(part, f"{where}.content.{position}"))
+            at = f"{where}.content.{position}"
+            if kind == "image":
+                attached.append(image_part(part, at))
+            elif kind == "document":
+                attached.extend(document_parts(part, at))
+            elif kind == "text":
+                texts.append(_text(part, at))
+            else:
+                raise refused(f"{at}.type", f"a {kind} block in a tool result: a tool's output is kept as text, "
+                                            "images and documents")
+        if attached:
+            texts.append(f"[{len(attached)} attachment{'s' if len(attached) > 1 else ''} of this result: "
+                         "in the user's message]")
         content = "\n".join(texts)
     elif not isinstance(content, str):
-        raise invalid(f"{where}.content", "a string or a list of text blocks")
+        raise invalid(f"{where}.content", "a string or a list of text, image and document blocks")
     output = f"{ERROR_MARK}{content}" if block.get("is_error") is True else content
-    return {"type": "function_call_output", "call_id": call_id, "output": output}
+    return {"type": "function_call_output", "call_id": call_id, "output": output}, attached
 
 
 def user_items(content: str | list[Block], where: str) -> list[Item]:
@@ -89,21 +163,27 @@ def user_items(content: str | list[Block], where: str) -> list[Item]:
         elif kind == "image":
             parts.append(image_part(block, at))
         elif kind == "tool_result":
-            outputs.append(tool_output(block, at))
+            output, attached = tool_output(block, at)
+            outputs.append(output)
+            if attached:  # after a line naming the call whose result they are
+                parts += [{"type": "input_text", "text": f"[attachments of the result of {output['call_id']}]"},
+                          *attached]
         elif kind == "document":
-            raise refused(f"{at}.type", "a document block: KSI sends text and images; send a document's text")
+            parts.extend(document_parts(block, at))
         elif kind in ("search_result", "container_upload") or str(kind).endswith("_tool_result"):
             raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
         else:
-            raise invalid(f"{at}.type", f"a user turn holds text, image and tool_result blocks, not {kind!r}")
+            raise invalid(f"{at}.type", f"a user turn holds text, image, document and tool_result blocks, not {kind!r}")
     if not parts:
         return outputs
-    if all(part["type"] == "input_text" for part in parts):
-        said = message("user", "\n\n".join(part["text"] for part in parts))
-    else:
-        said = message("user", parts)
-    marker = next((block["cache_control"] for block in reversed(content)
-                   if block.get("type") in ("text", "image") and block.get("cache_control") is not None), None)
+    texts = [part["text"] for part in parts if part["type"] == "input_text"]
+    if len(texts) == len(parts):
+        said = message("user", "\n\n".join(texts))
+    else:  # its text then its images and PDFs: as the exchange stores them (see the module's docstring)
+        said = message("user", [*([{"type": "input_text", "text": "\n".join(texts)}] if texts else []),
+                                *(part for part in parts if part["type"] != "input_text")])
+    marker = next((block["cache_control"] for block in reversed(content) if block.get("type") in
+                   ("text", "image", "document") and block.get("cache_control") is not None), None)
     if marker is not None:  # the blocks become one message: the client's breakpoint goes at its end
         said["cache_control"] = marker
     return [*outputs, said]
@@ -165,6 +245,15 @@ def _call(block: Block, where: str) -> Item:
     if not isinstance(arguments, dict):
         raise invalid(f"{where}.input", "a tool's input is an object")
     return {"type": "function_call", "call_id": call_id, "name": name, "arguments": orjson.dumps(arguments).decode()}
+
+
+def pdf_payloads(contents: list[Any]) -> list[str]:
+    """The base64 data of every PDF document among turns' contents, those inside tool results too."""
+    blocks = [block for content in contents if isinstance(content, list) for block in content]
+    blocks += [inner for block in blocks if block.get("type") == "tool_result"
+               and isinstance(block.get("content"), list) for inner in block["content"] if isinstance(inner, dict)]
+    return [str(block["source"]["data"]) for block in blocks if block.get("type") == "document"
+            and isinstance(block.get("source"), dict) and block["source"].get("type") == "base64"]
 
 
 def system_text(system: str | list[Block] | None) -> str | None:

@@ -4,6 +4,7 @@ answered in Anthropic's shape."""
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,8 +18,9 @@ from starlette.routing import BaseRoute, Route
 from ksi_common.errors import KsiError
 from ksi_common.events import COMPLETION_MODELS
 from ksi_common.items import item_text
+from ksi_common.pdf_pages import TOKENS_PER_PAGE, page_count
 from ksi_common.settings import Settings
-from ksi_daemon.transports.http.anthropic.blocks import system_text
+from ksi_daemon.transports.http.anthropic.blocks import pdf_payloads, system_text
 from ksi_daemon.transports.http.anthropic.errors import error_response, sse_error
 from ksi_daemon.transports.http.anthropic.schemas import CountTokens, MessagesCreate
 from ksi_daemon.transports.http.anthropic.shapes import MessageEvents, message_object, sse
@@ -105,15 +107,19 @@ class Messages:
             stream.abandon()
 
     async def count_tokens(self, request: Request) -> Response:
-        """The request's input tokens, estimated as the daemon estimates text before a provider
-        counts it (about four characters a token): no provider is called, nothing is written."""
+        """The request's input tokens, estimated as the daemon estimates them before a provider
+        counts them (about four characters a token, a PDF by its pages): no provider is called,
+        nothing is written."""
         body: CountTokens = await self.door.body(request, CountTokens)
         checked = MessagesCreate.model_validate({**body.model_dump(exclude_none=True), "max_tokens": 1})
         turns = split_turns(checked, continuing=True)
         texts = [system_text(body.system) or "", *(item_text(item) for item in turns.history + turns.new)]
         texts += [str(tool) for tool in tool_fields(checked).get("tools", [])]
         characters = sum(len(text) for text in texts)
-        return JSONResponse({"input_tokens": max(1, math.ceil(characters / 4))})
+        # checked by split_turns: valid base64 of a PDF
+        pdfs = sum(page_count(base64.b64decode(data)) * TOKENS_PER_PAGE
+                   for data in pdf_payloads([message.content for message in checked.messages]))
+        return JSONResponse({"input_tokens": max(1, math.ceil(characters / 4)) + pdfs})
 
 
 class AnthropicModels:

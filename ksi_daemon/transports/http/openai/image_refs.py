@@ -1,4 +1,4 @@
-"""Images a client resends in its own history, named as the stored exchange names them.
+"""Images (and PDFs) a client resends in its own history, named as the stored exchange names them.
 
 A chat client sends the whole conversation every turn, its images included (as data URLs or https
 URLs). The stored exchange holds an image by reference (see ksi_common.items): the sha256 of its
@@ -40,6 +40,8 @@ def as_history(item: Item) -> Item:
             if part.get("detail") is not None:
                 ref["detail"] = part["detail"]
             parts.append({"type": "input_image", "image": ref})
+        elif part.get("type") == "input_file":  # a PDF: stored by its bytes' sha256, as an image
+            parts.append({"type": "input_file", "file": image_ref(str(part.get("file_data") or ""))})
         else:
             parts.append(part)
     return {**item, "content": parts}
