@@ -36,22 +36,17 @@ async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> As
         yield running
 
 
-@pytest.fixture
-async def client(http: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as api:
-        yield api
-
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_custom_tool_goes_as_it_is_and_its_call_comes_back_and_is_replayed(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI, stream: bool) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI, stream: bool) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "input": PATCH}]), "Patched.")
     asked: dict[str, Any] = {"model": NATIVE, "input": "add a.txt", "tools": [APPLY_PATCH, LOOKUP]}
     if stream:
-        async with client.responses.stream(**asked) as events:
+        async with api.responses.stream(**asked) as events:
             first = await events.get_final_response()
     else:
-        first = await client.responses.create(**asked)
+        first = await api.responses.create(**asked)
     assert stub.requests[-1]["tools"] == [
         {"type": "custom", "custom": {"name": "apply_patch", "description": "edit files with a patch", "format": GRAMMAR}},
         {"type": "function", "function": {"name": "lookup", "description": "a customer by name",
@@ -60,7 +55,7 @@ async def test_a_custom_tool_goes_as_it_is_and_its_call_comes_back_and_is_replay
     assert made.type == "custom_tool_call"
     assert (made.call_id, made.name, made.input) == ("call_p1", "apply_patch", PATCH)
 
-    second = await client.responses.create(
+    second = await api.responses.create(
         model=NATIVE, previous_response_id=first.id, tools=[APPLY_PATCH, LOOKUP],
         input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done: added a.txt"}])
     assert second.output_text == "Patched."
@@ -73,10 +68,10 @@ async def test_a_custom_tool_goes_as_it_is_and_its_call_comes_back_and_is_replay
 
 
 async def test_a_model_without_custom_tools_is_replayed_the_call_as_its_function(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "input": PATCH}]), "Patched.")
-    first = await client.responses.create(model=NATIVE, input="add a.txt", tools=[APPLY_PATCH])
-    second = await client.responses.create(
+    first = await api.responses.create(model=NATIVE, input="add a.txt", tools=[APPLY_PATCH])
+    second = await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
         input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done: added a.txt"}])
     assert second.output_text == "Patched."

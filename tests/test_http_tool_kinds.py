@@ -43,11 +43,6 @@ async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> As
         yield running
 
 
-@pytest.fixture
-async def client(http: HttpDaemon) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=http.token, max_retries=0) as api:
-        yield api
-
 
 def rid(response: Any) -> str:
     return str(response.id).removeprefix("resp_")
@@ -67,13 +62,13 @@ async def first_input(http: HttpDaemon, response: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_custom_tool_is_a_function_for_the_provider_and_a_custom_call_for_the_client(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI, stream: bool) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI, stream: bool) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
     if stream:
-        async with client.responses.stream(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH]) as events:
+        async with api.responses.stream(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH]) as events:
             first = await events.get_final_response()
     else:
-        first = await client.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
+        first = await api.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
     [given] = stub.requests[-1]["tools"]
     assert given["type"] == "function" and given["function"]["name"] == "apply_patch"
     assert given["function"]["parameters"] == CUSTOM_PARAMETERS
@@ -83,7 +78,7 @@ async def test_a_custom_tool_is_a_function_for_the_provider_and_a_custom_call_fo
     assert (made.call_id, made.name, made.input) == ("call_p1", "apply_patch", PATCH)
     assert (await outcome(http, first))["output"][0]["client_item"]["type"] == "custom_tool_call"
 
-    second = await client.responses.create(
+    second = await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
         input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done: added a.txt"}])
     assert second.output_text == "stub answer to: add a.txt"
@@ -97,15 +92,15 @@ async def test_a_custom_tool_is_a_function_for_the_provider_and_a_custom_call_fo
 
 
 async def test_a_namespace_function_keeps_its_name_and_comes_back_in_its_namespace(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_n1", "name": "lookup", "arguments": {"name": "Ada"}}]))
-    first = await client.responses.create(model="openai/stub-model", input="find Ada", tools=[CRM])
+    first = await api.responses.create(model="openai/stub-model", input="find Ada", tools=[CRM])
     assert [tool["function"]["name"] for tool in stub.requests[-1]["tools"]] == ["lookup"]
     [made] = first.output
     assert (made.type, made.name, made.namespace, json.loads(made.arguments)) == (  # type: ignore[union-attr]
         "function_call", "lookup", "crm", {"name": "Ada"})
     assert first.tools[0].type == "namespace"  # echoed as the client sent it
-    second = await client.responses.create(
+    second = await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[CRM],
         input=[{"type": "function_call_output", "call_id": "call_n1", "output": "Ada Lovelace, London"}])
     assert second.output_text == "stub answer to: find Ada"
@@ -113,16 +108,16 @@ async def test_a_namespace_function_keeps_its_name_and_comes_back_in_its_namespa
 
 
 async def test_shell_forms_come_back_as_their_calls_and_take_their_outputs(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_l1", "name": "local_shell", "arguments": {"command": ["ls", "-a"]}}]))
-    first = await client.responses.create(model="openai/stub-model", input="list files",
+    first = await api.responses.create(model="openai/stub-model", input="list files",
                                           tools=[{"type": "local_shell"}])
     assert stub.requests[-1]["tools"][0]["function"]["name"] == "local_shell"
     [made] = first.output
     assert made.type == "local_shell_call"
     assert (made.call_id, made.action.command, made.action.type) == ("call_l1", ["ls", "-a"], "exec")  # type: ignore[union-attr]
     stub.enqueue(Reply(calls=[{"id": "call_s1", "name": "shell", "arguments": {"commands": ["pwd"]}}]))
-    second = await client.responses.create(
+    second = await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[{"type": "shell"}],
         input=[{"type": "local_shell_call_output", "id": "call_l1", "output": ".\n..\na.txt"}])
     assert stub.requests[-1]["tools"][0]["function"]["name"] == "shell"
@@ -130,7 +125,7 @@ async def test_shell_forms_come_back_as_their_calls_and_take_their_outputs(
     [shell] = second.output
     assert shell.type == "shell_call" and shell.action.commands == ["pwd"]  # type: ignore[union-attr]
     result = [{"stdout": "/work\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]
-    third = await client.responses.create(
+    third = await api.responses.create(
         model="openai/stub-model", previous_response_id=second.id, tools=[{"type": "shell"}],
         input=[{"type": "shell_call_output", "call_id": "call_s1", "output": result}])
     assert third.output_text == "stub answer to: list files"
@@ -140,19 +135,19 @@ async def test_shell_forms_come_back_as_their_calls_and_take_their_outputs(
 
 
 async def test_a_resent_history_with_client_calls_continues_one_conversation(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     """As Codex does with store false: every request resends the whole history, calls in their own forms."""
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
     tools = [APPLY_PATCH, {"type": "local_shell"}]
     history: list[Any] = [{"role": "user", "content": "add a.txt"}]
-    first = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    first = await api.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
     history += [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done"})
     stub.enqueue(Reply(calls=[{"id": "call_l1", "name": "local_shell", "arguments": {"command": ["cat", "a.txt"]}}]))
-    second = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    second = await api.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
     history += [item.model_dump(exclude_none=True) for item in second.output]
     history.append({"type": "local_shell_call_output", "id": "call_l1", "output": "hello"})
-    third = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    third = await api.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
     assert third.output_text == "stub answer to: add a.txt"
     conversations = {r.conversation.id for r in (first, second, third)}  # type: ignore[union-attr]
     assert len(conversations) == 1
@@ -161,14 +156,14 @@ async def test_a_resent_history_with_client_calls_continues_one_conversation(
 
 
 async def test_hosted_tools_are_dropped_only_where_the_model_settings_say(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
-    answer = await client.responses.create(model="openai/stub-drops", input="hi",
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    answer = await api.responses.create(model="openai/stub-drops", input="hi",
                                            tools=[LOOKUP, {"type": "web_search"}])
     assert answer.output_text == "stub answer to: hi"
     assert [tool["function"]["name"] for tool in stub.requests[-1]["tools"]] == ["lookup"]
     sent = len(stub.requests)
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.responses.create(model="openai/stub-model", input="hi", tools=[LOOKUP, {"type": "web_search"}])
+        await api.responses.create(model="openai/stub-model", input="hi", tools=[LOOKUP, {"type": "web_search"}])
     assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools.1.type"
     assert "drop_hosted_tools" in caught.value.message
@@ -192,42 +187,42 @@ async def test_malformed_client_tools_are_refused_before_anything_is_written(
 
 
 async def test_stored_items_are_listed_in_the_clients_forms(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
-    first = await client.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
-    second = await client.responses.create(
+    first = await api.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
+    second = await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
         input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done"}])
-    [listed] = (await client.responses.input_items.list(second.id)).data
+    [listed] = (await api.responses.input_items.list(second.id)).data
     assert (listed.type, listed.call_id, listed.output) == ("custom_tool_call_output", "call_p1", "Done")  # type: ignore[union-attr]
-    retrieved = await client.responses.retrieve(first.id)
+    retrieved = await api.responses.retrieve(first.id)
     assert [(item.type, item.input) for item in retrieved.output] == [("custom_tool_call", PATCH)]  # type: ignore[union-attr]
-    items = (await client.conversations.items.list(first.conversation.id, order="asc")).data  # type: ignore[union-attr]
+    items = (await api.conversations.items.list(first.conversation.id, order="asc")).data  # type: ignore[union-attr]
     assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
 
 
 async def test_export_and_import_keep_the_clients_forms(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue(Reply(calls=[{"id": "call_p1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
-    first = await client.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
-    await client.responses.create(
+    first = await api.responses.create(model="openai/stub-model", input="add a.txt", tools=[APPLY_PATCH])
+    await api.responses.create(
         model="openai/stub-model", previous_response_id=first.id, tools=[APPLY_PATCH],
         input=[{"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done"}])
     async with connected(http.daemon) as socket:
         exported = await socket.request("conversation:export",
                                         {"conversation_id": first.conversation.id, "format": "json"})  # type: ignore[union-attr]
         imported = await socket.request("conversation:import", {"data": exported["content"]})
-    items = (await client.conversations.items.list(imported["conversation_id"], order="asc")).data
+    items = (await api.conversations.items.list(imported["conversation_id"], order="asc")).data
     assert [item.type for item in items] == ["message", "custom_tool_call", "custom_tool_call_output", "message"]
     assert items[1].input == PATCH  # type: ignore[union-attr]
 
 
 async def test_chat_completions_custom_tools_in_the_chat_form(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     tool: Any = {"type": "custom", "custom": {"name": "apply_patch", "description": "edit files"}}
     stub.enqueue(Reply(calls=[{"id": "call_c1", "name": "apply_patch", "arguments": {"input": PATCH}}]))
     messages: list[Any] = [{"role": "user", "content": "add a.txt"}]
-    first = await client.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
+    first = await api.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
     assert stub.requests[-1]["tools"][0]["function"]["parameters"] == CUSTOM_PARAMETERS
     [made] = first.choices[0].message.tool_calls or []
     assert (made.type, made.id, made.custom.name, made.custom.input) == (  # type: ignore[union-attr]
@@ -235,7 +230,7 @@ async def test_chat_completions_custom_tools_in_the_chat_form(
     # the client's own history, resent with the call in its chat form
     messages += [first.choices[0].message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": "call_c1", "content": "Done"}]
-    second = await client.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
+    second = await api.chat.completions.create(model="openai/stub-model", messages=messages, tools=[tool])
     assert second.choices[0].message.content == "stub answer to: add a.txt"
     assert tool_turns(stub)[-2:] == [("assistant", [("call_c1", "apply_patch", {"input": PATCH})]),
                                      ("tool", "call_c1", "Done")]
@@ -243,10 +238,10 @@ async def test_chat_completions_custom_tools_in_the_chat_form(
 
 
 async def test_a_web_search_goes_to_a_model_that_searches_itself(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     search: Any = {"type": "web_search", "search_context_size": "low",
                    "user_location": {"type": "approximate", "city": "Oslo", "country": "NO"}}
-    answer = await client.responses.create(model="openai/stub-search", input="news?", tools=[LOOKUP, search])
+    answer = await api.responses.create(model="openai/stub-search", input="news?", tools=[LOOKUP, search])
     assert answer.output_text == "stub answer to: news?"
     sent = stub.requests[-1]
     assert sent["web_search_options"] == {"search_context_size": "low",
@@ -258,28 +253,28 @@ async def test_a_web_search_goes_to_a_model_that_searches_itself(
                                ("openai/stub-search", {"type": "web_search", "external_web_access": False},
                                 "tools.1.external_web_access")):
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.responses.create(model=model, input="news?", tools=[LOOKUP, tool])
+            await api.responses.create(model=model, input="news?", tools=[LOOKUP, tool])
         assert caught.value.code == ErrorCode.UNSUPPORTED_PARAMETER
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
     assert len(stub.requests) == count
 
 
 async def test_two_namespaces_may_hold_the_same_name(
-        http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+        http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     """Each keeps its own name where it is the only one; a name two namespaces share is qualified
     for the provider, and the call comes back under its own name and namespace."""
     billing: Any = {"type": "namespace", "name": "billing", "tools": [LOOKUP]}
     tools = [CRM, billing, APPLY_PATCH]
     stub.enqueue(Reply(calls=[{"id": "call_b1", "name": "billing__lookup", "arguments": {"name": "Ada"}}]))
     history: list[Any] = [{"role": "user", "content": "Ada's invoices"}]
-    first = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    first = await api.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
     assert [tool["function"]["name"] for tool in stub.requests[-1]["tools"]] == [
         "crm__lookup", "billing__lookup", "apply_patch"]
     [made] = first.output
     assert (made.type, made.name, made.namespace) == ("function_call", "lookup", "billing")  # type: ignore[union-attr]
     history += [made.model_dump(exclude_none=True),
                 {"type": "function_call_output", "call_id": "call_b1", "output": "2 invoices"}]
-    second = await client.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
+    second = await api.responses.create(model="openai/stub-model", input=history, tools=tools, store=False)
     assert second.conversation.id == first.conversation.id  # type: ignore[union-attr]
     assert tool_turns(stub)[-2:] == [("assistant", [("call_b1", "billing__lookup", {"name": "Ada"})]),
                                      ("tool", "call_b1", "2 invoices")]
