@@ -1,6 +1,6 @@
 """What a turn through the Messages door adds, against the same turn on /v1/responses, in one run.
 
-    .venv/bin/python scripts/bench/messages_overhead.py [-n 200] [--repeats 3] [--quick]
+    .venv/bin/python scripts/bench/messages_overhead.py [-n 200] [--repeats 3] [--block 10] [--quick]
 
 Separate processes, so each CPU figure belongs to one process only:
   stub       tests/stub_openai.py answering at once (its CPU is never counted);
@@ -14,10 +14,12 @@ Shapes (one request in flight, the same messages reach the stub on every path):
   client     the client holds the history: 10 conversations in turn, each opened (untimed) with
              10 turns the client already held, then every request resends all of it and KSI
              finds the stored conversation and appends the new turn.
-Rounds are interleaved (rotating the order). "added" is the median over rounds of a path's
-median wall time minus direct's; the goal: the Messages door's added latency at most 1.1x the
-Responses door's, per shape, and less than litellm's proxy adds. Each server's CPU per request
-is shown beside it.
+Rounds are interleaved, and within a round the paths take turns in blocks of --block requests
+(rotating who goes first), so that the load of other work on the machine, which changes within
+seconds, falls on every path alike. "added" is the median over rounds of a path's median wall
+time minus direct's; the goal: the Messages door's added latency at most 1.1x the Responses
+door's, per shape, and less than litellm's proxy adds. Each server's CPU per request is shown
+beside it.
 Prints a table and writes scripts/bench/results/messages_overhead.json.
 """
 
@@ -72,14 +74,20 @@ def held_history(slot: int, offset: int) -> list[dict[str, str]]:
 
 
 def serve_direct(api_base: str) -> None:
-    """Read `SHAPE COUNT OFFSET` lines; answer each with the per-call wall ms as JSON."""
+    """Read `SHAPE COUNT OFFSET` lines; answer each with the per-call wall ms as JSON. A batch with
+    an offset seen before continues that one's conversations (a round's blocks, see Player)."""
     litellm = quiet_litellm()
+    chats: dict[int, list[list[dict[str, str]]]] = {}
+    sent: dict[int, int] = {}
 
     async def batch(shape: str, count: int, offset: int) -> dict[str, Any]:
-        chats = [held_history(slot, offset) if shape == "client" else [] for slot in range(CONVERSATIONS)]
+        held = chats.setdefault(offset, [held_history(slot, offset) if shape == "client" else []
+                                         for slot in range(CONVERSATIONS)])
+        first = sent.get(offset, 0)
+        sent[offset] = first + count
         walls: list[float] = []
-        for i in range(count):
-            chat = chats[i % CONVERSATIONS] if shape == "client" else []
+        for i in range(first, first + count):
+            chat = held[i % CONVERSATIONS] if shape == "client" else []
             chat.append({"role": "user", "content": prompt(offset + i)})
             start = time.perf_counter()
             reply = await litellm.acompletion(model=STUB_MODEL, api_base=api_base, api_key="x", messages=list(chat),
@@ -107,22 +115,62 @@ async def turn(client: Any, url: str, door: str, history: list[dict[str, str]], 
     return [*sent, {"role": "assistant", "content": answer}]
 
 
-async def batch(client: Any, daemon: Any, url: str, door: str, shape: str, count: int,
-                offset: int) -> dict[str, Any]:
-    states: list[list[dict[str, str]]] = [[] for _ in range(CONVERSATIONS)]
-    if shape == "client":  # each conversation opened with the turns its client holds, untimed
-        for slot in range(CONVERSATIONS):
-            held = held_history(slot, offset)
-            states[slot] = await turn(client, url, door, held[:-2], held[-2]["content"])
-    walls: list[float] = []
-    cpu0 = process_cpu_s(daemon)
-    for i in range(count):
-        slot = i % CONVERSATIONS
-        start = time.perf_counter()
-        held = await turn(client, url, door, states[slot] if shape == "client" else [], prompt(offset + i))
-        walls.append((time.perf_counter() - start) * 1000)
-        states[slot] = held
-    return {"walls": walls, "cpu_ms": (process_cpu_s(daemon) - cpu0) * 1000 / count}
+class DirectPlayer:
+    """The direct litellm loop's part of one round and shape: its batches continue one another."""
+
+    def __init__(self, worker: DirectWorker, shape: str, offset: int) -> None:
+        self.worker, self.shape, self.offset = worker, shape, offset
+        self.walls: list[float] = []
+        self.cpu_ms: float | None = None
+
+    async def open(self) -> None:
+        pass  # the worker opens its conversations with the history its client holds, untimed
+
+    async def run(self, count: int) -> None:
+        self.walls += self.worker.batch(self.shape, count, self.offset)["walls"]
+
+
+class Player:
+    """One server door's part of one round and shape: its conversations (each opened, untimed, with
+    the turns its client holds) go on from block to block; its wall times and the server's CPU."""
+
+    def __init__(self, client: Any, server: Any, url: str, door: str, shape: str, offset: int) -> None:
+        self.client, self.server, self.url = client, server, url
+        self.door, self.shape, self.offset = door, shape, offset
+        self.states: list[list[dict[str, str]]] = [[] for _ in range(CONVERSATIONS)]
+        self.walls: list[float] = []
+        self.cpu_s = 0.0
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_s * 1000 / max(1, len(self.walls))
+
+    async def open(self) -> None:
+        if self.shape == "client":
+            for slot in range(CONVERSATIONS):
+                held = held_history(slot, self.offset)
+                self.states[slot] = await turn(self.client, self.url, self.door, held[:-2], held[-2]["content"])
+
+    async def run(self, count: int) -> None:
+        cpu0 = process_cpu_s(self.server)
+        first = len(self.walls)
+        for i in range(first, first + count):
+            slot = i % CONVERSATIONS
+            start = time.perf_counter()
+            held = await turn(self.client, self.url, self.door, self.states[slot] if self.shape == "client" else [],
+                              prompt(self.offset + i))
+            self.walls.append((time.perf_counter() - start) * 1000)
+            self.states[slot] = held
+        self.cpu_s += process_cpu_s(self.server) - cpu0
+
+
+async def play(players: dict[str, DirectPlayer | Player], count: int, block: int, round_no: int) -> None:
+    """`count` requests of every player, in blocks of `block` taken in turn (who goes first rotating)."""
+    for player in players.values():
+        await player.open()
+    for block_no, done in enumerate(range(0, count, block)):
+        for name in rotated(list(players), round_no + block_no):
+            await players[name].run(min(block, count - done))
 
 
 async def wait_ready(client: Any, url: str, process: subprocess.Popen[bytes]) -> None:
@@ -184,22 +232,25 @@ async def measure(args: argparse.Namespace, api_base: str, work: Path) -> list[d
             for url, process in servers.values():
                 await wait_ready(client, url, process)
             watched = {name: psutil.Process(process.pid) for name, (_url, process) in servers.items()}
+
+            def players(shape: str, base: int) -> dict[str, DirectPlayer | Player]:
+                # offsets 10,000 apart: no two conversations hold the same prompts (see held_history)
+                made: dict[str, DirectPlayer | Player] = {"direct": DirectPlayer(direct, shape, base + 90_000)}
+                for number, (path, (server, door)) in enumerate(paths.items()):
+                    made[path] = Player(client, watched[server], servers[server][0], door, shape,
+                                        base + 10_000 * number)
+                return made
+
             for shape in args.shapes:  # warm-up: first calls, imports, connections
-                direct.batch(shape, WARM_UP, 10_000)
-                for number, (server, door) in enumerate(paths.values()):
-                    await batch(client, watched[server], servers[server][0], door, shape, WARM_UP, 10_000 + 1000 * number)
+                await play(players(shape, 100_000 * (args.repeats + 1)), WARM_UP, args.block, 0)
             for round_no in range(args.repeats):
                 row: dict[str, Any] = {}
                 for shape in args.shapes:
-                    for path in rotated(["direct", *paths], round_no):
-                        if path == "direct":
-                            got = direct.batch(shape, args.n, 0)
-                        else:
-                            server, door = paths[path]
-                            offset = 100_000 * (round_no + 1) + 10_000 * list(paths).index(path)
-                            got = await batch(client, watched[server], servers[server][0], door, shape, args.n, offset)
-                        row[f"{shape}/{path}"] = {"median_ms": statistics.median(got["walls"]),
-                                                  "cpu_ms": got.get("cpu_ms")}
+                    played = players(shape, 100_000 * (round_no + 1))
+                    await play(played, args.n, args.block, round_no)
+                    for path, player in played.items():
+                        row[f"{shape}/{path}"] = {"median_ms": statistics.median(player.walls),
+                                                  "cpu_ms": player.cpu_ms}
                 rounds.append(row)
                 print(f"round {round_no + 1}/{args.repeats} done", file=sys.stderr)
     finally:
@@ -259,6 +310,7 @@ def main() -> None:
     parser.add_argument("--api-base")
     parser.add_argument("-n", type=int, default=200, help="requests per shape, path and round")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--block", type=int, default=10, help="requests a path sends before the next path's turn")
     parser.add_argument("--quick", action="store_true", help="-n 30 --repeats 1")
     parser.add_argument("--proxy-python", default=str(Path(tempfile.gettempdir()) / "litellm-proxy-venv" / "bin"
                                                       / "python"), help="python of a litellm[proxy] virtualenv")
