@@ -53,7 +53,10 @@ NOTES = {"type": "document", "title": "Notes", "source": {"type": "text", "media
 async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any]) -> AsyncIterator[HttpDaemon]:
     models = {PDF_MODEL: {"api_base": stub.api_base, "supports_pdf_input": True},
               TEXT_MODEL: {"api_base": stub.api_base, "supports_pdf_input": False}}
-    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), **backend) as running:
+    # no summariser: a PDF's pages fill the stub's window, and a summary call would come between
+    # the turns whose requests these tests read
+    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), summariser="off",
+                                   **backend) as running:
         yield running
 
 
