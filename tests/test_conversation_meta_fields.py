@@ -1,5 +1,5 @@
 """The domain concepts a conversation's metadata once kept untyped in `extra` (scope, fork digest,
-what an import continues and came from, compaction's tally, other tools' ids) are typed fields:
+what an import continues and came from, compaction's tally, other tools' ids, pending input) are typed fields:
 a record an older daemon wrote reads into them on both backends, and a record written now keeps
 the same shape under `extra`, which the `ksi` readers and export files read."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from ksi_common.reading import open_reader
 from ksi_daemon.storage.backends import build_storage
-from ksi_daemon.storage.models import CompactionTally, ConversationMeta
+from ksi_daemon.storage.models import CompactionTally, ConversationMeta, PendingInput
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.backends
@@ -25,6 +25,9 @@ OLD_EXTRA = {
     "imported_from": "conv-src", "imported_at": "2026-01-01T00:00:00Z", "imported_models": ["openai/gpt-x"],
     "compaction": {"summaries": 2, "covered": 9, "cost": 0.5},
     "external_ids": {"llm": "01abc"},
+    "pending_input": [{"id": "pend-1", "content": "still there?", "ts": "2026-01-01T00:00:01Z"},
+                      {"id": "pend-2", "content": "42", "ts": "2026-01-01T00:00:02Z",
+                       "item": {"type": "function_call_output", "call_id": "call-1", "output": "42"}}],
     "metadata": {"team": "blue"},
 }
 
@@ -64,6 +67,10 @@ async def test_an_old_record_reads_into_the_typed_fields_and_is_written_back_ali
         assert (meta.imported_from, meta.imported_models) == ("conv-src", ["openai/gpt-x"])
         assert meta.compaction == CompactionTally(summaries=2, covered=9, cost=0.5)
         assert meta.external_ids == {"llm": "01abc"} and meta.extra == {"metadata": {"team": "blue"}}
+        assert meta.pending_input == [
+            PendingInput(id="pend-1", content="still there?", ts="2026-01-01T00:00:01Z"),
+            PendingInput(id="pend-2", content="42", ts="2026-01-01T00:00:02Z",
+                         item={"type": "function_call_output", "call_id": "call-1", "output": "42"})]
         # a malformed value is not a field: it stays where it was, read as before (ignored)
         bad = await storage.conversations.load_meta("bad-scope")
         assert bad is not None and bad.scope is None and bad.extra["scope"] == {"user": 7}
@@ -79,7 +86,7 @@ async def test_an_old_record_reads_into_the_typed_fields_and_is_written_back_ali
         assert stored is not None and stored["title"] == "t"
         assert stored["extra"] == {**OLD_EXTRA, "compaction": {"summaries": 3, "covered": 12, "cost": 0.75,
                                                                "fallbacks": 1}}
-        assert not set(stored) & {"scope", "fork_digest", "compaction", "external_ids"}
+        assert not set(stored) & {"scope", "fork_digest", "compaction", "external_ids", "pending_input"}
     finally:
         await storage.close()
 
@@ -91,3 +98,10 @@ def test_a_new_record_without_the_concepts_has_none_of_them_in_extra() -> None:
                                                                        extra={"metadata": {"k": "v"}},
                                                                        created=record["created"],
                                                                        last_activity=record["last_activity"])
+
+
+def test_a_malformed_pending_entry_stays_in_extra_and_none_waits() -> None:
+    meta = ConversationMeta.model_validate({"conversation_id": "c", "extra": {"pending_input": [{"content": "x"}]}})
+    assert meta.pending_input is None and meta.extra == {"pending_input": [{"content": "x"}]}
+    cleared = ConversationMeta(conversation_id="c", pending_input=[]).model_dump(mode="json")
+    assert cleared["extra"] == {}  # none waits: nothing stored, as when the last pending entry was taken

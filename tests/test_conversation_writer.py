@@ -190,6 +190,6 @@ async def test_a_reply_to_pending_input_keeps_what_another_daemon_pended_meanwhi
     assert reply["exchanges"] == [1]
     meta = await there.load_meta("c")
     assert meta is not None and meta.exchanges == 1
-    assert [item["content"] for item in pending_of(meta)] == ["p2"]  # still waiting for its reply
+    assert [entry.content for entry in pending_of(meta)] == ["p2"]  # still waiting for its reply
     [record] = await PostgresResponses(databases[1]).read_many(reply["response_ids"])
     assert record is not None and record.content == "r1" and [line["content"] for line in record.inputs] == ["p1"]

@@ -49,10 +49,28 @@ class CompactionTally(BaseModel):
                                fallbacks=(self.fallbacks or 0) + 1 if fallback else self.fallbacks)
 
 
+class PendingInput(BaseModel):
+    """Input a client added to a conversation that waits for a reply: a user message's text, or a
+    call's output item (`item`, with its text in `content`, so every reader of `content` shows
+    something)."""
+
+    id: str
+    content: str
+    ts: str
+    item: dict[str, Any] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The entry as replies and stored records carry it: no `item` for a message."""
+        entry: dict[str, Any] = {"id": self.id, "content": self.content, "ts": self.ts}
+        if self.item is not None:
+            entry["item"] = self.item
+        return entry
+
+
 # typed fields a stored record keeps under `extra` (its shape from before they were typed, which
 # the `ksi` readers, export files and older daemons read): lifted out when read, put back when dumped
 IN_EXTRA = ("scope", "fork_digest", "continues", "imported_from", "imported_at", "imported_models",
-            "compaction", "external_ids")
+            "compaction", "external_ids", "pending_input")
 
 
 class ConversationMeta(BaseModel):
@@ -87,7 +105,9 @@ class ConversationMeta(BaseModel):
     imported_models: list[str] | None = None  # the models the imported exchanges name (history, not routes)
     compaction: CompactionTally | None = None
     external_ids: dict[str, str] | None = None  # other tools' ids for it (llm's, say)
-    extra: dict[str, Any] = Field(default_factory=dict)  # the client's metadata, pending input, notes of moves
+    # input a client added that waits for the next exchange, oldest first (None: none waits)
+    pending_input: list[PendingInput] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)  # the client's metadata, notes of moves
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +134,9 @@ class ConversationMeta(BaseModel):
         extra = dict(record.get("extra") or {})
         for name in IN_EXTRA:
             value = record.pop(name, None)
+            if name == "pending_input":  # a message's entry has no `item`, as always stored; none waits: absent
+                value = [{k: v for k, v in entry.items() if k != "item" or v is not None}
+                         for entry in value] if value else None
             if value is not None:
                 extra[name] = ({k: v for k, v in value.items() if v is not None} if name == "compaction" else value)
         record["extra"] = extra

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import pytest
 
 from ksi_common.storage_backends import Backend
-from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.models import ConversationMeta, PendingInput
 from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, Storage
 from tests.storage_contract.conftest import Opener, entry, response_lines
 
@@ -27,6 +27,24 @@ async def test_a_conversation_is_created_once_and_read_back(storage: Storage) ->
     await store.save_meta(meta.model_copy(update={"title": "renamed"}))
     assert (await store.load_meta("c")).title == "renamed"  # type: ignore[union-attr]
     assert await store.metas(["c", "missing"]) == [(await store.all_metas())[0], None]
+
+
+async def test_pending_input_is_read_back_after_a_restart_and_cleared_with_its_reply(
+        storage: Storage, open_storage: Opener) -> None:
+    waiting = [PendingInput(id="pend-1", content="hello", ts="2026-01-01T00:00:00Z"),
+               PendingInput(id="pend-2", content="42", ts="2026-01-01T00:00:01Z",
+                            item={"type": "function_call_output", "call_id": "call-1", "output": "42"})]
+    await storage.conversations.create(ConversationMeta(conversation_id="c", pending_input=waiting))
+    async with open_storage() as again:
+        meta = await again.conversations.load_meta("c")
+        assert meta is not None and meta.pending_input == waiting and meta.extra == {}
+        e = entry(1)  # the exchange answering it clears it, in the same write as its index line
+        await again.conversations.append_exchange("c", e, response=response_lines(e, "c"),
+                                                  meta=meta.model_copy(update={"pending_input": None}))
+    async with open_storage() as third:
+        meta = await third.conversations.load_meta("c")
+        assert meta is not None and meta.pending_input is None
+        assert [x.n for x in await third.conversations.entries("c")] == [1]
 
 
 async def test_appended_exchanges_read_back_in_order_after_a_restart(storage: Storage, open_storage: Opener) -> None:

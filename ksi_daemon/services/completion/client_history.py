@@ -344,7 +344,7 @@ class ClientHistory:
         """Pending input is matched without the conversation's id only for `pending_window` seconds
         after it was added: a client that pends its input asks at once, and a stranger sending
         the same words later must not join the conversation."""
-        added = [parse_ts(item["ts"]) for item in pending_of(memory.meta)]
+        added = [parse_ts(entry.ts) for entry in pending_of(memory.meta)]
         return bool(added) and self.clock() - max(added) < self.pending_window
 
     async def _best(self, matches: list[Match]) -> Match | None:

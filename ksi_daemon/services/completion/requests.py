@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.request_status import RequestStatus
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import EventContext
 from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.request_view import RequestView
 from ksi_daemon.services.completion.scheduler import Job
 
 @dataclass(eq=False)
@@ -45,26 +47,21 @@ class RequestState:
     def duration_ms(self) -> float:
         return round((time.perf_counter() - self.started_at) * 1000, 2) if self.started_at else 0.0
 
-    def retired(self) -> FinishedRequest:
-        return FinishedRequest(self.request_id, self.conversation_id, self.model, self.status, self.created,
-                               self.response_id, self.started_at is not None, self.result, self.error)
+    def view(self, queue_position: int = 0) -> RequestView:
+        """This request as completion:status and completion:wait see it, running or finished;
+        `queue_position` is the scheduler's, while it is queued."""
+        return RequestView(self.request_id, self.conversation_id, RequestStatus(self.status), model=self.model,
+                           created=self.created, queue_position=queue_position,
+                           # a request that never ran has no response
+                           response_id=self.response_id if self.started_at is not None else None,
+                           reason=self.error.code if self.error is not None else None, result=self.result,
+                           error=self._failure())
 
-
-@dataclass(slots=True, eq=False)
-class FinishedRequest:
-    """What is kept of a finished request: what wait, status and cancel answer with. Not its job,
-    task, context or input: thousands are kept, and a garbage collection walks every object each
-    of them holds."""
-
-    request_id: str
-    conversation_id: str
-    model: str
-    status: str
-    created: str
-    response_id: str | None
-    started: bool
-    result: dict[str, Any] | None
-    error: KsiError | None
+    def _failure(self) -> KsiError | None:
+        """The error a wait raises, naming this request."""
+        if self.error is None or self.status not in (RequestStatus.FAILED, RequestStatus.CANCELLED):
+            return None
+        return KsiError(self.error.code, self.error.message, **{**self.error.details, "request_id": self.request_id})
 
 
 class RequestRegistry:
@@ -76,7 +73,8 @@ class RequestRegistry:
         # live requests per conversation: admission and every finish ask, and counting them over
         # all live requests cost a walk over every request in flight each time
         self._live_in: dict[str, int] = {}
-        self._finished: OrderedDict[str, FinishedRequest | dict[str, Any]] = OrderedDict()
+        # what is kept of a finished request (its view: never its job, task, context or input)
+        self._finished: OrderedDict[str, RequestView] = OrderedDict()
         # live requests by response id: a request continuing after a response asks whether it still runs
         self._live_responses: dict[str, RequestState] = {}
 
@@ -95,23 +93,27 @@ class RequestRegistry:
                 self._live_in[state.conversation_id] = left
             else:
                 del self._live_in[state.conversation_id]
-        self._finished[state.request_id] = state.retired()
+        self.add_finished(state.view())
+
+    def add_finished(self, view: RequestView) -> None:
+        """A request that ended here, or that the previous daemon left (in place of one of the same id)."""
+        self._finished[view.request_id] = view
         while len(self._finished) > self.keep_finished:
             self._finished.popitem(last=False)
 
-    def add_interrupted(self, record: dict[str, Any]) -> None:
-        """A request the previous daemon left unfinished (journal record)."""
-        self._finished[record["request_id"]] = record
-
-    def get(self, request_id: str) -> RequestState | FinishedRequest | dict[str, Any]:
+    def get(self, request_id: str) -> RequestState | RequestView:
         found = self._live.get(request_id) or self._finished.get(request_id)
         if found is None:
             raise KsiError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id}", request_id=request_id)
         return found
 
-    def find(self, request_id: str) -> RequestState | FinishedRequest | dict[str, Any] | None:
-        """The request when this daemon knows it; None for one it never ran."""
-        return self._live.get(request_id) or self._finished.get(request_id)
+    def live_state(self, request_id: str) -> RequestState | None:
+        """The request when it is queued or running here."""
+        return self._live.get(request_id)
+
+    def finished(self, request_id: str) -> RequestView | None:
+        """The request when it ended here or in the previous run; None for one this daemon never ran."""
+        return self._finished.get(request_id)
 
     def forget(self, request_id: str) -> None:
         """Drop a request another daemon runs now: it answers for it."""

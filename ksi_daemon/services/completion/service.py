@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ from ksi_common.events import (
     CompletionFailure,
 )
 from ksi_common.ids import new_id, new_response_id
-from ksi_common.request_status import FINISHED
+from ksi_common.request_status import FINISHED, RequestStatus
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_daemon.context import EventContext
@@ -38,7 +39,8 @@ from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.models import CompletionAsync, CompletionCancel, CompletionStatus, CompletionWait
 from ksi_daemon.services.completion.preparation import ChunkSink
 from ksi_daemon.services.completion.recovery import indexed_result, recover
-from ksi_daemon.services.completion.requests import FinishedRequest, RequestRegistry, RequestState
+from ksi_daemon.services.completion.request_view import RequestView, journal_view
+from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
 from ksi_daemon.services.completion.running import HANDED_OVER, TurnRunner
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
@@ -110,7 +112,7 @@ class CompletionService:
                       and await self.elsewhere.knows(record["request_id"]))
             self.interrupted.add(record, pooled)
             if not pooled:
-                self.requests.add_interrupted(record)
+                self.requests.add_finished(journal_view(record))
         await self.calibration.load()
 
     async def stop(self, timeout: float) -> None:
@@ -153,40 +155,54 @@ class CompletionService:
         }
 
     async def handle_wait(self, data: CompletionWait, _context: EventContext) -> dict[str, Any]:
-        found = self.requests.find(data.request_id)
-        if found is None:  # accepted by another daemon of the pool (or by none)
-            return await self.elsewhere.wait(data.request_id, data.timeout)
-        if isinstance(found, RequestState) and not found.done.is_set() and data.timeout > 0:
+        state = self.requests.live_state(data.request_id)
+        if state is None:
+            return await self._wait_ended(data)
+        if not state.done.is_set() and data.timeout > 0:
             try:
                 async with asyncio.timeout(data.timeout):  # no task of its own, as wait_for makes
-                    await found.done.wait()
+                    await state.done.wait()
             except TimeoutError:
                 pass
-        if isinstance(found, RequestState) and found.status == HANDED_OVER:  # another daemon runs it now
+        if state.status == HANDED_OVER:  # another daemon runs it now
             return await self.elsewhere.wait(data.request_id, data.timeout)
-        if isinstance(found, dict) and found.get("status") == "done" and not found.get("result"):
+        return self.view(state).outcome()
+
+    async def _wait_ended(self, data: CompletionWait) -> dict[str, Any]:
+        """A request that ended here or in the previous run, or that another daemon of the pool accepted."""
+        view = self.requests.finished(data.request_id)
+        if view is None:  # accepted by another daemon of the pool (or by none)
+            return await self.elsewhere.wait(data.request_id, data.timeout)
+        if view.status is RequestStatus.DONE and view.result is None:
             # done before the last restart: its result is rebuilt from storage when first asked for
-            found["result"] = await indexed_result(found, self.writer.reader, self.responses)
-        return self.outcome(found)
+            line = {"request_id": view.request_id, "response_id": view.response_id,
+                    "conversation_id": view.conversation_id}
+            view = replace(view, result=await indexed_result(line, self.writer.reader, self.responses))
+            self.requests.add_finished(view)
+        return view.outcome()
 
     async def handle_status(self, data: CompletionStatus, _context: EventContext) -> dict[str, Any]:
-        found = self.requests.find(data.request_id)
-        if found is None:  # accepted by another daemon of the pool (or by none)
+        state = self.requests.live_state(data.request_id)
+        view = self.view(state) if state is not None else self.requests.finished(data.request_id)
+        if view is None:  # accepted by another daemon of the pool (or by none)
             return await self.elsewhere.status(data.request_id)
-        return self.describe(found)
+        return view.describe()
 
     async def handle_cancel(self, data: CompletionCancel, _context: EventContext) -> dict[str, Any]:
-        found = self.requests.find(data.request_id)
-        if found is None:  # accepted by another daemon of the pool (or by none): asked to cancel it
-            return await self.elsewhere.cancel(data.request_id)
-        if isinstance(found, RequestState) and found.job is not None and found.status not in FINISHED:
-            self.scheduler.cancel(found.job)
-            if found.status == "running" or found.job.turn.state is TurnState.WITHDRAWN:  # ends once its offer is back
-                await found.done.wait()
-            if found.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
+        state = self.requests.live_state(data.request_id)
+        if state is None:
+            view = self.requests.finished(data.request_id)
+            if view is None:  # accepted by another daemon of the pool (or by none): asked to cancel it
                 return await self.elsewhere.cancel(data.request_id)
-            return {**self.describe(found), "cancelled": found.status == "cancelled"}
-        return {**self.describe(found), "cancelled": False}
+            return {**view.describe(), "cancelled": False}
+        if state.job is None or state.status in FINISHED:
+            return {**self.describe(state), "cancelled": False}
+        self.scheduler.cancel(state.job)
+        if state.status == "running" or state.job.turn.state is TurnState.WITHDRAWN:  # ends once its offer is back
+            await state.done.wait()
+        if state.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
+            return await self.elsewhere.cancel(data.request_id)
+        return {**self.describe(state), "cancelled": state.status == "cancelled"}
 
     async def handle_chunks(self, data: CompletionChunks, _context: EventContext) -> dict[str, Any]:
         try:
@@ -207,49 +223,13 @@ class CompletionService:
         names = list(dict.fromkeys([self.settings.default_model, *configured, BUILTIN_MODEL]))
         return {"default": self.settings.default_model, "models": names}
 
-    def outcome(self, found: RequestState | FinishedRequest | dict[str, Any]) -> dict[str, Any]:
-        """Result data when done; a failure for failed or cancelled; else the status."""
-        if isinstance(found, dict):  # a request of the previous daemon, finished or left unfinished
-            if found.get("status") == "done":
-                # indexed just before a crash: its result was rebuilt; else the status names its response
-                return found.get("result") or self.describe(found)
-            code = found.get("code", ErrorCode.DAEMON_RESTART)
-            message = ("the request was interrupted by a daemon restart" if code == ErrorCode.DAEMON_RESTART
-                       else f"the request ended {found.get('status')} ({code}) before the daemon restarted")
-            raise KsiError(code, message, request_id=found["request_id"])
-        if found.status == "done" and found.result is not None:
-            return found.result
-        if found.status in ("failed", "cancelled") and found.error is not None:
-            raise KsiError(found.error.code, found.error.message,
-                           **{**found.error.details, "request_id": found.request_id})
-        return self.describe(found)
+    def view(self, state: RequestState) -> RequestView:
+        """A request of this daemon as status and wait see it, with its place in the queue."""
+        queued = state.job is not None and state.status == RequestStatus.QUEUED
+        return state.view(self.scheduler.position(state.job) if queued and state.job is not None else 0)
 
-    def describe(self, found: RequestState | FinishedRequest | dict[str, Any]) -> dict[str, Any]:
-        if isinstance(found, dict):
-            if found.get("status") == "done":
-                return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
-                        "status": "done", "response_id": found.get("response_id"), "queue_position": 0,
-                        "recovered": True}
-            return {"request_id": found["request_id"], "conversation_id": found.get("conversation_id"),
-                    "status": "cancelled" if found.get("status") == "cancelled" else "failed",
-                    "reason": found.get("code", "daemon_restart"), "queue_position": 0}
-        position = 0
-        if isinstance(found, RequestState) and found.job is not None and found.status == "queued":
-            position = self.scheduler.position(found.job)
-        started = found.started if isinstance(found, FinishedRequest) else found.started_at is not None
-        description: dict[str, Any] = {
-            "request_id": found.request_id,
-            "conversation_id": found.conversation_id,
-            "status": found.status,
-            "queue_position": position,
-            "created": found.created,
-            "model": found.model,
-        }
-        if found.response_id and started:  # a request that never ran has no response
-            description["response_id"] = found.response_id
-        if found.error is not None:
-            description["reason"] = found.error.code
-        return description
+    def describe(self, state: RequestState) -> dict[str, Any]:
+        return self.view(state).describe()
 
     # -- submission ---------------------------------------------------------
     async def submit(self, data: CompletionAsync, context: EventContext, *, from_agent: str | None = None) -> RequestState:
@@ -326,7 +306,8 @@ class CompletionService:
             line = {"request_id": state.request_id, "response_id": state.response_id,
                     "conversation_id": state.conversation_id}
             result = await indexed_result(line, self.writer.reader, self.responses)
-            self.requests.add_interrupted({**line, "status": "done", "recovered": True, "result": result})
+            self.requests.add_finished(RequestView(state.request_id, state.conversation_id, RequestStatus.DONE,
+                                                   response_id=state.response_id, recovered=True, result=result))
             self.journal.record(state.request_id, state.conversation_id, "done", response_id=state.response_id)
             if result is not None:
                 self.router.emit(COMPLETION_RESULT, result, state.context.child())

@@ -1,6 +1,6 @@
 """A conversation's pending input: user messages a client added that have no reply yet (the
 Conversations API adds the user's item before it asks for a response). They are kept in the
-conversation's metadata, so they survive a restart on every backend, and the next request on the
+conversation's metadata (`ConversationMeta.pending_input`), so they survive a restart on every backend, and the next request on the
 conversation takes them as its first input; the exchange that answers them clears them, in the
 same write as its index line.
 
@@ -22,40 +22,40 @@ from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_id
 from ksi_daemon.services.conversations.response_lines import VERSION, message_line
-from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.models import ConversationMeta, PendingInput
 
-PENDING_KEY = "pending_input"  # in the metadata's extra: [{"id", "content", "ts"}], oldest first
 MAX_PENDING = 1000  # messages one conversation may hold without a reply
 # a conversation waiting with pending input, announced to the other daemons of a pool (through the
 # relay, never emitted on a bus): {"conversation_id", "key"}
 WAITING_RELAYED = "pool:conversation_waiting"  # not a bus event: no router knows it
 
 
-def pending_of(meta: ConversationMeta) -> list[dict[str, Any]]:
-    return list(meta.extra.get(PENDING_KEY) or [])
+def pending_of(meta: ConversationMeta) -> list[PendingInput]:
+    return meta.pending_input or []
 
 
-def _entry(waiting: str | items.Item, now: str) -> dict[str, Any]:
+def _entry(waiting: str | items.Item, now: str) -> PendingInput:
     """A pending entry: a user message's text, or a call's output item (with its text beside it,
     so every reader of `content` shows something)."""
     if isinstance(waiting, str):
-        return {"id": new_id("pend-"), "content": waiting, "ts": now}
-    return {"id": new_id("pend-"), "content": items.item_text(waiting), "item": dict(waiting), "ts": now}
+        return PendingInput(id=new_id("pend-"), content=waiting, ts=now)
+    return PendingInput(id=new_id("pend-"), content=items.item_text(waiting), item=dict(waiting), ts=now)
 
 
-def pended(conversation_id: str, extra: dict[str, Any], texts: list[str | items.Item], now: str, field: str
-           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`extra` (a conversation's metadata extras) with `texts` (user messages' texts, or
-    function_call_output items) added to its pending input, and the entries added; refused, naming
-    `field`, when it would hold more than `MAX_PENDING`. Checked before anything is written, so
-    the event adding them writes all it was given or nothing."""
-    pending = list(extra.get(PENDING_KEY) or [])
+def pended(meta: ConversationMeta, texts: list[str | items.Item], now: str, field: str
+           ) -> tuple[list[PendingInput], list[PendingInput]]:
+    """`meta`'s pending input with `texts` (user messages' texts, or function_call_output items)
+    added, and the entries added; refused, naming `field`, when it would hold more than
+    `MAX_PENDING`. Checked before anything is written, so the event adding them writes all it was
+    given or nothing."""
+    pending = pending_of(meta)
     if len(pending) + len(texts) > MAX_PENDING:
         raise KsiError(ErrorCode.VALIDATION_ERROR,
-                       f"conversation {conversation_id} would hold more than {MAX_PENDING} messages without a reply",
-                       fields={field: f"at most {MAX_PENDING} pending messages"}, pending=len(pending))
+                       f"conversation {meta.conversation_id} would hold more than {MAX_PENDING} messages "
+                       "without a reply", fields={field: f"at most {MAX_PENDING} pending messages"},
+                       pending=len(pending))
     added = [_entry(text, now) for text in texts]
-    return {**extra, PENDING_KEY: [*pending, *added]}, added
+    return [*pending, *added], added
 
 
 def _canonical(inputs: list[items.Item]) -> list[items.Item]:
@@ -69,9 +69,8 @@ def waiting_key(after: str | None, inputs: list[items.Item]) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def pending_item(entry: dict[str, Any]) -> items.Item:
-    held = entry.get("item")
-    return dict(held) if isinstance(held, dict) else items.message("user", entry["content"])
+def pending_item(entry: PendingInput) -> items.Item:
+    return dict(entry.item) if entry.item is not None else items.message("user", entry.content)
 
 
 def pending_items(meta: ConversationMeta) -> list[items.Item]:
@@ -137,7 +136,7 @@ class WaitingInputs:
 def pending_taken(meta: ConversationMeta, inputs: list[items.Item]) -> tuple[str, ...]:
     """The ids of the conversation's pending messages when `inputs` are those messages (a request
     matched to the conversation by them takes them as its input), else none."""
-    return tuple(item["id"] for item in pending_of(meta)) if is_pending_input(meta, inputs) else ()
+    return tuple(entry.id for entry in pending_of(meta)) if is_pending_input(meta, inputs) else ()
 
 
 def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pending: tuple[str, ...] = ()
@@ -151,7 +150,7 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pen
     before it, neither those (another request may have consumed them meanwhile: they are not
     sent twice) nor messages pended after its admission (they wait for the next request)."""
     if takes_pending:
-        waiting = {item["id"] for item in pending_of(meta)}
+        waiting = {entry.id for entry in pending_of(meta)}
         own = [line for line in inputs if line.get("type") != "system"]
         if len(own) != len(takes_pending):
             return inputs
@@ -170,10 +169,10 @@ def with_pending(meta: ConversationMeta, inputs: list[dict[str, Any]], takes_pen
     at = next((i for i, line in enumerate(inputs) if line.get("type") != "system"), len(inputs))
     model = next((line for line in inputs if line.get("type") != "system"), inputs[0] if inputs else {})
     shared = {key: model[key] for key in ("request_id", "conversation_id", "agent_id") if key in model}
-    lines = [message_line("user", item["content"], item["ts"], **shared, pending_id=item["id"])
-             if "item" not in item else
-             {"v": VERSION, **items.input_line_fields(pending_item(item)), "ts": item["ts"], **shared,
-              "pending_id": item["id"]} for item in pending]
+    lines = [message_line("user", entry.content, entry.ts, **shared, pending_id=entry.id)
+             if entry.item is None else
+             {"v": VERSION, **items.input_line_fields(pending_item(entry)), "ts": entry.ts, **shared,
+              "pending_id": entry.id} for entry in pending]
     return [*inputs[:at], *lines, *inputs[at:]]
 
 
@@ -184,10 +183,7 @@ def without_consumed(meta: ConversationMeta, inputs: list[dict[str, Any]]) -> Co
 
 def without_pending(meta: ConversationMeta, taken: set[str]) -> ConversationMeta:
     """`meta` without the pending messages of ids `taken` (a copy; the others are kept)."""
-    if not taken or not any(item["id"] in taken for item in pending_of(meta)):
+    if not taken or not any(entry.id in taken for entry in pending_of(meta)):
         return meta
-    left = [item for item in pending_of(meta) if item["id"] not in taken]
-    extra = {key: value for key, value in meta.extra.items() if key != PENDING_KEY}
-    if left:
-        extra[PENDING_KEY] = left
-    return meta.model_copy(update={"extra": extra})
+    left = [entry for entry in pending_of(meta) if entry.id not in taken]
+    return meta.model_copy(update={"pending_input": left or None})

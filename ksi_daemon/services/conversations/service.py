@@ -399,7 +399,7 @@ class ConversationService:
         if data.metadata:
             meta.extra["metadata"] = dict(data.metadata)
         if data.pending:  # items without a reply: one write with the exchanges, all or nothing
-            meta.extra, _added = pended(conversation_id, meta.extra, data.pending, now, "pending")
+            meta.pending_input, _added = pended(meta, data.pending, now, "pending")
             meta.preview = meta.preview or preview_of(data.pending[0])
         try:
             await self.writer.import_conversation(meta, exchanges)
@@ -521,7 +521,7 @@ class ConversationService:
                 appended.append(NewExchange(entry, lines, Exchange(input=inputs, output=output)))
             first = memory.total == 0
             if data.pending:  # checked whole before anything is written
-                pended(memory.conversation_id, memory.meta.extra, data.pending, now, "pending")
+                pended(memory.meta, data.pending, now, "pending")
 
             def meta_after(meta: ConversationMeta, entries: list[IndexEntry]) -> ConversationMeta:
                 changes: dict[str, Any] = {"exchanges": meta.exchanges + len(entries), "last_activity": now}
@@ -531,12 +531,11 @@ class ConversationService:
                         first_pending if isinstance(first_pending, str) else item_text(first_pending)))
                 # the pending input answered (`held`) leaves with the first exchange, in the writer
                 if data.pending:  # what follows the exchanges waits for a reply: held in the same write
-                    changes["extra"], _added = pended(meta.conversation_id, changes.get("extra", meta.extra),
-                                                      data.pending, now, "pending")
+                    changes["pending_input"], _added = pended(meta, data.pending, now, "pending")
                 return meta.model_copy(update=changes)
 
             if appended:
-                answers = [item["id"] for item in held] if data.reply_to_pending is not None else []
+                answers = [entry.id for entry in held] if data.reply_to_pending is not None else []
                 await self.writer.commit(memory, appended, memory.meta.system, meta_after, answers=answers)
             elif already_held is None or data.pending:
                 await self.writer.save_meta(memory, meta_after(memory.meta, []))
@@ -628,14 +627,15 @@ class ConversationService:
         async with memory.lock:
             pending = pending_of(memory.meta)
             now = format_ts(self.clock())
-            extra, added = pended(data.conversation_id, memory.meta.extra, data.inputs, now, "inputs")
-            changes: dict[str, Any] = {"extra": extra, "last_activity": now}
+            waiting, added = pended(memory.meta, data.inputs, now, "inputs")
+            changes: dict[str, Any] = {"pending_input": waiting, "last_activity": now}
             if memory.total == 0 and memory.meta.preview is None:
                 changes["preview"] = preview_of(data.inputs[0])
             meta = memory.meta.model_copy(update=changes)
             await self.writer.save_meta(memory, meta)
         self._changed(memory.conversation_id, "updated", context)
-        return {"conversation_id": memory.conversation_id, "added": added, "pending": [*pending, *added]}
+        return {"conversation_id": memory.conversation_id, "added": [entry.wire() for entry in added],
+                "pending": [entry.wire() for entry in (*pending, *added)]}
 
     async def handle_abandon_calls(self, data: ConversationAbandonCalls, context: EventContext) -> dict[str, Any]:
         """Open calls given up: an output marked abandoned is held for each, as a call's output a
@@ -665,10 +665,12 @@ class ConversationService:
             outputs = [{"type": "function_call_output", "call_id": call_id, "output": ABANDONED_OUTPUT,
                         "abandoned": True} for call_id in chosen]
             now = format_ts(self.clock())
-            extra, added = pended(data.conversation_id, memory.meta.extra, list(outputs), now, "call_ids")
-            await self.writer.save_meta(memory, memory.meta.model_copy(update={"extra": extra, "last_activity": now}))
+            waiting, added = pended(memory.meta, list(outputs), now, "call_ids")
+            await self.writer.save_meta(memory, memory.meta.model_copy(update={"pending_input": waiting,
+                                                                              "last_activity": now}))
         self._changed(memory.conversation_id, "updated", context)
-        return {"conversation_id": memory.conversation_id, "abandoned": chosen, "pending": added}
+        return {"conversation_id": memory.conversation_id, "abandoned": chosen,
+                "pending": [entry.wire() for entry in added]}
 
     # -- responses ------------------------------------------------------------
     async def handle_response_show(self, data: ResponseRef, _context: EventContext) -> dict[str, Any]:

@@ -171,7 +171,7 @@ class ConversationWriter:
                 await self.cache.reload(memory)
                 _refuse_retired(memory)
                 if len(left) == len(new):  # nothing of ours written yet: check again what it rests on
-                    gone = answers - {item["id"] for item in pending_of(memory.meta)}
+                    gone = answers - {entry.id for entry in pending_of(memory.meta)}
                     if gone:
                         raise KsiError(ErrorCode.HISTORY_MISMATCH,
                                        f"conversation {memory.conversation_id}: the pending input replied to "

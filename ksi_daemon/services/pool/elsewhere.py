@@ -11,6 +11,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.services.completion.recovery import indexed_result
+from ksi_daemon.services.completion.request_view import pool_view
 from ksi_common.reading import StoredReader
 from ksi_common.request_status import FINISHED
 from ksi_daemon.storage.ports import PoolRequest, PoolRequests, ResponseStore
@@ -55,20 +56,15 @@ class RequestsElsewhere:
         while not self._ended(found) and time.monotonic() < deadline:
             await asyncio.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
             found = await self._find(request_id)
+        result = None
         if found.indexed:
             line = {"request_id": found.request_id, "response_id": found.response_id,
                     "conversation_id": found.conversation_id}
             result = await indexed_result(line, self.conversations, self.responses)
-            if result is not None:
-                return result
-        if found.status in ("failed", "cancelled"):
-            code = found.code or ErrorCode.INTERNAL_ERROR
-            raise KsiError(code, f"the request ended {found.status} ({code}) on another daemon of the pool",
-                           request_id=request_id, daemon_id=found.daemon_id)
-        return self.describe(found)
+        return pool_view(found, result).outcome()
 
     async def status(self, request_id: str) -> dict[str, Any]:
-        return self.describe(await self._find(request_id))
+        return pool_view(await self._find(request_id)).describe()
 
     async def cancel(self, request_id: str) -> dict[str, Any]:
         found = await self.requests.ask_cancel(request_id)
@@ -78,21 +74,8 @@ class RequestsElsewhere:
         while not self._ended(found) and time.monotonic() < deadline:
             await asyncio.sleep(POLL)
             found = await self._find(request_id)
-        return {**self.describe(found), "cancelled": found.status == "cancelled"}
+        return {**pool_view(found).describe(), "cancelled": found.status == "cancelled"}
 
     @staticmethod
     def _ended(found: PoolRequest) -> bool:
         return found.indexed or found.status in FINISHED
-
-    @staticmethod
-    def describe(found: PoolRequest) -> dict[str, Any]:
-        status = "done" if found.indexed else found.status
-        description: dict[str, Any] = {
-            "request_id": found.request_id, "conversation_id": found.conversation_id, "status": status,
-            "queue_position": 0, "model": found.record.get("model"), "daemon_id": found.daemon_id,
-        }
-        if found.response_id and status == "done":
-            description["response_id"] = found.response_id
-        if found.code is not None:
-            description["reason"] = found.code
-        return description
