@@ -2,7 +2,7 @@
 /v1/responses and a `file` part on Chat Completions reach a model that reads PDFs as litellm's file
 part, on their turn and again on the next (by previous_response_id and by a resent history, which
 finds its conversation by the PDF's sha256). The record and the Conversations items name the PDF by
-reference. A model that cannot read one, bad base64, a file that is not a PDF and a Files API id are
+reference, and the turn is counted by its pages. A model that cannot read one, bad base64, a file that is not a PDF and a Files API id are
 refused with their codes, naming the field, before anything is written."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from ksi_common.errors import ErrorCode
+from ksi_common.pdf_pages import TOKENS_PER_PAGE
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stored import stored_index, stored_response, stored_snapshot
 from tests.stub_openai import StubOpenAI
@@ -92,6 +93,7 @@ async def test_a_chat_pdf_reaches_the_model_and_a_resent_history_finds_its_conve
     [line] = await stored_index(http.daemon, conversation_id)
     record = await stored_response(http.daemon, line["response_id"])
     assert record is not None and record[0]["parts"][1] == {"type": "input_file", "file": STORED_REF}
+    assert line["tokens_in"] >= 2 * TOKENS_PER_PAGE  # the turn was counted with the PDF's two pages
     asked += [{"role": "assistant", "content": "It moved."}, {"role": "user", "content": "When?"}]
     second = await api.chat.completions.with_raw_response.create(model=PDF_MODEL, messages=asked)
     assert second.headers["x-ksi-conversation-id"] == conversation_id
