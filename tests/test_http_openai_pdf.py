@@ -124,8 +124,9 @@ NOT_A_PDF = base64.b64encode(b"hello, not a PDF").decode()
     ({"file_data": PDF_URL, "filename": "report.pdf"}, ErrorCode.UNSUPPORTED_PARAMETER, ""),  # to TEXT_MODEL
     ({"file_data": "data:application/pdf;base64,not*base64"}, ErrorCode.VALIDATION_ERROR, ".file_data"),
     ({"file_data": f"data:application/pdf;base64,{NOT_A_PDF}"}, ErrorCode.VALIDATION_ERROR, ".file_data"),
-    ({"file_data": f"data:text/plain;base64,{NOT_A_PDF}"}, ErrorCode.VALIDATION_ERROR, ".file_data"),
-    ({"file_data": NOT_A_PDF, "filename": "notes.txt"}, ErrorCode.VALIDATION_ERROR, ".file_data"),
+    ({"file_data": f"data:text/plain;base64,{NOT_A_PDF}"}, ErrorCode.UNSUPPORTED_MEDIA_TYPE, ".file_data"),
+    ({"file_data": NOT_A_PDF, "filename": "notes.txt"}, ErrorCode.UNSUPPORTED_MEDIA_TYPE, ".file_data"),
+    ({"file_data": NOT_A_PDF}, ErrorCode.VALIDATION_ERROR, ".file_data"),
     ({"file_id": "file-123"}, ErrorCode.UNSUPPORTED_PARAMETER, ".file_id"),
 ])
 async def test_refused_pdf_parts_name_their_field_and_write_nothing(
@@ -133,9 +134,10 @@ async def test_refused_pdf_parts_name_their_field_and_write_nothing(
         field: str) -> None:
     before = await stored_snapshot(http.daemon.settings)
     model = TEXT_MODEL if code == ErrorCode.UNSUPPORTED_PARAMETER and not field else PDF_MODEL
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.APIStatusError) as caught:
         await ask(api, door, door_part(door, **fields), model)
     assert caught.value.code == code
+    assert caught.value.status_code == (415 if code == ErrorCode.UNSUPPORTED_MEDIA_TYPE else 400)
     assert isinstance(caught.value.body, dict)
     nested = ".file" if door == "chat" and field else ""  # Chat Completions nests the file's fields
     assert caught.value.body["param"] == ("input" if door == "responses" else "messages") + ".0.content.1" \

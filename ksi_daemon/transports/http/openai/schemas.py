@@ -86,10 +86,16 @@ class FileFields(Body):
         data = self.file_data
         if not data:
             raise _file_error(where, "required: a PDF as a base64 data URL")
-        if not data.startswith("data:") and (self.filename or "").lower().endswith(".pdf"):
-            data = PDF_DATA_PREFIX + data
+        if not data.startswith("data:"):
+            if not self.filename:
+                raise _file_error(where, f"bare base64 without a filename: give {PDF_DATA_PREFIX}...")
+            data = (PDF_DATA_PREFIX if self.filename.lower().endswith(".pdf") else "data:unknown;base64,") + data
         if not data.startswith(PDF_DATA_PREFIX):
-            raise _file_error(where, f"not a PDF: give {PDF_DATA_PREFIX}... (only PDFs are taken)")
+            # a file of another type is well formed; KSI stores and sends PDFs only, as images are refused by type
+            media_type = data[len("data:"):].partition(";")[0].partition(",")[0] or None
+            raise KsiError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"{where}.file_data: only PDFs are taken "
+                           f"({PDF_DATA_PREFIX}...)", fields={f"{where}.file_data": "only PDFs"},
+                           media_type=media_type)
         part: dict[str, Any] = {"type": "input_file", "file_data": data}
         if self.filename is not None:
             part["filename"] = self.filename
