@@ -139,7 +139,8 @@ async def test_a_refused_image_after_a_history_is_named_where_the_client_put_it(
     ({"type": "input_image", "image_url": "http://example.org/cat.png"}, 400, ErrorCode.VALIDATION_ERROR),
     ({"type": "input_image", "file_id": "file-123"}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
     ({"type": "input_image", "image_url": "data:text/plain;base64,aGVsbG8="}, 415, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
-    ({"type": "input_file", "file_data": "aGVsbG8="}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
+    ({"type": "input_file", "file_data": "aGVsbG8="}, 400, ErrorCode.VALIDATION_ERROR),  # no type, no filename
+    ({"type": "input_file", "file_data": "data:text/csv;base64,aGVsbG8="}, 415, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
 ])
 async def test_bad_image_parts_are_refused_with_their_codes(
         vision_http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI, part: dict[str, Any], status: int,

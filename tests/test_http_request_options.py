@@ -133,7 +133,7 @@ async def test_response_options_reach_the_provider(http_daemon: HttpDaemon, stub
                                              {"type": "input_image", "file_id": "file-1"}]}]},
      "input.0.content.1.file_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
-     "input.0.content.0.type"),
+     "input.0.content.0.file_id"),
     ({"input": [{"role": "user", "content": "go"},
                 {"type": "computer_call_output", "call_id": "call_1", "output": {}}]}, "input.1.type"),
 ])

@@ -5,6 +5,7 @@ needed, and a history sent with one must be that conversation's."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from ksi_common.errors import KsiError
 from ksi_daemon.transports.http.openai import shapes, tool_shapes
 from ksi_daemon.transports.http.openai.responses import SSE_HEADERS
 from ksi_daemon.transports.http.openai.runs import Chunk, CompletionStream, Done, complete
-from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate
+from ksi_daemon.transports.http.openai.schemas import ChatCompletionCreate, ChatFilePart
 from ksi_daemon.transports.http.openai.translate import (
     CHAT_FIELDS,
     HISTORY_HEADER,
@@ -29,6 +30,29 @@ from ksi_daemon.transports.http.openai.translate import (
 )
 
 CONVERSATION_HEADER = "X-KSI-Conversation-Id"
+FILE_FIELD = re.compile(r"^messages\.(\d+)\.content\.(\d+)\.(file_data|filename)$")
+
+
+def nested_file_fields(error: KsiError, body: ChatCompletionCreate) -> KsiError:
+    """`error` naming a PDF's fields where a Chat Completions client put them, under its part's
+    `file` (completion:async, which checks the bytes, names them flat, as a Responses part has them)."""
+    fields = error.details.get("fields")
+    if not isinstance(fields, dict):
+        return error
+    mapped, message = {}, error.message
+    for key, value in fields.items():
+        found = FILE_FIELD.match(key)
+        if found is not None and _is_chat_file(body, int(found[1]), int(found[2])):
+            nested = key.replace(f".{found[3]}", f".file.{found[3]}")
+            message = message.replace(key, nested)
+            key = nested
+        mapped[key] = value
+    return KsiError(error.code, message, **{**error.details, "fields": mapped})
+
+
+def _is_chat_file(body: ChatCompletionCreate, position: int, index: int) -> bool:
+    content = body.messages[position].content if position < len(body.messages) else None
+    return isinstance(content, list) and index < len(content) and isinstance(content[index], ChatFilePart)
 
 
 class ChatCompletions:
@@ -49,7 +73,7 @@ class ChatCompletions:
                                          headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"]})
             result = await complete(self.door.handle_request, payload)
         except KsiError as error:
-            raise renamed(error, CHAT_FIELDS, chat.positions) from None
+            raise nested_file_fields(renamed(error, CHAT_FIELDS, chat.positions), body) from None
         shaped = tool_shapes.with_tool_calls(shapes.chat_completion(result, created), result)
         headers = {CONVERSATION_HEADER: result["conversation_id"]}
         used = history_used(result)

@@ -3,7 +3,7 @@ and the source of the request schemas in /openapi.json. Nothing a client asks is
 is mapped onto completion:async (the sampling/format ones onto its `options`, see
 ksi_daemon/providers/options.py), or shapes only KSI's own answer and is honoured here (each says
 why it is not passed on), or is refused with `unsupported_parameter` naming it (hosted tools,
-n > 1, logprobs, file and audio parts, ...). A field this door does not declare goes to the provider by name, as
+n > 1, logprobs, audio parts, files by id, ...). A field this door does not declare goes to the provider by name, as
 the socket's `options` do; values an SDK sends by default (`tools: []`, `n: 1`) ask for nothing and
 pass."""
 
@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from ksi_common.errors import ErrorCode, KsiError
+
+PDF_DATA_PREFIX = "data:application/pdf;base64,"
 
 Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 Metadata = dict[str, str]
@@ -64,19 +66,84 @@ class ChatImagePart(Body):
         return part
 
 
+class FileFields(Body):
+    """A file part's own fields, the same in both APIs: only a PDF's bytes in `file_data` are taken
+    (KSI has no Files API, so `file_id` and `file_url` are refused by name)."""
+
+    file_data: str | None = None
+    filename: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+
+    def pdf_part(self, where: str) -> dict[str, Any]:
+        """completion:async's `input_file` part (a PDF data URL); its bytes are checked at admission.
+        Bare base64 is taken when the filename says PDF, as OpenAI's Chat Completions documents it."""
+        for name in ("file_id", "file_url"):
+            if getattr(self, name) is not None:
+                raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER,
+                               f"{where}.{name}: KSI has no Files API; send the PDF's bytes in file_data "
+                               f"({PDF_DATA_PREFIX}...)", fields={f"{where}.{name}": "not supported"})
+        data = self.file_data
+        if not data:
+            raise _file_error(where, "required: a PDF as a base64 data URL")
+        if not data.startswith("data:"):
+            if not self.filename:
+                raise _file_error(where, f"bare base64 without a filename: give {PDF_DATA_PREFIX}...")
+            data = (PDF_DATA_PREFIX if self.filename.lower().endswith(".pdf") else "data:unknown;base64,") + data
+        if not data.startswith(PDF_DATA_PREFIX):
+            # a file of another type is well formed; KSI stores and sends PDFs only, as images are refused by type
+            media_type = data[len("data:"):].partition(";")[0].partition(",")[0] or None
+            raise KsiError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"{where}.file_data: only PDFs are taken "
+                           f"({PDF_DATA_PREFIX}...)", fields={f"{where}.file_data": "only PDFs"},
+                           media_type=media_type)
+        part: dict[str, Any] = {"type": "input_file", "file_data": data}
+        if self.filename is not None:
+            part["filename"] = self.filename
+        return part
+
+
+def _file_error(where: str, why: str) -> KsiError:
+    return KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.file_data is {why}", fields={f"{where}.file_data": why})
+
+
+class InputFilePart(FileFields):
+    """A Responses `input_file` part."""
+
+    type: Literal["input_file"]
+    detail: str | None = None  # how OpenAI renders a file; a PDF here goes to the model as it is
+
+    def event_part(self, where: str) -> dict[str, Any]:
+        if self.detail not in (None, "auto"):
+            raise KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{where}.detail: a PDF goes to the model as it is "
+                           "(only \"auto\")", fields={f"{where}.detail": "only \"auto\""})
+        return self.pdf_part(where)
+
+
+class ChatFilePart(Body):
+    """A Chat Completions `file` part, the same file nested under `file`."""
+
+    type: Literal["file"]
+    file: FileFields
+
+    def event_part(self, where: str) -> dict[str, Any]:
+        return self.file.pdf_part(f"{where}.file")
+
+
 ImagePart = InputImagePart | ChatImagePart
+FilePart = InputFilePart | ChatFilePart
 
 
 class MediaPart(Body):
-    """A content part KSI does not send (a file or a sound): refused by name, not as malformed."""
+    """A content part KSI does not send (a sound): refused by name, not as malformed."""
 
-    type: Literal["input_file", "input_audio", "file", "image", "audio"]
-
-
-Part = InputText | InputImagePart | ChatImagePart | MediaPart  # not discriminated: a text part may leave out its type
+    type: Literal["input_audio", "image", "audio"]
 
 
-def _refused_part(part: ImagePart | MediaPart, where: str, why: str) -> KsiError:
+# not discriminated: a text part may leave out its type
+Part = InputText | InputImagePart | ChatImagePart | InputFilePart | ChatFilePart | MediaPart
+
+
+def _refused_part(part: ImagePart | FilePart | MediaPart, where: str, why: str) -> KsiError:
     return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{where} is a {part.type} part: {why}",
                     fields={f"{where}.type": why})
 
@@ -95,9 +162,9 @@ def part_texts(content: str | list[Part] | None, where: str) -> str:
 
 
 def message_content(content: str | list[Part] | None, where: str) -> str | list[dict[str, Any]]:
-    """A message's content as completion:async takes it: its text, or, when it holds images, its
-    parts in order (text parts as `input_text`, images as `input_image` with their URL); file and
-    sound parts are refused by name."""
+    """A message's content as completion:async takes it: its text, or, when it holds images or PDFs,
+    its parts in order (text parts as `input_text`, images as `input_image` with their URL, PDFs as
+    `input_file` with their data URL); sound parts are refused by name."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -109,7 +176,9 @@ def message_content(content: str | list[Part] | None, where: str) -> str | list[
         if isinstance(part, InputText):
             parts.append({"type": "input_text", "text": part.text})
         elif isinstance(part, MediaPart):
-            raise _refused_part(part, f"{where}.{position}", "KSI sends text and image parts only")
+            raise _refused_part(part, f"{where}.{position}", "KSI sends text, image and PDF parts only")
+        elif isinstance(part, FilePart):
+            parts.append(part.event_part(f"{where}.{position}"))
         else:
             parts.append(part.event_part())
     return parts
