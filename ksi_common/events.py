@@ -34,7 +34,7 @@ COMPLETION_MODELS = "completion:models"
 COMPLETION_RESULT = "completion:result"  # the result data of a finished request
 COMPLETION_ERROR = "completion:error"  # CompletionFailure
 COMPLETION_CANCELLED = "completion:cancelled"  # CompletionFailure
-COMPLETION_CHUNK = "completion:chunk"  # {request_id, conversation_id, index, text or tool_call}
+COMPLETION_CHUNK = "completion:chunk"  # {request_id, conversation_id, index, text, tool_call or reasoning}
 
 # -- conversation -----------------------------------------------------------
 CONVERSATION_LIST = "conversation:list"

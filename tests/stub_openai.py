@@ -53,6 +53,12 @@ class Reply:
         return settled
 
 
+def word_pieces(text: str) -> list[str]:
+    """`text` in word pieces, as a model streams it (each but the last keeps its space)."""
+    words = text.split(" ") if text else []
+    return [word if position == len(words) - 1 else word + " " for position, word in enumerate(words)]
+
+
 def word_count(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", "")).split()) for m in messages)
 
@@ -246,10 +252,10 @@ class StubOpenAI:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         ident = f"chatcmpl-{uuid.uuid4().hex[:10]}"
-        if reasoning:  # a reasoning model's summary comes before its answer
+        for thought in word_pieces(reasoning or ""):  # a reasoning model's summary comes before its answer
             chunk = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
                      "model": body.get("model", "stub"),
-                     "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}, "finish_reason": None}]}
+                     "choices": [{"index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None}]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         words = text.split(" ") if text or not calls else []
         for position, word in enumerate(words):
@@ -340,8 +346,9 @@ class StubOpenAI:
             elif block["type"] == "thinking":
                 await send("content_block_start", {"index": index, "content_block": {
                     "type": "thinking", "thinking": "", "signature": ""}})
-                await send("content_block_delta", {"index": index, "delta": {
-                    "type": "thinking_delta", "thinking": block["thinking"]}})
+                for thought in word_pieces(block["thinking"]):
+                    await send("content_block_delta", {"index": index, "delta": {
+                        "type": "thinking_delta", "thinking": thought}})
                 await send("content_block_delta", {"index": index, "delta": {
                     "type": "signature_delta", "signature": block["signature"]}})
             elif block["type"] == "redacted_thinking":

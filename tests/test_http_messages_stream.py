@@ -115,7 +115,8 @@ async def test_a_reasoning_summary_is_a_thinking_block(
                 thought.append(event.delta.thinking)
         final = await stream.get_final_message()
     assert "".join(thought) == "doubled"
-    # KSI's stream carries the summary with the result: its block comes after the text's
-    assert [b.type for b in final.content] == ["text", "thinking"]
+    # the summary streams as it comes, before the answer: the same blocks as the waited-for reply
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].model_dump() == {"type": "thinking", "thinking": "doubled", "signature": ""}
     assert [m["content"] for m in stub.messages()] == ["2+2?", "4", "doubled?"]  # no reasoning sent back
     assert list((await conversations(http_daemon)).values()) == [2]

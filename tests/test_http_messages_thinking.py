@@ -6,6 +6,7 @@ the client) and never to an OpenAI-style model; the turn continues on /v1/respon
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.backends
 CLAUDE = "anthropic/stub-claude"
 SIGNED = {"type": "thinking", "thinking": "look it up", "signature": "sig-1"}
 REDACTED = {"type": "redacted_thinking", "data": "opaque-1"}
+QUESTION: Any = {"role": "user", "content": "Oslo weather?"}
+THINK: Any = {"type": "enabled", "budget_tokens": 1024}
 WEATHER: Any = {"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
@@ -117,3 +120,50 @@ async def test_a_thinking_block_without_its_text_is_refused(
     assert refused.value.body["error"]["code"] == "validation_error"  # type: ignore[index]
     assert "messages.1.content.0" in refused.value.body["error"]["details"]["fields"]  # type: ignore[index]
     assert stub.anthropic_requests == []
+
+
+async def streamed(client: anthropic.AsyncAnthropic, model: str) -> tuple[list[tuple[Any, ...]], Any]:
+    """The stream's block events as (type, index, what) and its final message."""
+    seen: list[tuple[Any, ...]] = []
+    async with client.messages.stream(model=model, max_tokens=100, messages=[QUESTION], thinking=THINK) as events:
+        async for event in events:
+            if event.type == "content_block_start":
+                seen.append(("start", event.index, event.content_block.type))
+            elif event.type == "content_block_delta":
+                delta = event.delta.model_dump()
+                seen.append(("delta", event.index, delta["type"],
+                             delta.get("thinking") or delta.get("signature") or delta.get("text")))
+            elif event.type == "content_block_stop":
+                seen.append(("stop", event.index))
+        return seen, await events.get_final_message()
+
+
+async def waited(client: anthropic.AsyncAnthropic, model: str) -> Any:
+    return await client.messages.create(model=model, max_tokens=100, messages=[QUESTION], thinking=THINK)
+
+
+async def test_signed_thinking_streams_as_it_comes_before_the_text(
+        client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    reply = Reply(thinking=("look it up", "sig-1"), redacted="opaque-1", text="Sunny.")
+    stub.enqueue(reply, dataclasses.replace(reply))
+    seen, final = await streamed(client, CLAUDE)
+    assert seen == [("start", 0, "thinking"), ("delta", 0, "thinking_delta", "look "),
+                    ("delta", 0, "thinking_delta", "it "), ("delta", 0, "thinking_delta", "up"),
+                    ("delta", 0, "signature_delta", "sig-1"), ("stop", 0),
+                    ("start", 1, "redacted_thinking"), ("stop", 1),
+                    ("start", 2, "text"), ("delta", 2, "text_delta", "Sunny."), ("stop", 2)]
+    whole = await waited(client, CLAUDE)
+    assert [block.model_dump() for block in final.content] == [block.model_dump() for block in whole.content]
+    assert [block.model_dump(exclude_none=True) for block in final.content][:2] == [SIGNED, REDACTED]
+
+
+async def test_a_reasoning_summary_streams_as_a_thinking_block_before_the_text(
+        client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(text="Sunny.", reasoning="check the sky"), Reply(text="Sunny.", reasoning="check the sky"))
+    seen, final = await streamed(client, "openai/stub-model")
+    assert seen[:5] == [("start", 0, "thinking"), ("delta", 0, "thinking_delta", "check "),
+                        ("delta", 0, "thinking_delta", "the "), ("delta", 0, "thinking_delta", "sky"), ("stop", 0)]
+    assert seen[5] == ("start", 1, "text")  # no signature: no provider signed it
+    whole = await waited(client, "openai/stub-model")
+    assert [block.model_dump() for block in final.content] == [block.model_dump() for block in whole.content]
+    assert final.content[0].model_dump() == {"type": "thinking", "thinking": "check the sky", "signature": ""}

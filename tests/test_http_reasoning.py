@@ -136,3 +136,25 @@ async def test_a_streamed_function_call_after_thinking_is_one_item(
     assert sorted(item.type for item in answer.output) == ["function_call", "message", "reasoning"]
     [made] = [item for item in answer.output if item.type == "function_call"]
     assert (made.call_id, json.loads(made.arguments)) == ("toolu_w", {"city": "Oslo"})
+
+
+async def test_a_streamed_summary_comes_first_in_pieces_as_the_waited_for_one(
+        client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
+    stub.enqueue(Reply(text="42", reasoning="six times seven"), Reply(text="42", reasoning="six times seven"))
+    seen: list[tuple[Any, ...]] = []
+    async with client.responses.stream(model="openai/stub-model", input="6*7?") as events:
+        async for event in events:
+            if event.type.startswith(("response.reasoning_summary", "response.output_text.delta",
+                                      "response.output_item.added")):
+                seen.append((event.type, event.output_index, getattr(event, "delta", None)))
+        final = await events.get_final_response()
+    assert seen == [("response.output_item.added", 0, None), ("response.reasoning_summary_part.added", 0, None),
+                    ("response.reasoning_summary_text.delta", 0, "six "),
+                    ("response.reasoning_summary_text.delta", 0, "times "),
+                    ("response.reasoning_summary_text.delta", 0, "seven"),
+                    ("response.output_item.added", 1, None), ("response.output_text.delta", 1, "42"),
+                    ("response.reasoning_summary_text.done", 0, None), ("response.reasoning_summary_part.done", 0, None)]
+    waited = await client.responses.create(model="openai/stub-model", input="6*7?")
+    assert [(item.type, item.id.split("_")[0]) for item in final.output] == [("reasoning", "rs"), ("message", "msg")]
+    assert final.output[0].summary == waited.output[0].summary  # type: ignore[union-attr]
+    assert final.output_text == waited.output_text == "42"

@@ -18,8 +18,23 @@ def calls_anthropic(model: str) -> bool:
     return model.startswith(ANTHROPIC_ROUTES)
 
 
-# a streamed piece: text, or a tool call's delta ({"index", "call_id", "name", "arguments"})
-ChunkSink = Callable[[str | dict[str, Any]], None]
+@dataclass(frozen=True, slots=True)
+class ReasoningPiece:
+    """A piece of a reply's reasoning as it streams: text of the thinking block being written, the
+    signature that ends it, or a redacted block whole (its data)."""
+
+    text: str = ""
+    signature: str = ""
+    redacted: str = ""
+
+    def payload(self) -> dict[str, str]:
+        """Its non-empty fields: what a `completion:chunk` carries as `reasoning`."""
+        fields = {"text": self.text, "signature": self.signature, "redacted": self.redacted}
+        return {name: value for name, value in fields.items() if value}
+
+
+# a streamed piece: text, a tool call's delta ({"index", "call_id", "name", "arguments"}), or reasoning
+ChunkSink = Callable[[str | dict[str, Any] | ReasoningPiece], None]
 
 
 @dataclass(slots=True)

@@ -440,6 +440,8 @@ class LiteLLMProvider:
             choices = getattr(chunk, "choices", None) or []
             if choices:
                 delta = getattr(choices[0], "delta", None)
+                for thought in reasoning.add(delta) if delta is not None else []:
+                    call.on_chunk(thought)  # a reasoning model thinks before it answers
                 text = getattr(delta, "content", None) if delta is not None else None
                 if text:
                     received += len(text.encode())
@@ -454,8 +456,6 @@ class LiteLLMProvider:
                     for piece in calls.add(delta.tool_calls):
                         if streams_as_function(piece["name"], kinds):
                             call.on_chunk(piece)
-                if delta is not None:
-                    reasoning.add(delta)
                 finish_reason = getattr(choices[0], "finish_reason", None) or finish_reason
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage:

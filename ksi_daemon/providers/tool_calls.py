@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from ksi_common.items import ABANDONED_ARGUMENTS, Item, item_text, message, part_text
+from ksi_daemon.providers.base import ReasoningPiece
 
 CUSTOM_INPUT = "input"  # the one string argument a custom tool's call is kept with (see tool_kinds.py)
 
@@ -202,15 +203,19 @@ class ReasoningDeltas:
         self.text: list[str] = []
         self.blocks: list[dict[str, Any]] = []
 
-    def add(self, delta: Any) -> None:
+    def add(self, delta: Any) -> list[ReasoningPiece]:
+        """Take a chunk's reasoning; returns it as pieces to stream. A thinking block's pieces
+        carry the same text as `reasoning_content` beside them: it is streamed once, from them."""
         text = getattr(delta, "reasoning_content", None)
         if text:
             self.text.append(str(text))
+        pieces = []
         for piece in getattr(delta, "thinking_blocks", None) or []:
             if not isinstance(piece, dict):
                 continue
             if piece.get("type") != "thinking":
                 self.blocks.append(dict(piece))
+                pieces.append(ReasoningPiece(redacted=str(piece.get("data") or "")))
                 continue
             last = self.blocks[-1] if self.blocks else None
             if last is None or last.get("type") != "thinking" or last.get("signature"):
@@ -219,6 +224,11 @@ class ReasoningDeltas:
             last["thinking"] += str(piece.get("thinking") or "")
             if piece.get("signature"):
                 last["signature"] = piece["signature"]
+            pieces.append(ReasoningPiece(text=str(piece.get("thinking") or ""),
+                                         signature=str(piece.get("signature") or "")))
+        if not pieces and text:
+            pieces.append(ReasoningPiece(text=str(text)))
+        return [piece for piece in pieces if piece.payload()]
 
     def item(self) -> Item | None:
         return reasoning_item("".join(self.text), self.blocks)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ksi_common.items import Item, media_parts
 from ksi_common.settings import Settings
-from ksi_daemon.providers.base import ProviderCall
+from ksi_daemon.providers.base import ChunkSink, ProviderCall
 from ksi_daemon.providers.tool_calls import input_messages
 from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion import tool_turns
@@ -38,7 +38,6 @@ from ksi_daemon.services.conversations.planner import TurnPlan, TurnPlanner
 from ksi_daemon.services.conversations.turn_budget import TurnBudget, summaries_share
 from ksi_daemon.storage.models import ConversationMeta
 
-ChunkSink = Callable[[str | dict[str, Any]], None]  # a text piece, or a tool call's delta
 
 
 class ModelFacts(Protocol):

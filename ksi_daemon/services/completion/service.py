@@ -32,6 +32,7 @@ from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.events import NoData
+from ksi_daemon.providers.base import ReasoningPiece
 from ksi_daemon.router import Router, Unregister
 from ksi_daemon.services.completion.activity import CompletionActivity
 from ksi_daemon.services.completion.admission import Admission, Admitted
@@ -357,12 +358,18 @@ class CompletionService:
         index = 0
         context = state.context.child()
 
-        def emit(piece: str | dict[str, Any]) -> None:
+        def emit(piece: str | dict[str, Any] | ReasoningPiece) -> None:
             nonlocal index
-            # a text piece, or a tool call's delta: {"index", "call_id", "name", "arguments"}
-            payload = {"text": piece} if isinstance(piece, str) else {"tool_call": piece}
+            # a text piece, a tool call's delta ({"index", "call_id", "name", "arguments"}), or
+            # reasoning: each under its own key, so a reader that knows only text skips the others
+            payload: dict[str, Any]
             if isinstance(piece, str):
+                payload = {"text": piece}
                 self.streams.add(state.request_id, piece)
+            elif isinstance(piece, ReasoningPiece):
+                payload = {"reasoning": piece.payload()}
+            else:
+                payload = {"tool_call": piece}
             self.router.emit(COMPLETION_CHUNK, {"request_id": state.request_id,
                                                 "conversation_id": state.conversation_id,
                                                 "index": index, **payload}, context)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import message
-from ksi_daemon.providers.base import ChunkSink, ProviderReply
+from ksi_daemon.providers.base import ChunkSink, ProviderReply, ReasoningPiece
 
 OPTION = "max_tool_calls"
 DROPPED = "tool_calls_dropped"  # in the outcome line and the result: the calls the limit dropped
@@ -35,14 +35,14 @@ def call_limit(options: Mapping[str, Any]) -> int | None:
 
 
 def capped_sink(sink: ChunkSink | None, limit: int | None) -> ChunkSink | None:
-    """`sink` passing on text and the pieces of the first `limit` calls only (a piece names its
-    call by the provider's index, counted from 0)."""
+    """`sink` passing on text, reasoning and the pieces of the first `limit` calls only (a piece
+    names its call by the provider's index, counted from 0)."""
     if sink is None or limit is None:
         return sink
     forward: ChunkSink = sink
 
-    def capped(piece: str | dict[str, Any]) -> None:
-        if isinstance(piece, str) or int(piece.get("index", 0)) < limit:
+    def capped(piece: str | dict[str, Any] | ReasoningPiece) -> None:
+        if not isinstance(piece, dict) or int(piece.get("index", 0)) < limit:
             forward(piece)
 
     return capped

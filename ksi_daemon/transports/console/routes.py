@@ -314,7 +314,8 @@ async def _answer_frames(origin: HttpOrigin, ack: dict[str, Any]) -> AsyncIterat
                     continue
                 name = frame.get("event")
                 if name == COMPLETION_CHUNK:
-                    yield sse("chunk", {"index": payload.get("index"), "text": payload.get("text")})
+                    if payload.get("text"):  # the page shows the text; reasoning and calls come with the result
+                        yield sse("chunk", {"index": payload.get("index"), "text": payload["text"]})
                 elif name in (COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED):
                     yield sse(name.split(":", 1)[1], payload)
                     return

@@ -93,7 +93,8 @@ class Messages:
                 yield sse(event)
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
-                    pieces = list(events.text(outcome.text)) if outcome.text else []
+                    pieces = list(events.reasoning(outcome.reasoning)) if outcome.reasoning else []
+                    pieces += events.text(outcome.text) if outcome.text else []
                     if outcome.tool_call is not None:
                         pieces += events.call(outcome.tool_call)
                     for event in pieces:

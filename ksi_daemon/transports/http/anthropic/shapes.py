@@ -80,14 +80,19 @@ def sse(event: Event) -> bytes:
 
 @dataclass(slots=True)
 class MessageEvents:
-    """One streamed Message: blocks opened as their first delta arrives (text, or each call by its
-    index), one open at a time, and what came whole with the result announced at its end."""
+    """One streamed Message: blocks opened as their first delta arrives (thinking, text, or each
+    call by its index), one open at a time, and what came whole with the result announced at its
+    end. Thinking streams as it comes while it comes first, as Anthropic orders it; reasoning that
+    arrives once text or a call began (a provider that interleaves) comes whole with the result."""
 
     message_id: str
     model: str
-    blocks: list[str] = field(default_factory=list)  # "text" or "call:N" by block index
+    blocks: list[str] = field(default_factory=list)  # "thinking:N", "text" or "call:N" by block index
     open: int | None = None
     text_sent: bool = False
+    thought: int = 0  # thinking blocks streamed as they came
+    signing: bool = False  # the open block is a streamed thinking block awaiting its signature
+    late: bool = False  # reasoning came after an answer's block: the rest comes with the result
 
     def start(self) -> Iterator[Event]:
         yield "message_start", {"message": {
@@ -102,6 +107,27 @@ class MessageEvents:
         yield "content_block_delta", {"index": self.blocks.index("text"),
                                       "delta": {"type": "text_delta", "text": delta}}
 
+    def reasoning(self, piece: dict[str, str]) -> Iterator[Event]:
+        """A reasoning piece: text of the thinking block being written (opened by its first
+        piece), the signature that ends it, or a redacted block whole."""
+        self.late = self.late or any(not key.startswith("thinking:") for key in self.blocks)
+        if self.late:
+            return
+        key = f"thinking:{len(self.blocks)}"
+        if piece.get("redacted"):
+            self.thought += 1
+            yield from self._open(key, {"type": "redacted_thinking", "data": piece["redacted"]})
+            return
+        if not self.signing:
+            self.thought += 1
+            yield from self._open(key, {"type": "thinking", "thinking": "", "signature": ""})
+            self.signing = True
+        if piece.get("text"):
+            yield "content_block_delta", {"index": self.open, "delta": {"type": "thinking_delta",
+                                                                        "thinking": piece["text"]}}
+        if piece.get("signature"):
+            yield from self._signed(piece["signature"])
+
     def call(self, tool_call: dict[str, Any]) -> Iterator[Event]:
         key = f"call:{int(tool_call.get('index') or 0)}"
         if key not in self.blocks:
@@ -115,10 +141,12 @@ class MessageEvents:
     def done(self, result: dict[str, Any]) -> Iterator[Event]:
         output = list(result.get("output") or [])
         calls = function_calls(output)
-        for item in output:
-            if item.get("type") == "reasoning":
-                for block in thinking(item):
-                    yield from self._thinking(block)
+        blocks = [block for item in output if item.get("type") == "reasoning" for block in thinking(item)]
+        streamed = blocks[:self.thought]
+        if self.signing and streamed and streamed[-1].get("signature"):  # known only with the result
+            yield from self._signed(str(streamed[-1]["signature"]))
+        for block in blocks[self.thought:]:
+            yield from self._thinking(block)
         text = str(result.get("content") or "")
         if not self.text_sent and (text or not calls):
             yield from self.text(text)
@@ -145,6 +173,12 @@ class MessageEvents:
             yield "content_block_delta", {"index": index, "delta": {"type": "signature_delta",
                                                                     "signature": str(block["signature"])}}
 
+    def _signed(self, signature: str) -> Iterator[Event]:
+        """The open thinking block's signature, which ends it."""
+        yield "content_block_delta", {"index": self.open, "delta": {"type": "signature_delta",
+                                                                    "signature": signature}}
+        yield from self._close()
+
     def _open(self, key: str, block: dict[str, Any]) -> Iterator[Event]:
         yield from self._close()
         self.blocks.append(key)
@@ -155,3 +189,4 @@ class MessageEvents:
         if self.open is not None:
             yield "content_block_stop", {"index": self.open}
             self.open = None
+        self.signing = False

@@ -177,6 +177,8 @@ class Responses:
             yield event("response.in_progress", response=snapshot("in_progress"))
             async for outcome in stream.events():
                 if isinstance(outcome, Chunk):
+                    for kind, fields in items.reasoning_delta((outcome.reasoning or {}).get("text") or ""):
+                        yield event(kind, **fields)
                     if outcome.text:
                         for kind, fields in items.text_delta(outcome.text):
                             yield event(kind, **fields)

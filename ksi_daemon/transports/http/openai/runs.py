@@ -33,6 +33,7 @@ async def complete(handle_request: RequestHandler, payload: dict[str, Any]) -> d
 class Chunk:
     text: str
     tool_call: dict[str, Any] | None = None  # {"index", "call_id", "name", "arguments": a delta}
+    reasoning: dict[str, str] | None = None  # {"text"} of a thinking block, its {"signature"}, or {"redacted"}
 
 
 @dataclass(slots=True)
@@ -76,8 +77,9 @@ class CompletionStream:
                 continue  # a subscription sees every request's events; this stream follows one
             event = frame["event"]
             if event == COMPLETION_CHUNK:
-                call = data.get("tool_call")
-                yield Chunk(str(data.get("text") or ""), call if isinstance(call, dict) else None)
+                call, reasoning = data.get("tool_call"), data.get("reasoning")
+                yield Chunk(str(data.get("text") or ""), call if isinstance(call, dict) else None,
+                            reasoning if isinstance(reasoning, dict) else None)
                 continue
             self.finished = True
             self.origin.close()

@@ -409,12 +409,26 @@ class ResponseItemEvents:
     opened: list[tuple[str, int]] = field(default_factory=list)
     text: str = ""
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # call index -> call_id, name, arguments
+    summary_streamed: bool = False  # the reasoning item came first, its summary in pieces
 
     def text_delta(self, delta: str) -> Iterator[Event]:
         if ("message", 0) not in self.opened:
             yield from self._open_message()
         self.text += delta
         yield "response.output_text.delta", {**self._where(), "delta": delta, "logprobs": []}
+
+    def reasoning_delta(self, delta: str) -> Iterator[Event]:
+        """A piece of the reasoning summary, streamed while it comes first (as a reasoning model
+        thinks before it answers); after the answer began, the summary comes whole with the result."""
+        if delta and not self.opened:
+            self.opened.append(("reasoning", 0))
+            self.summary_streamed = True
+            item = {"type": "reasoning", "id": f"rs_{self.response_id}", "summary": []}
+            yield "response.output_item.added", {"output_index": 0, "item": item}
+            yield "response.reasoning_summary_part.added", {**self._thought(),
+                                                            "part": {"type": "summary_text", "text": ""}}
+        if delta and self.summary_streamed and len(self.opened) == 1:
+            yield "response.reasoning_summary_text.delta", {**self._thought(), "delta": delta}
 
     def call_delta(self, tool_call: dict[str, Any]) -> Iterator[Event]:
         index = int(tool_call.get("index") or 0)
@@ -453,7 +467,7 @@ class ResponseItemEvents:
             events += self.call_delta({"index": index, "call_id": call.get("call_id"), "name": call.get("name"),
                                        "arguments": call.get("arguments")})
         summaries = [item for item in output if item.get("type") == "reasoning"]
-        if summaries:  # a summary comes whole with the result: announced at the end
+        if summaries and ("reasoning", 0) not in self.opened:  # a summary that came whole: announced last
             self.opened.append(("reasoning", 0))
             reasoned = reasoning_item(self.response_id, summaries[0], self.encrypted)
             events.append(("response.output_item.added", {"output_index": len(self.opened) - 1, "item": reasoned}))
@@ -469,7 +483,12 @@ class ResponseItemEvents:
                 events.append(("response.content_part.done", {**where, "part": output_text(text)}))
                 item = message_item(self.response_id, text)
             elif kind == "reasoning":
-                item = reasoning_item(self.response_id, summaries[0], self.encrypted)
+                item = reasoning_item(self.response_id, summaries[0] if summaries else {}, self.encrypted)
+                if self.summary_streamed:  # its summary part is open
+                    part = item["summary"][0]
+                    events.append(("response.reasoning_summary_text.done",
+                                   {**self._thought(), "text": part["text"]}))
+                    events.append(("response.reasoning_summary_part.done", {**self._thought(), "part": part}))
             else:
                 call = calls[index] if index < len(calls) else self.calls[index]
                 item = function_call_item(self.response_id, index, call)
@@ -477,6 +496,9 @@ class ResponseItemEvents:
             events.append(("response.output_item.done", {"output_index": position, "item": item}))
             items.append(item)
         return events, items
+
+    def _thought(self) -> dict[str, Any]:
+        return {"item_id": f"rs_{self.response_id}", "output_index": 0, "summary_index": 0}
 
     def _open_message(self) -> Iterator[Event]:
         self.opened.append(("message", 0))
