@@ -75,7 +75,9 @@ class CacheEmulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a request still held open for a killed daemon (a slow model) is dropped at stop after a
+        # second, instead of aiohttp's 60 s wait for it to end
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -118,7 +118,9 @@ class StubOpenAI:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/api/chat", self._ollama_chat)
         app.router.add_post("/api/show", self._ollama_show)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a request still held open for a killed daemon (a slow model) is dropped at stop after a
+        # second, instead of aiohttp's 60 s wait for it to end
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
