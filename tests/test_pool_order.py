@@ -1,6 +1,7 @@
 """One order per conversation across daemons: three daemon processes on one database run a
 conversation's turns one at a time, each answer generated from every exchange stored before it;
-a daemon paused past its lease cannot store what another daemon took over."""
+a daemon paused past its lease cannot store what another daemon took over; a clean stop gives its
+leases back."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from ksi_common.client import KsiClient
 from ksi_common.errors import KsiError
 from ksi_common.layout import VarLayout
 from ksi_common.reading import open_reader
+from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.test_crash import DaemonProcess, daemon_env
 
 POOL = {"KSI_HEARTBEAT_INTERVAL": "0.25", "KSI_HEARTBEAT_TIMEOUT": "3", "KSI_SUMMARISER": "off"}
@@ -191,3 +195,24 @@ async def test_agent_turns_and_consortium_runs_hold_the_conversation_like_any_tu
         shown = user_turns(request["messages"])
         n = prompts.index(shown[-1])
         assert shown[:-1] == prompts[:n], (shown[-1], n, shown[:-1])
+
+
+async def test_a_clean_stop_gives_back_the_leases_of_turns_that_just_ended(short_tmp: Path, pg_url: str,
+                                                                          stub: Any) -> None:
+    """A daemon stopped the moment its turns answered still gives their conversations' leases back:
+    the next daemon on the database runs the next turns at once, not after the leases run out."""
+    settings = stub_settings(stub, storage="postgres", database_url=pg_url, litellm_preload=False)
+    conversations = [f"handed-{n}" for n in range(4)]
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        await asyncio.gather(*(complete(client, prompt="first", conversation_id=c, create=True)
+                               for c in conversations))
+    conn = await asyncpg.connect(pg_url)
+    try:
+        held = await conn.fetch("SELECT conversation_id FROM ksi_leases WHERE expires_at > now() "
+                                "AND conversation_id = ANY($1::text[])", conversations)
+    finally:
+        await conn.close()
+    assert held == []
+    async with running_daemon(short_tmp, **settings) as daemon, connected(daemon) as client:
+        second = await asyncio.gather(*(complete(client, prompt="second", conversation_id=c) for c in conversations))
+    assert [s["exchange"] for s in second] == [2, 2, 2, 2]

@@ -29,6 +29,8 @@ from ksi_daemon.storage.ports import ConversationLeases, OneDaemonLeases, OneDae
 
 log = structlog.get_logger("ksi.scheduler")
 
+RELEASE_WAIT = 2.0  # seconds a stop gives the workers to give back their leases before cancelling them
+
 
 @dataclass(eq=False)
 class Job:
@@ -251,7 +253,12 @@ class Scheduler:
                 if job.task is None:
                     self.cancel(job)
         workers = list(self._workers.values())
-        for worker in workers:
+        if not workers:
+            return
+        # a worker whose job has ended is giving back the conversation's lease: a release cut short
+        # keeps the next daemon on this storage from the conversation until the lease runs out
+        _done, pending = await asyncio.wait(workers, timeout=RELEASE_WAIT)
+        for worker in pending:
             worker.cancel()
-        if workers:
-            await asyncio.wait(workers, timeout=1.0)
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
