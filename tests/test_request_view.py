@@ -94,3 +94,10 @@ def test_a_request_of_this_daemon_that_failed_raises_naming_it() -> None:
     with pytest.raises(KsiError) as raised:
         view.outcome()
     assert raised.value.details == {"where": "queue", "request_id": "r1"}
+
+
+def test_a_request_of_this_daemon_holds_a_status_member_whatever_spelling_ended_it() -> None:
+    state = _state()
+    state.finish("failed", error=KsiError(ErrorCode.TIMEOUT, "slow"))
+    assert state.status is RequestStatus.FAILED and state.view().status is RequestStatus.FAILED
+    assert not state.handed_over  # a pool movement, kept apart from the status

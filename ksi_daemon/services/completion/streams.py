@@ -22,7 +22,7 @@ from pydantic import Field
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_common.request_status import FINISHED
+from ksi_common.request_status import FINISHED, RequestStatus
 from ksi_daemon.events import EventData, SafeId
 from ksi_daemon.services.completion.requests import RequestState
 
@@ -53,7 +53,7 @@ class ChunkLog:
     chunks: list[str] = field(default_factory=list)
     first: int = 0  # the number of chunks[0]: the chunks of attempts that failed come before it
     chars: int = 0
-    status: str = "queued"
+    status: RequestStatus = RequestStatus.QUEUED
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     ended_at: float | None = None  # monotonic
