@@ -82,7 +82,7 @@ class CompletionService:
         self.calibration = runner.calibration
         self.breaker = runner.breaker
         self.streams = ChunkLogs()  # the chunks of background requests, readable again
-        self.interrupted = InterruptedResponses(elsewhere)  # the previous run's, by response id
+        self.interrupted = InterruptedResponses(elsewhere.requests)  # the previous run's, by response id
         self.activity = CompletionActivity()
         self._held: dict[str, ConversationMemory] = {}  # request id -> the conversation it keeps in memory
         self._background: set[asyncio.Task[None]] = set()  # discards under way
