@@ -94,3 +94,26 @@ def test_a_request_of_this_daemon_that_failed_raises_naming_it() -> None:
     with pytest.raises(KsiError) as raised:
         view.outcome()
     assert raised.value.details == {"where": "queue", "request_id": "r1"}
+
+
+def test_a_journal_request_knows_its_model_and_when_it_was_accepted_and_ended() -> None:
+    line = {"request_id": "r1", "conversation_id": "c", "status": "failed", "code": "daemon_restart",
+            "model": "openai/stub-model", "queued_at": "2026-01-01T00:00:00Z", "ts": "2026-01-01T00:00:05Z"}
+    view = journal_view(line)
+    assert (view.model, view.created, view.ended) == ("openai/stub-model", "2026-01-01T00:00:00Z",
+                                                      "2026-01-01T00:00:05Z")
+    described = view.describe()
+    assert described["model"] == "openai/stub-model" and described["created"] == "2026-01-01T00:00:00Z"
+    assert "ended" not in described  # completion:status reports no end time, from any source
+
+
+def test_a_pool_row_knows_when_its_request_was_accepted() -> None:
+    view = pool_view(_row(record={"model": "m", "created": "2026-01-01T00:00:00Z"}))
+    assert view.describe()["created"] == "2026-01-01T00:00:00Z" and view.ended is None
+
+
+def test_a_request_of_this_daemon_holds_a_status_member_whatever_spelling_ended_it() -> None:
+    state = _state()
+    state.finish("failed", error=KsiError(ErrorCode.TIMEOUT, "slow"))
+    assert state.status is RequestStatus.FAILED and state.view().status is RequestStatus.FAILED
+    assert not state.handed_over  # a pool movement, kept apart from the status

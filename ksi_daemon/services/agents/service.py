@@ -23,6 +23,7 @@ from ksi_common.events import (
     COMPLETION_WAIT,
 )
 from ksi_common.ids import new_id
+from ksi_common.request_status import RequestStatus
 from ksi_common.settings import Settings
 from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
@@ -218,7 +219,7 @@ class AgentService:
             if not live:
                 break
             await self.completion.cancel_conversation(conversation_id)
-            cancelled += [s.request_id for s in live if s.status == "cancelled"]
+            cancelled += [s.request_id for s in live if s.status is RequestStatus.CANCELLED]
         else:
             raise KsiError(ErrorCode.OVERLOADED, f"agent {record.agent_id} keeps receiving requests; retry the reset",
                            retry_after=1.0, agent_id=record.agent_id)

@@ -18,6 +18,7 @@ from ksi_common.events import CONVERSATION_FORK
 from ksi_common.items import call_ids_answered
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
+from ksi_common.request_status import RequestStatus
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.abilities import refuse_unable
@@ -169,7 +170,7 @@ class Admission:
         running = self.requests.live_response(response_id)
         if running is None:
             return
-        status = "in_progress" if running.status == "running" else "queued"
+        status = "in_progress" if running.status is RequestStatus.RUNNING else "queued"
         raise KsiError(ErrorCode.PREVIOUS_RESPONSE_IN_PROGRESS,
                        f"response {response_id} is still {status.replace('_', ' ')}: continue after it once it "
                        "has completed (poll it, or wait for its result)", response_id=response_id, status=status,

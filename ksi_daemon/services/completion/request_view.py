@@ -1,8 +1,9 @@
 """One view of a completion request, whatever it was read from: a request running or finished here
 (`RequestState.view`), one the previous daemon's journal left (`journal_view`), or the pool's row
 of one another daemon accepted (`pool_view`). `describe()` is what completion:status answers,
-`outcome()` what completion:wait does; the result data itself is built by
-`ksi_common.events.completion_result` alone."""
+`outcome()` what completion:wait does, and a background response a restart interrupted is shown by
+completion:chunks from its view too (`services/pool/interrupted.py`); the result data itself is
+built by `ksi_common.events.completion_result` alone."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class RequestView:
     conversation_id: str | None
     status: RequestStatus
     model: str | None = None
-    created: str | None = None  # when this daemon accepted it; neither the journal nor the pool keeps it
+    created: str | None = None  # when it was accepted: the request's, its journal line's or its pool record's
+    # when it ended, where its source keeps that (the journal); completion:chunks shows it, status does not
+    ended: str | None = None
     response_id: str | None = None  # once it ran: a request that never ran has no response
     reason: str | None = None  # the error code of a failed or cancelled request
     queue_position: int = 0
@@ -66,15 +69,17 @@ def journal_view(record: dict[str, Any]) -> RequestView:
     """A request of the previous daemon, as its journal left it after recovery: done (its result
     rebuilt from storage, or not yet), or failed or cancelled (`daemon_restart` when unfinished)."""
     request_id, conversation_id = record["request_id"], record.get("conversation_id")
+    # its lines are merged: `queued_at` is its first one's time, `ts` its last one's (its end)
+    known = {"model": record.get("model"), "created": record.get("queued_at"), "ended": record.get("ts")}
     if record.get("status") == RequestStatus.DONE:
         return RequestView(request_id, conversation_id, RequestStatus.DONE, response_id=record.get("response_id"),
-                           recovered=True, result=record.get("result"))
+                           recovered=True, result=record.get("result"), **known)
     code = str(record.get("code") or ErrorCode.DAEMON_RESTART)
     message = (RESTART_MESSAGE if code == ErrorCode.DAEMON_RESTART
                else f"the request ended {record.get('status')} ({code}) before the daemon restarted")
     status = RequestStatus.CANCELLED if record.get("status") == RequestStatus.CANCELLED else RequestStatus.FAILED
     return RequestView(request_id, conversation_id, status, reason=code,
-                       error=KsiError(code, message, request_id=request_id))
+                       error=KsiError(code, message, request_id=request_id), **known)
 
 
 def pool_view(row: PoolRequest, result: dict[str, Any] | None = None) -> RequestView:
@@ -87,5 +92,6 @@ def pool_view(row: PoolRequest, result: dict[str, Any] | None = None) -> Request
         error = KsiError(code, f"the request ended {row.status} ({code}) on another daemon of the pool",
                          request_id=row.request_id, daemon_id=row.daemon_id)
     return RequestView(row.request_id, row.conversation_id, status, model=row.record.get("model"),
+                       created=row.record.get("created"),
                        response_id=row.response_id if status is RequestStatus.DONE else None,
                        reason=row.code, daemon_id=row.daemon_id, result=result, error=error)

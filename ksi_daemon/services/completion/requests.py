@@ -25,7 +25,10 @@ class RequestState:
     context: EventContext
     agent_id: str | None = None
     from_agent: str | None = None
-    status: str = "queued"
+    status: RequestStatus = RequestStatus.QUEUED
+    # another daemon of the pool took it over (a pool movement, not a status): it answers for the
+    # request, whose status here stays the last this daemon knew (queued or running)
+    handed_over: bool = False
     created: str = field(default_factory=utc_now)
     started_at: float | None = None
     job: Job | None = None
@@ -40,8 +43,10 @@ class RequestState:
     # the ids of its conversation's pending input it was matched by at admission: its new input
     takes_pending: tuple[str, ...] = ()
 
-    def finish(self, status: str, result: dict[str, Any] | None = None, error: KsiError | None = None) -> None:
-        self.status, self.result, self.error = status, result, error
+    def finish(self, status: RequestStatus, result: dict[str, Any] | None = None,
+               error: KsiError | None = None) -> None:
+        # whatever spelling a caller used, the state holds a member: its readers compare members
+        self.status, self.result, self.error = RequestStatus(status), result, error
         self.done.set()
 
     def duration_ms(self) -> float:
@@ -50,7 +55,7 @@ class RequestState:
     def view(self, queue_position: int = 0) -> RequestView:
         """This request as completion:status and completion:wait see it, running or finished;
         `queue_position` is the scheduler's, while it is queued."""
-        return RequestView(self.request_id, self.conversation_id, RequestStatus(self.status), model=self.model,
+        return RequestView(self.request_id, self.conversation_id, self.status, model=self.model,
                            created=self.created, queue_position=queue_position,
                            # a request that never ran has no response
                            response_id=self.response_id if self.started_at is not None else None,

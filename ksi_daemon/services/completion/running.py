@@ -13,7 +13,7 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.records import IndexEntry
-from ksi_common.request_status import FINISHED
+from ksi_common.request_status import FINISHED, RequestStatus
 from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
@@ -36,17 +36,22 @@ from ksi_daemon.storage.ports import ResponseStore
 
 log = structlog.get_logger("ksi.completion")
 
-HANDED_OVER = "handed_over"  # a request another daemon of the pool took over while this one was silent
 CALIBRATION_SAVE_INTERVAL = 5.0  # seconds: a crash loses at most this much learning
 
 
 @dataclass(slots=True)
 class Ended:
-    """How a turn ended: done with its result, failed or cancelled with its error, or handed over."""
+    """How a turn ended: done with its result, failed or cancelled with its error."""
 
-    status: str
+    status: RequestStatus
     result: dict[str, Any] | None = None
     error: KsiError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandedOver:
+    """The turn did not end here: another daemon of the pool took the request over while this one
+    was silent, and runs it again under the same ids."""
 
 
 class TurnRunner:
@@ -72,11 +77,12 @@ class TurnRunner:
         self._background: set[asyncio.Task[Any]] = set()  # calibration saves under way
 
     async def run(self, state: RequestState, chunk_sink: Callable[[], ChunkSink | None],
-                  held: Callable[[], ConversationMemory | None], attempt_started: Callable[[], None]) -> Ended:
+                  held: Callable[[], ConversationMemory | None],
+                  attempt_started: Callable[[], None]) -> Ended | HandedOver:
         """Prepare, call and commit the request's turn (each preparation streams to a new
         `chunk_sink()`; `attempt_started()` before each provider attempt); a failure is logged under its response id and a conversation made for it
         alone (`held()`: the one it keeps in memory) is discarded. Never raises: the end says how."""
-        state.status = "running"
+        state.status = RequestStatus.RUNNING
         state.started_at = time.perf_counter()
         attempts: list[dict[str, Any]] = []
         inputs = records.input_lines(state)
@@ -102,20 +108,20 @@ class TurnRunner:
             error = KsiError(ErrorCode.CANCELLED, "cancelled while running", request_id=state.request_id)
             await self._log_failure(state, inputs, error, attempts)
             await self.discard_if_unused(state, held())
-            return Ended("cancelled", error=error)
+            return Ended(RequestStatus.CANCELLED, error=error)
         except KsiError as error:
             if error.code == ErrorCode.LEASE_LOST and await self.elsewhere.taken_from_here(state.request_id):
-                return Ended(HANDED_OVER)  # the daemon that took it over runs it again, under the same ids
+                return HandedOver()  # the daemon that took it over runs it again, under the same ids
             await self._log_failure(state, inputs, error, attempts)
             await self.discard_if_unused(state, held())
-            return Ended("failed", error=error)
+            return Ended(RequestStatus.FAILED, error=error)
         except Exception as exc:
             log.exception("completion_failed", request_id=state.request_id)
             error = KsiError(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
             await self._log_failure(state, inputs, error, attempts)
             await self.discard_if_unused(state, held())
-            return Ended("failed", error=error)
-        return Ended("done", result=result)
+            return Ended(RequestStatus.FAILED, error=error)
+        return Ended(RequestStatus.DONE, result=result)
 
     async def _call(self, state: RequestState, answerer: Provider, prepared: Prepared,
                     attempts: list[dict[str, Any]], attempt_started: Callable[[], None]) -> ProviderReply:

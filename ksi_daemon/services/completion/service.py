@@ -42,7 +42,7 @@ from ksi_daemon.services.completion.preparation import ChunkSink
 from ksi_daemon.services.completion.recovery import indexed_result, recover
 from ksi_daemon.services.completion.request_view import RequestView, journal_view
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
-from ksi_daemon.services.completion.running import HANDED_OVER, TurnRunner
+from ksi_daemon.services.completion.running import HandedOver, TurnRunner
 from ksi_daemon.services.completion.scheduler import Job, Scheduler
 from ksi_daemon.services.completion.streams import ChunkLogs, CompletionChunks
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
@@ -82,7 +82,7 @@ class CompletionService:
         self.calibration = runner.calibration
         self.breaker = runner.breaker
         self.streams = ChunkLogs()  # the chunks of background requests, readable again
-        self.interrupted = InterruptedResponses(elsewhere)  # the previous run's, by response id
+        self.interrupted = InterruptedResponses(elsewhere.requests)  # the previous run's, by response id
         self.activity = CompletionActivity()
         self._held: dict[str, ConversationMemory] = {}  # request id -> the conversation it keeps in memory
         self._background: set[asyncio.Task[None]] = set()  # discards under way
@@ -149,7 +149,7 @@ class CompletionService:
         return {
             "request_id": state.request_id,
             "conversation_id": state.conversation_id,
-            "status": state.status,
+            "status": state.status.value,
             "queue_position": self.scheduler.position(state.job) if state.job else 0,
             "response_id": state.response_id,
             "model": state.model,
@@ -165,7 +165,7 @@ class CompletionService:
                     await state.done.wait()
             except TimeoutError:
                 pass
-        if state.status == HANDED_OVER:  # another daemon runs it now
+        if state.handed_over:  # another daemon runs it now
             return await self.elsewhere.wait(data.request_id, data.timeout)
         return self.view(state).outcome()
 
@@ -199,11 +199,12 @@ class CompletionService:
         if state.job is None or state.status in FINISHED:
             return {**self.describe(state), "cancelled": False}
         self.scheduler.cancel(state.job)
-        if state.status == "running" or state.job.turn.state is TurnState.WITHDRAWN:  # ends once its offer is back
+        # running, or withdrawn: it ends once its run unwinds or its offer is back
+        if state.status is RequestStatus.RUNNING or state.job.turn.state is TurnState.WITHDRAWN:
             await state.done.wait()
-        if state.status == HANDED_OVER:  # claimed before its offer was taken back: the claimer is asked
+        if state.handed_over:  # claimed before its offer was taken back: the claimer is asked
             return await self.elsewhere.cancel(data.request_id)
-        return {**self.describe(state), "cancelled": state.status == "cancelled"}
+        return {**self.describe(state), "cancelled": state.status is RequestStatus.CANCELLED}
 
     async def handle_chunks(self, data: CompletionChunks, _context: EventContext) -> dict[str, Any]:
         try:
@@ -226,7 +227,7 @@ class CompletionService:
 
     def view(self, state: RequestState) -> RequestView:
         """A request of this daemon as status and wait see it, with its place in the queue."""
-        queued = state.job is not None and state.status == RequestStatus.QUEUED
+        queued = state.job is not None and state.status is RequestStatus.QUEUED
         return state.view(self.scheduler.position(state.job) if queued and state.job is not None else 0)
 
     def describe(self, state: RequestState) -> dict[str, Any]:
@@ -257,12 +258,12 @@ class CompletionService:
         self._held[state.request_id] = memory
         # two lines a request, queued and its end: the response id is known from here, so a
         # restart finds an exchange indexed before the kill without a `running` line
-        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id,
-                            model=state.model)
+        self.journal.record(state.request_id, state.conversation_id, RequestStatus.QUEUED,
+                            response_id=state.response_id, model=state.model)
         try:  # the pool's order, and the request durable for the pool, before the ack leaves
             await self.scheduler.line_up(state.job, request_record(state))
         except KsiError as error:
-            self._finish(state, "failed", error=error)
+            self._finish(state, RequestStatus.FAILED, error=error)
             raise
         self.scheduler.submit(state.job)
         return state
@@ -275,7 +276,7 @@ class CompletionService:
         for state in states:
             if state.job is None or state.status in FINISHED:
                 continue
-            if state.status == "running" and committing:
+            if state.status is RequestStatus.RUNNING and committing:
                 continue  # its exchange is being written: cancelling now would tear it; let it finish
             self.scheduler.cancel(state.job)
         if states:
@@ -292,7 +293,7 @@ class CompletionService:
     def _cancelled_in_queue(self, state: RequestState) -> None:
         error = KsiError(ErrorCode.CANCELLED, "cancelled while queued", request_id=state.request_id)
         memory = self._held.get(state.request_id)
-        self._finish(state, "cancelled", error=error)
+        self._finish(state, RequestStatus.CANCELLED, error=error)
         if state.made_conversation and memory is not None:  # the empty conversation made for it goes too
             task = asyncio.get_running_loop().create_task(self.runner.discard_if_unused(state, memory))
             self._background.add(task)
@@ -309,7 +310,8 @@ class CompletionService:
             result = await indexed_result(line, self.writer.reader, self.responses)
             self.requests.add_finished(RequestView(state.request_id, state.conversation_id, RequestStatus.DONE,
                                                    response_id=state.response_id, recovered=True, result=result))
-            self.journal.record(state.request_id, state.conversation_id, "done", response_id=state.response_id)
+            self.journal.record(state.request_id, state.conversation_id, RequestStatus.DONE,
+                                response_id=state.response_id)
             if result is not None:
                 self.router.emit(COMPLETION_RESULT, result, state.context.child())
             return
@@ -322,12 +324,12 @@ class CompletionService:
             self.streams.open(state)
         memory.users += 1
         self._held[state.request_id] = memory
-        self.journal.record(state.request_id, state.conversation_id, "queued", response_id=state.response_id,
-                            model=state.model)
+        self.journal.record(state.request_id, state.conversation_id, RequestStatus.QUEUED,
+                            response_id=state.response_id, model=state.model)
         try:
             await self.scheduler.line_up(state.job, taken.record)  # its new ticket is this daemon's
         except KsiError as error:  # ended as failed, its memory let go; the caller gives its place up
-            self._finish(state, "failed", error=error)
+            self._finish(state, RequestStatus.FAILED, error=error)
             raise
         self.scheduler.submit(state.job)
 
@@ -337,7 +339,7 @@ class CompletionService:
         held = self._held.pop(state.request_id, None)
         if held is not None:
             held.users -= 1
-        state.status = HANDED_OVER
+        state.handed_over = True
         self.requests.forget(state.request_id)
         state.done.set()
         log.warning("request_handed_over", request_id=state.request_id, conversation_id=state.conversation_id)
@@ -349,7 +351,7 @@ class CompletionService:
                                       lambda: self._held.get(state.request_id),
                                       # a retry's chunks replace the failed attempt's in a resumable stream
                                       lambda: self.streams.attempt(state.request_id))
-        if ended.status == HANDED_OVER:
+        if isinstance(ended, HandedOver):
             self._handed_over(state)
         else:
             self._finish(state, ended.status, result=ended.result, error=ended.error)
@@ -377,7 +379,7 @@ class CompletionService:
 
         return emit
 
-    def _finish(self, state: RequestState, status: str, *, result: dict[str, Any] | None = None,
+    def _finish(self, state: RequestState, status: RequestStatus, *, result: dict[str, Any] | None = None,
                 error: KsiError | None = None) -> None:
         held = self._held.pop(state.request_id, None)
         if held is not None:
@@ -387,13 +389,13 @@ class CompletionService:
         self.streams.ended(state)
         self.journal.record(state.request_id, state.conversation_id, status, code=error.code if error else None)
         context = state.context.child()
-        if status == "done" and result is not None:
+        if status is RequestStatus.DONE and result is not None:
             self.activity.succeeded(state.model, result["duration_ms"], result["usage"] or {}, result["cost"],
                                     format_ts(self.clock()))
             self.router.emit(COMPLETION_RESULT, result, context)
         else:
             assert error is not None
-            if status == "cancelled":
+            if status is RequestStatus.CANCELLED:
                 self.activity.cancelled(state.model)
             else:
                 self.activity.failed(state.model, error.code, error.message, format_ts(self.clock()),
@@ -401,4 +403,5 @@ class CompletionService:
             payload: CompletionFailure = {"request_id": state.request_id, "conversation_id": state.conversation_id,
                        "agent_id": state.agent_id, "code": error.code, "message": error.message,
                        "details": error.details}
-            self.router.emit(COMPLETION_CANCELLED if status == "cancelled" else COMPLETION_ERROR, payload, context)
+            cancelled = status is RequestStatus.CANCELLED
+            self.router.emit(COMPLETION_CANCELLED if cancelled else COMPLETION_ERROR, payload, context)

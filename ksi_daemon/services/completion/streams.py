@@ -22,8 +22,9 @@ from pydantic import Field
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_common.request_status import FINISHED
+from ksi_common.request_status import FINISHED, RequestStatus
 from ksi_daemon.events import EventData, SafeId
+from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
 
 KEPT_AFTER_END = 600.0  # seconds an ended request's chunks stay readable
@@ -53,7 +54,7 @@ class ChunkLog:
     chunks: list[str] = field(default_factory=list)
     first: int = 0  # the number of chunks[0]: the chunks of attempts that failed come before it
     chars: int = 0
-    status: str = "queued"
+    status: RequestStatus = RequestStatus.QUEUED
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     ended_at: float | None = None  # monotonic
@@ -93,7 +94,9 @@ class ChunkLogs:
         """Start keeping the chunks of `state` (a request that has its response id)."""
         assert state.response_id is not None
         self._prune()
-        log = ChunkLog(_shown(state), state, created=self.clock())
+        shown = shown_request(state.request_id, state.response_id, state.conversation_id, state.model,
+                              state.agent_id, state.request)
+        log = ChunkLog(shown, state, created=self.clock())
         self._logs[state.response_id] = log
         self._by_request[state.request_id] = log
 
@@ -176,25 +179,34 @@ class ChunkLogs:
         first = max(after + 1, log.first)
         state = log.state
         status = state.status if state is not None else log.status
-        view: dict[str, Any] = {
-            **log.shown, "status": status, "created": log.created, "ended": log.ended_wall,
-            "first": first, "chunks": log.chunks[first - log.first:], "total_chunks": log.total,
-            "result": None, "error": None,
-        }
+        result, error = None, None
         if status in FINISHED:
-            view["result"] = state.result if state is not None else log.result
-            error = state.error.to_wire() if state is not None and state.error is not None else None
-            view["error"] = error if state is not None else log.error
-        return view
+            result = state.result if state is not None else log.result
+            wired = state.error.to_wire() if state is not None and state.error is not None else None
+            error = wired if state is not None else log.error
+        return chunks_answer(log.shown, status, log.created, log.ended_wall, first=first,
+                             chunks=log.chunks[first - log.first:], total=log.total, result=result, error=error)
 
 
-def _shown(state: RequestState) -> dict[str, Any]:
-    """What a reader is shown of a request besides its status: fixed from its admission on."""
-    request = state.request
-    return {
-        "request_id": state.request_id, "response_id": state.response_id,
-        "conversation_id": state.conversation_id, "model": state.model, "agent_id": state.agent_id,
-        "request": {"temperature": request.temperature, "max_tokens": request.max_tokens,
-                    "instructions": request.instructions, "metadata": dict(request.metadata),
-                    "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}},
-    }
+def chunks_answer(shown: dict[str, Any], status: RequestStatus, created: float, ended: float | None, *,
+                  first: int = 0, chunks: list[str] | None = None, total: int = 0,
+                  result: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """completion:chunks's answer, for a request whose log is kept here or for one a restart
+    interrupted (no chunks): `shown` (see `shown_request`), its status and times (wall clock,
+    seconds), and its result or error (wire form) once it ended."""
+    return {**shown, "status": status.value, "created": created, "ended": ended, "first": first,
+            "chunks": chunks or [], "total_chunks": total, "result": result, "error": error}
+
+
+def shown_request(request_id: str, response_id: str | None, conversation_id: str | None, model: str | None,
+                  agent_id: str | None = None, request: CompletionAsync | None = None) -> dict[str, Any]:
+    """What a reader is shown of a request besides its status, fixed from its admission on; the
+    request's fields empty when its source did not keep them (a journal line)."""
+    shown_fields: dict[str, Any] = {"temperature": None, "max_tokens": None, "instructions": None,
+                                    "metadata": {}, "options": {}}
+    if request is not None:
+        shown_fields = {"temperature": request.temperature, "max_tokens": request.max_tokens,
+                        "instructions": request.instructions, "metadata": dict(request.metadata),
+                        "options": {k: v for k, v in request.options.items() if k in SHOWN_OPTIONS}}
+    return {"request_id": request_id, "response_id": response_id, "conversation_id": conversation_id,
+            "model": model, "agent_id": agent_id, "request": shown_fields}

@@ -2,7 +2,8 @@
 whose chunk log went with the killed daemon, so a door reading it by id tells a crash from a wrong
 id. On one daemon the journal's account stands (`failed`, `daemon_restart`: nothing was stored);
 on the pool the request is another daemon's (or this one's, once it takes it over), and its state
-is read from the pool until a chunk log of its own is opened."""
+is read from the pool until a chunk log of its own is opened. Either is shown from the request's
+`RequestView`, as completion:status and completion:wait see it, in the shape a kept log is shown."""
 
 from __future__ import annotations
 
@@ -10,27 +11,24 @@ import asyncio
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.request_status import RequestStatus
 from ksi_common.timefmt import parse_ts
-from ksi_daemon.services.pool.elsewhere import RequestsElsewhere
-from ksi_daemon.storage.ports import PoolRequest
+from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.request_view import RequestView, journal_view, pool_view
+from ksi_daemon.services.completion.streams import chunks_answer, shown_request
+from ksi_daemon.storage.ports import PoolRequests
 
 RECHECK = 1.0  # seconds a reader asking to wait is held before the pool is read again
-RESTART_MESSAGE = "the response was interrupted by a daemon restart"
-
-
-def _epoch(ts: Any) -> float:
-    try:
-        return parse_ts(ts) if isinstance(ts, str) else time.time()
-    except ValueError:
-        return time.time()
 
 
 class InterruptedResponses:
     """The journal records of the previous run's unfinished requests, by response id."""
 
-    def __init__(self, elsewhere: RequestsElsewhere) -> None:
-        self.elsewhere = elsewhere
+    def __init__(self, pool: PoolRequests) -> None:
+        self.pool = pool
         self._lost: dict[str, dict[str, Any]] = {}  # failed daemon_restart: nobody runs them again
         self._pooled: dict[str, dict[str, Any]] = {}  # the pool holds them: a live daemon runs them
 
@@ -44,41 +42,54 @@ class InterruptedResponses:
             self._lost[response_id] = record
 
     async def view(self, response_id: str, wait: float) -> dict[str, Any] | None:
-        """A `completion:chunks` view of an interrupted response (no chunks), or None when none was
-        interrupted under that id or its stored record answers for it now."""
+        """A `completion:chunks` answer for an interrupted response (no chunks), or None when none
+        was interrupted under that id or its stored record answers for it now."""
         lost = self._lost.get(response_id)
         if lost is not None:
-            error = {"code": ErrorCode.DAEMON_RESTART, "message": RESTART_MESSAGE}
-            return _view(lost, response_id, str(lost.get("model") or ""), "failed", error)
-        pooled = self._pooled.get(response_id)
-        if pooled is None:
+            view = journal_view(lost)
+            shown = shown_request(view.request_id, response_id, view.conversation_id, view.model)
+            return _answer(shown, view)
+        line = self._pooled.get(response_id)
+        if line is None:
             return None
-        found = await self._find(pooled["request_id"])
-        if found is None or found.indexed or found.status == "done":
-            return None  # stored: response:show answers for it
-        if found.status == "queued" and wait > 0:
+        pooled = await self._pooled_view(line, response_id)
+        if pooled is not None and pooled[1].status is RequestStatus.QUEUED and wait > 0:
             await asyncio.sleep(min(wait, RECHECK))  # not ours yet: no change is signalled here
-        error = None
-        if found.status == "failed":
-            code = found.code or ErrorCode.INTERNAL_ERROR
-            error = {"code": code, "message": f"the request ended failed ({code}) on a daemon of the pool"}
-        return _view(pooled, response_id, str(found.record.get("model") or pooled.get("model") or ""),
-                     found.status, error)
+            pooled = await self._pooled_view(line, response_id)
+        return _answer(*pooled) if pooled is not None else None
 
-    async def _find(self, request_id: str) -> PoolRequest | None:
+    async def _pooled_view(self, line: dict[str, Any], response_id: str) -> tuple[dict[str, Any], RequestView] | None:
+        """The request as the pool's row shows it, None once done (response:show answers for it)."""
         try:
-            return await self.elsewhere.requests.find(request_id)
+            found = await self.pool.find(line["request_id"])
         except KsiError:  # the database is away: answered as an id it does not know
             return None
+        if found is None:
+            return None
+        view = pool_view(found)
+        if view.status is RequestStatus.DONE:
+            return None
+        shown = shown_request(view.request_id, response_id, view.conversation_id, view.model or line.get("model"),
+                              found.record.get("agent_id"), _request(found.record))
+        return shown, view
 
 
-def _view(record: dict[str, Any], response_id: str, model: str, status: str,
-          error: dict[str, Any] | None) -> dict[str, Any]:
-    created = _epoch(record.get("queued_at") or record.get("ts"))
-    ended = _epoch(record.get("ts")) if status in ("failed", "cancelled") else None
-    return {
-        "request_id": record["request_id"], "response_id": response_id,
-        "conversation_id": record.get("conversation_id"),
-        "model": model, "agent_id": None, "request": {}, "status": status, "created": created, "ended": ended,
-        "first": 0, "chunks": [], "total_chunks": 0, "result": None, "error": error,
-    }
+def _answer(shown: dict[str, Any], view: RequestView) -> dict[str, Any]:
+    error = view.error.to_wire() if view.error is not None else None
+    return chunks_answer(shown, view.status, _epoch(view.created) or time.time(), _epoch(view.ended),
+                         result=view.result, error=error)
+
+
+def _request(record: dict[str, Any]) -> CompletionAsync | None:
+    """The request as the pool keeps it, for what a reader is shown of it (None: not readable)."""
+    try:
+        return CompletionAsync.model_validate(record["request"]) if "request" in record else None
+    except ValidationError:
+        return None
+
+
+def _epoch(ts: str | None) -> float | None:
+    try:
+        return parse_ts(ts) if ts else None
+    except ValueError:
+        return None
