@@ -117,3 +117,13 @@ class KsiClient:
         if frame is None:
             self._pushes.put_nowait(None)
         return frame
+
+    def push_ready(self) -> dict[str, Any] | None:
+        """A frame already pushed, taken without waiting; None when none is (or the connection closed)."""
+        try:
+            frame = self._pushes.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if frame is None:
+            self._pushes.put_nowait(None)
+        return frame

@@ -33,6 +33,10 @@ class PushedCaller(Caller, Protocol):
         """The next pushed frame, or None once the connection closed."""
         ...
 
+    def push_ready(self) -> dict[str, Any] | None:
+        """A frame already pushed, taken without waiting; None when none is there."""
+        ...
+
 
 async def wait_for_result(caller: Caller, request_id: str) -> dict[str, Any]:
     """completion:wait, again while the request is queued or running, until its result data (a
@@ -60,14 +64,15 @@ async def follow(caller: PushedCaller, request_id: str, wait: float = WAIT_SLICE
         waiter = asyncio.ensure_future(
             caller.request(COMPLETION_WAIT, {"request_id": request_id, "timeout": wait}))
         try:
-            while not waiter.done():
-                pusher = asyncio.ensure_future(caller.next_push())
-                done, _pending = await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
-                if pusher not in done:
-                    pusher.cancel()
-                elif (frame := pusher.result()) is None:  # closed: the waiter fails with it
-                    await asyncio.wait({waiter})
-                elif frame.get("event") == COMPLETION_CHUNK and (frame.get("data") or {}).get("request_id") == request_id:
+            while True:
+                # frames already queued come first: a reply is read after every frame pushed
+                # before it, so the chunks of the last burst are taken before the result is given
+                if (frame := caller.push_ready()) is None:
+                    if waiter.done():
+                        break
+                    if (frame := await _push_or_reply(caller, waiter)) is None:
+                        continue
+                if frame.get("event") == COMPLETION_CHUNK and (frame.get("data") or {}).get("request_id") == request_id:
                     yield COMPLETION_CHUNK, frame["data"]
         finally:
             waiter.cancel()  # a consumer gone mid-stream leaves no wait behind; a done waiter is left as it is
@@ -78,6 +83,21 @@ async def follow(caller: PushedCaller, request_id: str, wait: float = WAIT_SLICE
         if once:
             yield COMPLETION_STATUS, reply
             return
+
+
+async def _push_or_reply(caller: PushedCaller, waiter: asyncio.Future[Any]) -> dict[str, Any] | None:
+    """The next frame pushed, or None once `waiter` is done first (it fails too when the connection
+    closed)."""
+    pusher = asyncio.ensure_future(caller.next_push())
+    try:
+        await asyncio.wait({waiter, pusher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pusher.cancel()  # a read still waiting takes no frame once cancelled; a done one keeps its frame
+    if not pusher.done():
+        return None
+    if (frame := pusher.result()) is None:  # closed: the waiter fails with it
+        await asyncio.wait({waiter})
+    return frame
 
 
 def follow_blocking(connection: Connection, request_id: str, wait: float = WAIT_SLICE,

@@ -9,6 +9,7 @@ refuses a browser session's change sent from another site's page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,7 @@ from ksi_common.events import (
     AGENT_LIST,
     AGENT_SEND_MESSAGE,
     COMPLETION_ASYNC,
-    COMPLETION_CANCELLED,
     COMPLETION_CHUNK,
-    COMPLETION_ERROR,
     COMPLETION_RESULT,
     CONSORTIUM_RUNS,
     CONSORTIUM_TRACE,
@@ -45,10 +44,17 @@ from ksi_common.events import (
 )
 from ksi_common.ids import new_id
 from ksi_common.settings import Settings
+from ksi_common.submitting import follow
 from ksi_daemon.context import EventContext
 from ksi_daemon.transports.console import views
-from ksi_daemon.transports.console.stream import READ_PREFIX, event_frames, sse, subscribe, take
-from ksi_daemon.transports.http.door import HttpOrigin, RequestHandler, error_response, read_form
+from ksi_daemon.transports.console.stream import READ_PREFIX, event_frames, sse, subscribe
+from ksi_daemon.transports.http.door import (
+    OriginCaller,
+    RequestHandler,
+    error_response,
+    read_form,
+    streamed_failure,
+)
 from ksi_daemon.transports.http.errors import status_for
 from ksi_daemon.transports.http.front import RouteGroup
 
@@ -289,40 +295,45 @@ class Console:
 
     # -- a streamed answer ------------------------------------------------------------
     async def _answer(self, event: str, data: dict[str, Any]) -> Response:
-        """Subscribe first, then queue the request: its chunks and outcome stream back as
-        server-sent events; nothing is missed between the ack and the first chunk."""
-        origin, _reply = await subscribe(self.handle_request, ["completion:*"], STREAM_QUEUE)
+        """Subscribe to chunks first, then queue the request: its chunks and outcome stream back as
+        server-sent events, followed as every client follows one (ksi_common.submitting.follow);
+        nothing is missed between the ack and the first chunk."""
+        origin, _reply = await subscribe(self.handle_request, [COMPLETION_CHUNK], STREAM_QUEUE)
         try:
             ack = await self.act(event, data)
         except KsiError as error:
             origin.close()
             return Response(sse("error", error.to_wire()), status_code=status_for(error.code),
                             media_type="text/event-stream", headers=SSE_HEADERS)
-        return StreamingResponse(_answer_frames(origin, ack), media_type="text/event-stream", headers=SSE_HEADERS)
+        # its waits are the page's own reads: the live view hides them, as it hides the subscription
+        caller = OriginCaller(self.handle_request, origin, READ_PREFIX)
+        return StreamingResponse(_answer_frames(caller, ack), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _answer_frames(origin: HttpOrigin, ack: dict[str, Any]) -> AsyncIterator[bytes]:
-    request_id = ack.get("request_id")
+async def _answer_frames(caller: OriginCaller, ack: dict[str, Any]) -> AsyncIterator[bytes]:
+    """`queued`, a `chunk` per piece of text, then `result`, `error` or `cancelled`; nothing more when
+    the answer takes longer than ANSWER_TIMEOUT (the page says it ended without one). A page that
+    fell behind is told how many chunks it lost (`dropped`)."""
+    request_id = str(ack.get("request_id"))
+    reported = 0
     try:
         yield sse("queued", ack)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ANSWER_TIMEOUT
-        while loop.time() < deadline:
-            for frame in await take(origin, 5.0):
-                payload = frame.get("data") or {}
-                if payload.get("request_id") != request_id:
-                    continue
-                name = frame.get("event")
-                if name == COMPLETION_CHUNK:
-                    if payload.get("text"):  # the page shows the text; reasoning and calls come with the result
-                        yield sse("chunk", {"index": payload.get("index"), "text": payload["text"]})
-                elif name in (COMPLETION_RESULT, COMPLETION_ERROR, COMPLETION_CANCELLED):
-                    yield sse(name.split(":", 1)[1], payload)
-                    return
-            if origin.lost:
-                yield sse("dropped", {"dropped": origin.lost})
+        async with contextlib.aclosing(follow(caller, request_id, ANSWER_TIMEOUT, once=True)) as followed:
+            async for name, payload in followed:
+                if name == COMPLETION_CHUNK and payload.get("text"):  # reasoning and calls come with the result
+                    yield sse("chunk", {"index": payload.get("index"), "text": payload["text"]})
+                elif name == COMPLETION_RESULT:
+                    yield sse("result", payload)
+                if caller.origin.lost != reported:
+                    reported = caller.origin.lost
+                    yield sse("dropped", {"dropped": reported})
+    except KsiError as error:
+        failure = streamed_failure(error, request_id)
+        yield sse("cancelled" if error.code == ErrorCode.CANCELLED else "error",
+                  {"request_id": request_id, "conversation_id": ack.get("conversation_id"),
+                   "agent_id": ack.get("agent_id"), **failure.to_wire()})
     finally:
-        origin.close()
+        caller.origin.close()
 
 
 def _int(value: Any, default: int) -> int:

@@ -84,6 +84,38 @@ class RouterCaller:
         return await call(self.handle_request, event, data)
 
 
+@dataclass(frozen=True, slots=True)
+class OriginCaller:
+    """The router as the PushedCaller that follow takes: each event a request from `origin`, whose
+    queue holds the events pushed to it (its subscriptions')."""
+
+    handle_request: RequestHandler
+    origin: HttpOrigin
+    correlation: str = "h-"  # what its requests' correlation ids start with (the console hides its own)
+
+    async def request(self, event: str, data: dict[str, Any]) -> dict[str, Any]:
+        context = EventContext.root(correlation_id=new_id(self.correlation), origin=self.origin)
+        return await self.handle_request(event, data, context)
+
+    async def next_push(self) -> dict[str, Any] | None:
+        # closed only once its stream is abandoned: no push comes after
+        return None if self.origin.closed else await self.origin.queue.get()
+
+    def push_ready(self) -> dict[str, Any] | None:
+        try:
+            return self.origin.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+
+def streamed_failure(error: KsiError, request_id: str) -> KsiError:
+    """A followed request's failure as its outcome event carries it: completion:wait names the
+    request in every failure's details, the event only in a cancel's (the cancel names it itself)."""
+    if error.code == ErrorCode.CANCELLED or error.details.get("request_id") != request_id:
+        return error
+    return KsiError(error.code, error.message, **{k: v for k, v in error.details.items() if k != "request_id"})
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, read no further than `limit` bytes: `payload_too_large` past it (before
     reading at all when the declared length is already past it)."""
