@@ -531,6 +531,6 @@ def new_input(items: list[Item]) -> dict[str, Any]:
     """The new input as completion:async takes it: `messages` when it is only messages (as before
     tools), `input` items when it holds the outputs of calls."""
     if any(item["type"] == "function_call_output" or not isinstance(item["content"], str) or "cache_control" in item
-           for item in items):
+           or "prompt_cache_breakpoint" in item for item in items):
         return {"input": items}  # a call's output, images or a cache marker are only taken as items
     return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}
