@@ -1,7 +1,8 @@
 """A client's own OpenAI `prompt_cache_breakpoint` on a content part, sent with the official openai
 SDK through /v1/responses and Chat Completions: a model that takes explicit breakpoints receives it
 on its message's block (and KSI places none of its own); the stored turn keeps it, so the next turn
-replays it on the same message; a model that does not take them is sent none. `conversation:sent`
+replays it on the same message, as does a client resending its history with it; a model that does
+not take them is sent none. `conversation:sent`
 says the client placed it. A value that is not an object is refused naming its field, nothing
 written. The stub server plays the provider, on both storage backends."""
 
@@ -14,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from ksi_common.errors import ErrorCode
+from ksi_common.errors import ErrorCode, KsiError
 from tests.conftest import HttpDaemon, connected, running_http_daemon, stub_settings
 from tests.stored import stored_response, stored_snapshot
 from tests.stub_openai import StubOpenAI
@@ -77,7 +78,7 @@ async def test_a_responses_part_breakpoint_reaches_a_model_that_takes_it_and_is_
 
 async def test_a_chat_part_breakpoint_reaches_a_model_that_takes_it_and_no_other(
         http: HttpDaemon, api: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
-    stub.enqueue("Noted.", "Plain.")
+    stub.enqueue("Noted.", "Fine.", "Plain.")
     asked: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [
         {"type": "text", "text": "the long context"},
         {"type": "text", "text": "the question", "prompt_cache_breakpoint": MARK}]}]
@@ -86,12 +87,18 @@ async def test_a_chat_part_breakpoint_reaches_a_model_that_takes_it_and_no_other
     assert marked(stub.requests[-1]) == [("user", "the long contextthe question")]
     conversation_id = first.headers["x-ksi-conversation-id"]
     assert (await sent(http, conversation_id, 1))["breakpoints"][0]["by"] == "client"
+    # the client resends its history, the breakpoint where it put it: it goes out there again
     asked += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "and then?"}]
-    second = await api.chat.completions.with_raw_response.create(model=PLAIN, messages=asked)
+    second = await api.chat.completions.with_raw_response.create(model=TAKES, messages=asked)
     assert second.headers["x-ksi-conversation-id"] == conversation_id
+    assert marked(stub.requests[-1]) == [("user", "the long contextthe question")]
+    assert (await sent(http, conversation_id, 2))["breakpoints"] == [
+        {"at": 1, "part": "history", "ttl": None, "by": "client"}]
+    asked += [{"role": "assistant", "content": "Fine."}, {"role": "user", "content": "last"}]
+    await api.chat.completions.create(model=PLAIN, messages=asked)
     assert "prompt_cache_breakpoint" not in str(stub.requests[-1])
     assert [m["content"] for m in stub.requests[-1]["messages"]] == [
-        "be brief", "the long contextthe question", "Noted.", "and then?"]
+        "be brief", "the long contextthe question", "Noted.", "and then?", "Fine.", "last"]
 
 
 @pytest.mark.parametrize("door", ["responses", "chat"])
@@ -110,5 +117,22 @@ async def test_a_breakpoint_that_is_not_an_object_is_refused_naming_it_and_nothi
     assert isinstance(caught.value.body, dict)
     where = "input" if door == "responses" else "messages"
     assert caught.value.body["param"] == f"{where}.0.content.0.prompt_cache_breakpoint"
+    assert await stored_snapshot(http.daemon.settings) == before
+    assert stub.requests == []
+
+
+async def test_completion_async_names_a_breakpoint_that_is_not_an_object_in_its_input_and_history(
+        http: HttpDaemon, stub: StubOpenAI) -> None:
+    before = await stored_snapshot(http.daemon.settings)
+    history = [{"role": "user", "content": "one", "prompt_cache_breakpoint": "explicit"},
+               {"role": "assistant", "content": "two"}]
+    asked = {"type": "message", "role": "user", "content": "three", "prompt_cache_breakpoint": ["explicit"]}
+    async with connected(http.daemon) as client:
+        for data, field in (({"input": [asked]}, "input.0.message.prompt_cache_breakpoint"),
+                            ({"history": history, "prompt": "three"}, "history.0.prompt_cache_breakpoint")):
+            with pytest.raises(KsiError) as refused:
+                await client.request("completion:async", {**data, "model": TAKES})
+            assert refused.value.code == ErrorCode.VALIDATION_ERROR
+            assert field in refused.value.details["fields"], refused.value.details
     assert await stored_snapshot(http.daemon.settings) == before
     assert stub.requests == []

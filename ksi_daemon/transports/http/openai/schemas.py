@@ -199,6 +199,13 @@ def message_breakpoint(content: str | list[Part] | None) -> dict[str, Any] | Non
     return marked[-1].prompt_cache_breakpoint if marked and not isinstance(content, str) else None
 
 
+def with_breakpoint(item: dict[str, Any], content: str | list[Part] | None) -> dict[str, Any]:
+    """A message item with the client's own prompt-cache breakpoint on its parts, if any (the
+    provider adapter sends it to a model that takes one, at the message's end)."""
+    marker = message_breakpoint(content)
+    return {**item, "prompt_cache_breakpoint": marker} if marker is not None else item
+
+
 class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]

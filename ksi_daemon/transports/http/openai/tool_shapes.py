@@ -34,6 +34,7 @@ from ksi_daemon.transports.http.openai.schemas import (
     InputMessage,
     ToolItem,
     part_texts,
+    with_breakpoint,
 )
 from ksi_daemon.transports.http.openai.shapes import item_reference as shapes_item_reference
 from ksi_daemon.transports.http.openai.shapes import message_item, output_text
@@ -171,8 +172,8 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | Client
     function names the request's tools are given (see tool_kinds.provider_names)."""
     where = f"input.{position}"
     if isinstance(item, InputMessage):
-        return as_history(message(item.role if item.role != "developer" else "system",
-                                  item.event_content(f"{where}.content")))
+        return as_history(with_breakpoint(message(item.role if item.role != "developer" else "system",
+                                                  item.event_content(f"{where}.content")), item.content))
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
     if isinstance(item, ClientToolOutput):

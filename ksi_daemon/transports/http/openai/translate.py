@@ -22,10 +22,9 @@ from ksi_daemon.transports.http.openai.schemas import (
     ChatCompletionCreate,
     FunctionCallOutput,
     InputMessage,
-    Part,
     ResponseCreate,
-    message_breakpoint,
     parse,
+    with_breakpoint,
 )
 from ksi_daemon.transports.http.openai.shapes import output_item_response
 
@@ -124,13 +123,6 @@ def _not_empty(content: str | list[dict[str, Any]], where: str) -> None:
         raise KsiError(ErrorCode.VALIDATION_ERROR, f"{where} is empty", fields={where: "must not be empty"})
 
 
-def _marked(item: Item, content: str | list[Part] | None) -> Item:
-    """A new input message with the client's own prompt-cache breakpoint on its parts, if any (the
-    provider adapter sends it to a model that takes one, at the message's end)."""
-    marker = message_breakpoint(content)
-    return {**item, "prompt_cache_breakpoint": marker} if marker is not None else item
-
-
 def _refuse(field_name: str, why: str) -> KsiError:
     return KsiError(ErrorCode.UNSUPPORTED_PARAMETER, f"{field_name} is not supported: {why}",
                     fields={field_name: why})
@@ -225,8 +217,8 @@ def response_payload(body: ResponseCreate, after: str | None = None,
                 continue
             content = message.event_content(f"input.{position}.content")
             _not_empty(content, f"input.{position}.content")
-            messages.append(_marked(message_item("user" if message.role == "user" else "system", content),
-                                    message.content))
+            messages.append(with_breakpoint(message_item("user" if message.role == "user" else "system", content),
+                                            message.content))
         if history:
             payload["appended" if anchored else "history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
@@ -298,8 +290,8 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             continue
         content = message.event_content(f"messages.{position}.content")
         _not_empty(content, f"messages.{position}.content")
-        pending.append(_marked(message_item("user" if message.role == "user" else "system", content),
-                               message.content))
+        pending.append(with_breakpoint(message_item("user" if message.role == "user" else "system", content),
+                                       message.content))
         positions.append(position)
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR,
