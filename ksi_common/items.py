@@ -57,6 +57,8 @@ OUTPUT_ITEM_TYPES = frozenset({"message", "function_call", "reasoning"})
 PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
 REF_KEYS = ("sha256", "url", "media_type", "bytes", "width", "height", "detail", "name", "pages")
 MEDIA_PART_TYPES = ("input_image", "input_file")
+# a client's own prompt-cache breakpoint at a message's end: Anthropic's, and OpenAI's explicit one
+MARKER_KEYS = ("cache_control", "prompt_cache_breakpoint")
 
 
 def message(role: str, content: str | list[dict[str, Any]]) -> Item:
@@ -100,8 +102,9 @@ def input_items(lines: list[dict[str, Any]]) -> list[Item]:
             parts = line.get("parts")
             role = "system" if kind == "system" else "user"
             item = message(role, list(parts) if isinstance(parts, list) else str(line.get("content") or ""))
-            if isinstance(line.get("cache_control"), dict):
-                item["cache_control"] = line["cache_control"]  # the client's cache breakpoint at its end
+            for key in MARKER_KEYS:  # the client's cache breakpoint at its end
+                if isinstance(line.get(key), dict):
+                    item[key] = line[key]
             items.append(item)
     return items
 
@@ -115,7 +118,7 @@ def input_line_fields(item: Item, user_type: str = "user", text: str | None = No
                                  "output": item.get("output")}, item)
     kind = "system" if item.get("role") == "system" else user_type
     content = item.get("content")
-    marker = {"cache_control": item["cache_control"]} if "cache_control" in item else {}
+    marker = {key: item[key] for key in MARKER_KEYS if key in item}
     if not isinstance(content, list):
         return {"type": kind, "content": str(content or ""), **marker}
     if text is None:

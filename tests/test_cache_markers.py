@@ -1,6 +1,7 @@
 """KSI's Anthropic breakpoints: the end of the system prompt, of the newest reply and of the newest
 message, four at most; a request
-already carrying a client's cache_control is left as it came; the caller's messages are not changed."""
+already carrying a client's cache_control is left as it came; the caller's messages are not changed.
+A client's own OpenAI breakpoints go out on their messages' last blocks, the newest three."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ksi_daemon.providers.cache_markers import (
     with_openai_breakpoints,
     with_prefix_breakpoints,
 )
+from ksi_daemon.providers.client_markers import sendable_markers
 
 MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"},
@@ -79,3 +81,25 @@ def test_explicit_openai_breakpoints_close_the_stable_parts_and_the_newest_messa
     assert placed[2] == messages[2]
     own = [system, {"role": "user", "content": [{"type": "text", "text": "x", "prompt_cache_breakpoint": {}}]}]
     assert with_openai_breakpoints(own, ["be brief"]) == own
+
+
+def test_a_clients_own_openai_breakpoints_go_out_the_newest_three_on_their_blocks_and_to_no_other_model() -> None:
+    marks = [{"mode": "explicit", "n": n} for n in range(4)]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "zero", "prompt_cache_breakpoint": marks[0]},
+        {"role": "user", "content": "one", "prompt_cache_breakpoint": marks[1]},
+        {"role": "assistant", "content": "reply"},
+        {"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "image_url", "image_url": {"url": "u"}}],
+         "prompt_cache_breakpoint": marks[2]},
+        {"role": "user", "content": "three", "prompt_cache_breakpoint": marks[3], "cache_control": EPHEMERAL}]
+    before = copy.deepcopy(messages)
+    sent = sendable_markers(messages, takes_markers=False, takes_breakpoints=True)
+    assert messages == before  # the caller's messages are not changed
+    assert sent[0] == {"role": "user", "content": "zero"}  # the oldest of four: over OpenAI's limit
+    assert sent[1]["content"] == [{"type": "text", "text": "one", "prompt_cache_breakpoint": marks[1]}]
+    assert sent[3]["content"][-1] == {"type": "image_url", "image_url": {"url": "u"},
+                                      "prompt_cache_breakpoint": marks[2]}
+    assert sent[4] == {"role": "user", "content": [{"type": "text", "text": "three",
+                                                    "prompt_cache_breakpoint": marks[3]}]}
+    anthropic = sendable_markers(messages, takes_markers=True, takes_breakpoints=False)
+    assert "prompt_cache_breakpoint" not in str(anthropic) and anthropic[4]["cache_control"] == EPHEMERAL

@@ -173,6 +173,55 @@ async def test_refused_documents_write_nothing(http: HttpDaemon, client: anthrop
     assert stub.requests == []
 
 
+READ = {"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+CALLED: Any = [{"role": "user", "content": "Read report.pdf"}, {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_r", "name": "read", "input": {"path": "report.pdf"}}]}]
+
+
+@pytest.mark.parametrize(("data", "code", "status"), [
+    ("not base64!", "validation_error", 400),
+    (base64.b64encode(b"hello").decode(), "validation_error", 400),
+    (PDF_DATA, "image_too_large", 413),  # over the limit the daemon is given below
+], ids=["bad base64", "not a PDF", "too large"])
+@pytest.mark.parametrize("placed", ["after text", "in a tool result"])
+async def test_the_daemons_pdf_check_names_the_document_block(
+        short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any], data: str, code: str, status: int,
+        placed: str) -> None:
+    """The daemon checks a PDF's bytes for every door; its error names the block they came in,
+    which is not where KSI's message holds the PDF (its text first), nor a field of its own."""
+    if placed == "after text":
+        messages: Any = [{"role": "user", "content": [{"type": "text", "text": "read them"}, NOTES, pdf_block(data)]}]
+        field = "messages.0.content.2.source.data"
+    else:
+        messages = [*CALLED, {"role": "user", "content": [
+            {"type": "text", "text": "here"}, {"type": "tool_result", "tool_use_id": "toolu_r", "content": [
+                {"type": "text", "text": "read"}, pdf_block(data)]}]}]
+        field = "messages.2.content.1.content.1.source.data"
+    models = {PDF_MODEL: {"api_base": stub.api_base, "supports_pdf_input": True}}
+    async with running_http_daemon(short_tmp, **stub_settings(stub, models=models), summariser="off",
+                                   max_image_bytes=len(PDF) - 1, **backend) as http, sdk(http) as client:
+        before = await stored_snapshot(http.daemon.settings)
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await client.messages.create(model=PDF_MODEL, max_tokens=10, tools=[READ], messages=messages)
+        assert await stored_snapshot(http.daemon.settings) == before
+        assert await conversations(http) == {} and await blobs(http) == []
+    error: Any = refused.value.body
+    assert refused.value.status_code == status and error["error"]["code"] == code, error
+    assert list(error["error"]["details"]["fields"]) == [field], error
+    assert error["error"]["message"].startswith(field) and "file_data" not in error["error"]["message"]
+    assert stub.requests == []
+
+
+async def test_count_tokens_refuses_a_pdf_that_is_not_base64_naming_its_block(
+        http: HttpDaemon, client: anthropic.AsyncAnthropic) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await client.messages.count_tokens(model=PDF_MODEL, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "read it"}, pdf_block(data="not base64!")]}])
+    error: Any = refused.value.body
+    assert error["error"]["code"] == "validation_error"
+    assert list(error["error"]["details"]["fields"]) == ["messages.0.content.1.source.data"]
+
+
 async def test_a_text_document_reaches_a_model_that_reads_no_pdf(
         client: anthropic.AsyncAnthropic, stub: StubOpenAI) -> None:
     await client.messages.create(model=TEXT_MODEL, max_tokens=20, messages=[{"role": "user", "content": [NOTES]}])

@@ -377,7 +377,8 @@ class LiteLLMProvider:
             kwargs["api_key"] = KEYLESS_PLACEHOLDER
         if call.resume_session is not None:  # only a provider that keeps its session is given one
             kwargs["metadata"] = {SESSION_METADATA_KEY: call.resume_session}
-        kwargs["messages"] = sendable_markers(kwargs["messages"], calls_anthropic(call.model))
+        kwargs["messages"] = sendable_markers(kwargs["messages"], calls_anthropic(call.model),
+                                              _takes_openai_breakpoints(call.model))
         if overrides.cache_placement == "on" and provider_of(call.model) == "anthropic":
             kwargs["messages"] = with_prefix_breakpoints(kwargs["messages"], call.stable_system, overrides.cache_ttl)
         elif overrides.cache_placement == "on" and _takes_openai_breakpoints(call.model):
@@ -596,7 +597,7 @@ def _prompt_cache_key(call: ProviderCall, placement: str) -> str | None:
 def _placed_by(call: ProviderCall) -> str:
     """Who placed a call's breakpoints: the client, when markers of its own go out (KSI then
     places none), else KSI."""
-    own = sendable_markers(call.messages, calls_anthropic(call.model))
+    own = sendable_markers(call.messages, calls_anthropic(call.model), _takes_openai_breakpoints(call.model))
     return "client" if has_markers(own) or has_openai_breakpoints(own) else "ksi"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ksi_common.items import ABANDONED_ARGUMENTS, Item, item_text, message, part_text
+from ksi_common.items import ABANDONED_ARGUMENTS, MARKER_KEYS, Item, item_text, message, part_text
 from ksi_daemon.providers.base import ReasoningPiece
 
 CUSTOM_INPUT = "input"  # the one string argument a custom tool's call is kept with (see tool_kinds.py)
@@ -51,8 +51,8 @@ def input_messages(items: Iterable[Item]) -> list[dict[str, Any]]:
             results.append({"role": "tool", "tool_call_id": str(item["call_id"]), "content": str(item.get("output") or "")})
         elif kind == "message" and item.get("role") != "system":
             user = {"role": "user", "content": chat_content(item.get("content") or "")}
-            if "cache_control" in item:  # a client's breakpoint; the provider adapter sends it where it is taken
-                user["cache_control"] = item["cache_control"]
+            # a client's breakpoint; the provider adapter sends it where it is taken
+            user.update({key: item[key] for key in MARKER_KEYS if key in item})
             users.append(user)
     return [*results, *users]
 

@@ -55,6 +55,9 @@ class MessageItem(_Shape):
     cache_control: CacheControl | None = Field(
         default=None, description="a prompt-cache breakpoint at the message's end, kept with it and sent to "
                                   "providers that take one (Anthropic's)")
+    prompt_cache_breakpoint: dict[str, Any] | None = Field(
+        default=None, description="OpenAI's explicit prompt-cache breakpoint at the message's end, as the client "
+                                  "gave it: kept with it and sent to models that take one")
     id: str | None = None  # SDKs echo item ids; not kept
 
 
@@ -95,6 +98,8 @@ def items_of(inputs: list[MessageItem | FunctionCallOutputItem]) -> list[Item]:
             kept = message(item.role, resolve_parts(item.content, f"input.{position}.content"))
             if item.cache_control is not None:
                 kept["cache_control"] = item.cache_control.model_dump(exclude_none=True)
+            if item.prompt_cache_breakpoint is not None:
+                kept["prompt_cache_breakpoint"] = item.prompt_cache_breakpoint
             out.append(kept)
     return out
 

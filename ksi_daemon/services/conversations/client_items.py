@@ -18,6 +18,18 @@ def _invalid(where: str, why: str) -> KsiError:
     return KsiError(ErrorCode.VALIDATION_ERROR, f"{where}: {why}", fields={where: why})
 
 
+def _with_breakpoint(item: items.Item, raw: dict[str, Any], where: str) -> items.Item:
+    """A user message with the client's own OpenAI prompt-cache breakpoint at its end: a client that
+    resends its history marks the prefix it had cached, which is read again only at that breakpoint.
+    (Anthropic's cache_control on a resent history is not kept: see docs/messages.md.)"""
+    marker = raw.get("prompt_cache_breakpoint")
+    if marker is None or item["role"] != "user":
+        return item
+    if not isinstance(marker, dict):
+        raise _invalid(f"{where}.prompt_cache_breakpoint", "must be an object")
+    return {**item, "prompt_cache_breakpoint": marker}
+
+
 def normalised(raw: Any, where: str) -> items.Item:
     if not isinstance(raw, dict):
         raise _invalid(where, "an item must be an object")
@@ -38,7 +50,7 @@ def normalised(raw: Any, where: str) -> items.Item:
             raise _invalid(f"{where}.content", "must be text or a list of parts")
         if role == "user" and not (content.strip() if isinstance(content, str) else content):
             raise _invalid(f"{where}.content", "a user message must not be empty")
-        return items.message(role, content)
+        return _with_breakpoint(items.message(role, content), raw, where)
     if kind == "function_call":
         for key in ("call_id", "name"):
             if not isinstance(raw.get(key), str) or not raw.get(key):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ksi_common.items import Item, input_line_fields, output_fields
+from ksi_common.items import MARKER_KEYS, Item, input_line_fields, output_fields
 
 VERSION = 1
 
@@ -41,8 +41,7 @@ def request_lines(items: list[Item], *, is_feedback: bool, system: str | None, t
         else:
             line.update(type="feedback" if is_feedback and item["role"] == "user" else item["role"],
                         content=item["content"])
-            if "cache_control" in item:
-                line["cache_control"] = item["cache_control"]
+            line.update({key: item[key] for key in MARKER_KEYS if key in item})
         line.update(ts=ts, **ids)
         if metadata:
             line["metadata"] = metadata

@@ -12,15 +12,12 @@ blocks) are refused by name.
 A `document` holding a base64 PDF is a PDF part (stored by reference, as an image); one holding
 plain text is that text, headed by the document's title, so it reaches every model and replays as
 it came. A message holding images or PDFs keeps its text first, in one part, then those: the order
-the stored exchange keeps them in, so a resent history is recognised."""
+the stored exchange keeps them in, so a resent history is recognised. A PDF's bytes are checked by
+the daemon, as for every door; its error is named by the block's field (see translate.in_block_terms)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import base64
-import binascii
-import re
 
 import orjson
 
@@ -30,7 +27,6 @@ from ksi_common.items import Item, message
 Block = dict[str, Any]
 ERROR_MARK = "[tool error] "  # a tool_result with is_error: its output says so to every provider
 THINKING = frozenset({"thinking", "redacted_thinking"})
-BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SERVER_BLOCKS = "belongs to a server tool: KSI runs client tools only (the client runs each call)"
 
 
@@ -89,8 +85,6 @@ def document_parts(block: Block, where: str) -> list[dict[str, Any]]:
         raise invalid(f"{where}.source.type", "base64 (a PDF) or text")
     if source.get("media_type", expected if kind == "text" else None) != expected:
         raise invalid(f"{where}.source.media_type", f"a {kind} document source is {expected}")
-    if kind == "base64":
-        _check_pdf(data, f"{where}.source.data")
     heading = f"[document{f' {title}' if title else ''}]"
     note = f"\n{context}" if context else ""
     if kind == "text":
@@ -102,20 +96,19 @@ def document_parts(block: Block, where: str) -> list[dict[str, Any]]:
     return [{"type": "input_text", "text": f"{heading}{note}"}, part] if context else [part]
 
 
-def _check_pdf(data: str, where: str) -> None:
-    """Base64 that starts like a PDF, named by the block's own field (the daemon decodes and checks
-    it again, for every client; nothing is decoded whole here)."""
-    try:
-        head = base64.b64decode(data[:8], validate=True)
-    except (binascii.Error, ValueError):
-        head = b""
-    if len(data) % 4 or not BASE64.fullmatch(data):
-        raise invalid(where, "not valid base64")
-    if not head.startswith(b"%PDF-"):
-        raise invalid(where, "not a PDF (its bytes do not start with %PDF-)")
+Sourced = tuple[dict[str, Any], str | None]  # a message's part, and the block field its PDF's bytes came in
 
 
-def tool_output(block: Block, where: str) -> tuple[Item, list[dict[str, Any]]]:
+def media(block: Block, where: str) -> list[Sourced]:
+    """An image or document block's parts, each PDF's with the field naming its bytes (the daemon
+    checks them: its error is named by that field, see translate.in_block_terms)."""
+    if block.get("type") == "image":
+        return [(image_part(block, where), None)]
+    return [(part, f"{where}.source.data" if part["type"] == "input_file" else None)
+            for part in document_parts(block, where)]
+
+
+def tool_output(block: Block, where: str) -> tuple[Item, list[Sourced]]:
     """A tool_result block as a function_call_output item: its text (a list of text blocks joined),
     marked when the client says the tool failed; and its images and documents, as the user
     message's parts (the output says they are there)."""
@@ -123,16 +116,14 @@ def tool_output(block: Block, where: str) -> tuple[Item, list[dict[str, Any]]]:
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{where}.tool_use_id", "the id of the tool_use this result answers")
     content = block.get("content", "")
-    attached: list[dict[str, Any]] = []
+    attached: list[Sourced] = []
     if isinstance(content, list):
         texts = []
         for position, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             at = f"{where}.content.{position}"
-            if kind == "image":
-                attached.append(image_part(part, at))
-            elif kind == "document":
-                attached.extend(document_parts(part, at))
+            if kind in ("image", "document"):
+                attached.extend(media(part, at))
             elif kind == "text":
                 texts.append(_text(part, at))
             else:
@@ -148,45 +139,46 @@ def tool_output(block: Block, where: str) -> tuple[Item, list[dict[str, Any]]]:
     return {"type": "function_call_output", "call_id": call_id, "output": output}, attached
 
 
-def user_items(content: str | list[Block], where: str) -> list[Item]:
+def user_items(content: str | list[Block], where: str) -> tuple[list[Item], dict[int, str]]:
     """A user turn as items: its tool results first (providers want them right after the calls),
-    then its text and images as one user message (none when it holds only results)."""
+    then its text and images as one user message (none when it holds only results); and, by the
+    position of each PDF part in that message, the block field its bytes came in."""
     if isinstance(content, str):
-        return [message("user", content)]
+        return [message("user", content)], {}
     outputs: list[Item] = []
-    parts: list[dict[str, Any]] = []
+    parts: list[Sourced] = []
     for position, block in enumerate(content):
         at = f"{where}.{position}"
         kind = block.get("type")
         if kind == "text":
-            parts.append({"type": "input_text", "text": _text(block, at)})
-        elif kind == "image":
-            parts.append(image_part(block, at))
+            parts.append(({"type": "input_text", "text": _text(block, at)}, None))
+        elif kind in ("image", "document"):
+            parts.extend(media(block, at))
         elif kind == "tool_result":
             output, attached = tool_output(block, at)
             outputs.append(output)
             if attached:  # after a line naming the call whose result they are
-                parts += [{"type": "input_text", "text": f"[attachments of the result of {output['call_id']}]"},
-                          *attached]
-        elif kind == "document":
-            parts.extend(document_parts(block, at))
+                parts += [({"type": "input_text", "text": f"[attachments of the result of {output['call_id']}]"},
+                           None), *attached]
         elif kind in ("search_result", "container_upload") or str(kind).endswith("_tool_result"):
             raise refused(f"{at}.type", f"a {kind} block {SERVER_BLOCKS}")
         else:
             raise invalid(f"{at}.type", f"a user turn holds text, image, document and tool_result blocks, not {kind!r}")
     if not parts:
-        return outputs
-    texts = [part["text"] for part in parts if part["type"] == "input_text"]
-    if len(texts) == len(parts):
+        return outputs, {}
+    texts = [part["text"] for part, _source in parts if part["type"] == "input_text"]
+    others = [(part, source) for part, source in parts if part["type"] != "input_text"]
+    if not others:
         said = message("user", "\n\n".join(texts))
     else:  # its text then its images and PDFs: as the exchange stores them (see the module's docstring)
         said = message("user", [*([{"type": "input_text", "text": "\n".join(texts)}] if texts else []),
-                                *(part for part in parts if part["type"] != "input_text")])
+                                *(part for part, _source in others)])
     marker = next((block["cache_control"] for block in reversed(content) if block.get("type") in
                    ("text", "image", "document") and block.get("cache_control") is not None), None)
     if marker is not None:  # the blocks become one message: the client's breakpoint goes at its end
         said["cache_control"] = marker
-    return [*outputs, said]
+    first = 1 if texts else 0
+    return [*outputs, said], {first + n: source for n, (_part, source) in enumerate(others) if source is not None}
 
 
 def assistant_items(content: str | list[Block], where: str) -> list[Item]:
@@ -247,13 +239,17 @@ def _call(block: Block, where: str) -> Item:
     return {"type": "function_call", "call_id": call_id, "name": name, "arguments": orjson.dumps(arguments).decode()}
 
 
-def pdf_payloads(contents: list[Any]) -> list[str]:
-    """The base64 data of every PDF document among turns' contents, those inside tool results too."""
-    blocks = [block for content in contents if isinstance(content, list) for block in content]
-    blocks += [inner for block in blocks if block.get("type") == "tool_result"
-               and isinstance(block.get("content"), list) for inner in block["content"] if isinstance(inner, dict)]
-    return [str(block["source"]["data"]) for block in blocks if block.get("type") == "document"
-            and isinstance(block.get("source"), dict) and block["source"].get("type") == "base64"]
+def pdf_payloads(contents: list[Any]) -> list[tuple[str, str]]:
+    """The base64 data of every PDF document among turns' contents, those inside tool results too,
+    each with the field naming it (`messages.N.content.M.source.data`)."""
+    blocks = [(f"messages.{n}.content.{m}", block) for n, content in enumerate(contents)
+              if isinstance(content, list) for m, block in enumerate(content) if isinstance(block, dict)]
+    blocks += [(f"{where}.content.{k}", inner) for where, block in blocks if block.get("type") == "tool_result"
+               and isinstance(block.get("content"), list)
+               for k, inner in enumerate(block["content"]) if isinstance(inner, dict)]
+    return [(f"{where}.source.data", str(block["source"]["data"])) for where, block in blocks
+            if block.get("type") == "document" and isinstance(block.get("source"), dict)
+            and block["source"].get("type") == "base64"]
 
 
 def system_text(system: str | list[Block] | None) -> str | None:

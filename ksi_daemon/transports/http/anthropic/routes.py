@@ -5,6 +5,7 @@ answered in Anthropic's shape."""
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,11 +21,12 @@ from ksi_common.events import COMPLETION_MODELS
 from ksi_common.items import item_text
 from ksi_common.pdf_pages import TOKENS_PER_PAGE, page_count
 from ksi_common.settings import Settings
-from ksi_daemon.transports.http.anthropic.blocks import pdf_payloads, system_text
+from ksi_daemon.transports.http.anthropic.blocks import invalid, pdf_payloads, system_text
 from ksi_daemon.transports.http.anthropic.errors import error_response, sse_error
 from ksi_daemon.transports.http.anthropic.schemas import CountTokens, MessagesCreate
 from ksi_daemon.transports.http.anthropic.shapes import MessageEvents, message_object, sse
 from ksi_daemon.transports.http.anthropic.translate import (
+    in_block_terms,
     in_client_terms,
     messages_payload,
     split_turns,
@@ -69,17 +71,22 @@ class Messages:
 
     async def create(self, request: Request) -> Response:
         body: MessagesCreate = await self.door.body(request, MessagesCreate)
-        payload = messages_payload(body, self.door.settings, request.headers.get(CONVERSATION_HEADER),
+        conversation_id = request.headers.get(CONVERSATION_HEADER)
+        turns = split_turns(body, continuing=conversation_id is not None)
+        payload = messages_payload(body, turns, self.door.settings, conversation_id,
                                    beta_names(request.headers.getlist(BETA_HEADER)))
         unsent = unsent_fields(body, self.door.settings.aliased(body.model))
         noted = {UNSENT_HEADER: ",".join(unsent)} if unsent else {}
-        if body.stream:
-            stream = CompletionStream(self.door.handle_request, self.door.background)
-            ack = await stream.start(payload)
-            return StreamingResponse(self._events(stream, ack, body.model), media_type="text/event-stream",
-                                     headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"],
-                                              "request-id": ack["response_id"], **noted})
-        result = await complete(self.door.handle_request, payload)
+        try:
+            if body.stream:
+                stream = CompletionStream(self.door.handle_request, self.door.background)
+                ack = await stream.start(payload)
+                return StreamingResponse(self._events(stream, ack, body.model), media_type="text/event-stream",
+                                         headers={**SSE_HEADERS, CONVERSATION_HEADER: ack["conversation_id"],
+                                                  "request-id": ack["response_id"], **noted})
+            result = await complete(self.door.handle_request, payload)
+        except KsiError as error:
+            raise in_block_terms(error, turns) from None
         headers = {CONVERSATION_HEADER: result["conversation_id"], "request-id": result["response_id"], **noted}
         used = history_used(result)
         if used is not None:
@@ -117,10 +124,17 @@ class Messages:
         texts = [system_text(body.system) or "", *(item_text(item) for item in turns.history + turns.new)]
         texts += [str(tool) for tool in tool_fields(checked).get("tools", [])]
         characters = sum(len(text) for text in texts)
-        # checked by split_turns: valid base64 of a PDF
-        pdfs = sum(page_count(base64.b64decode(data)) * TOKENS_PER_PAGE
-                   for data in pdf_payloads([message.content for message in checked.messages]))
+        pdfs = sum(page_count(_decoded(data, where)) * TOKENS_PER_PAGE
+                   for where, data in pdf_payloads([message.content for message in checked.messages]))
         return JSONResponse({"input_tokens": max(1, math.ceil(characters / 4)) + pdfs})
+
+
+def _decoded(data: str, where: str) -> bytes:
+    """A PDF's bytes, to count its pages (a create checks them whole, in the daemon)."""
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(where, "not valid base64") from None
 
 
 class AnthropicModels:

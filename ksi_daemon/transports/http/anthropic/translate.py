@@ -7,7 +7,7 @@ name under the rule every door shares."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
@@ -35,6 +35,8 @@ class Turns:
 
     history: list[Item]
     new: list[Item]
+    # completion:async's field of each new PDF's bytes (`input.N.content.M.file_data`) -> the block's
+    pdf_fields: dict[str, str] = field(default_factory=dict)
 
 
 def _answers(calls: list[Item], turn: list[Item], position: int, continuing: bool) -> None:
@@ -64,21 +66,24 @@ def split_turns(body: MessagesCreate, continuing: bool) -> Turns:
     history: list[Item] = []
     pending: list[Item] = []
     previous: list[Item] = []
+    pdfs: dict[str, str] = {}
     for position, turn in enumerate(body.messages):
         where = f"messages.{position}.content"
         if turn.role == "assistant":
             history.extend(as_history(item) for item in pending)
             previous = assistant_items(turn.content, where)
             history.extend(previous)
-            pending = []
+            pending, pdfs = [], {}
             continue
-        items = user_items(turn.content, where)
+        items, sources = user_items(turn.content, where)
         _answers(previous, items, position, continuing)
         previous = []
+        said = len(pending) + len(items) - 1  # the turn's user message comes last
+        pdfs.update({f"input.{said}.content.{part}.file_data": source for part, source in sources.items()})
         pending.extend(items)
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise invalid(f"messages.{last}.content", "the last user turn is empty")
-    return Turns(history, pending)
+    return Turns(history, pending, pdfs)
 
 
 def tool_fields(body: MessagesCreate) -> dict[str, Any]:
@@ -142,11 +147,10 @@ def provider_options(body: MessagesCreate, model: str) -> dict[str, Any]:
         raise renamed(error, FIELDS) from None
 
 
-def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: str | None,
+def messages_payload(body: MessagesCreate, turns: Turns, settings: Settings, conversation_id: str | None,
                      beta: list[str]) -> dict[str, Any]:
     """POST /v1/messages as completion:async data (the errors it raises name the body's fields);
-    `beta`: the anthropic-beta header's names."""
-    turns = split_turns(body, continuing=conversation_id is not None)
+    `turns`: its messages (see split_turns); `beta`: the anthropic-beta header's names."""
     payload: dict[str, Any] = {**tool_shapes.new_input(turns.new), **tool_fields(body), "origin": "http",
                                "max_tokens": body.max_tokens}
     model = settings.aliased(body.model)
@@ -167,6 +171,19 @@ def messages_payload(body: MessagesCreate, settings: Settings, conversation_id: 
     if options:
         payload["options"] = options
     return payload
+
+
+def in_block_terms(error: KsiError, turns: Turns) -> KsiError:
+    """`error` naming a PDF's bytes by the field of the document block they came in (the daemon,
+    which checks them for every client, names the `input_file` part it was given)."""
+    fields = error.details.get("fields")
+    if not isinstance(fields, dict) or not any(key in turns.pdf_fields for key in fields):
+        return error
+    message = error.message
+    for key in fields:
+        message = message.replace(key, turns.pdf_fields.get(key, key))
+    mapped = {turns.pdf_fields.get(key, key): value for key, value in fields.items()}
+    return KsiError(error.code, message, **{**error.details, "fields": mapped})
 
 
 def in_client_terms(error: KsiError) -> KsiError:

@@ -25,12 +25,19 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class InputText(Body):
+class Marked(Body):
+    """A content part that may carry the client's own OpenAI prompt-cache breakpoint: kept with its
+    message and sent to a model that takes one (see message_breakpoint)."""
+
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+
+class InputText(Marked):
     type: Literal["input_text", "text", "output_text"] = "input_text"
     text: str
 
 
-class InputImagePart(Body):
+class InputImagePart(Marked):
     """A Responses `input_image` part: an https URL or a data URL, given to completion:async as its
     image part (`file_id`, a provider's file store, is refused there by name)."""
 
@@ -52,7 +59,7 @@ class ImageUrl(Body):
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ChatImagePart(Body):
+class ChatImagePart(Marked):
     """A Chat Completions `image_url` part, the same image in that API's nesting."""
 
     type: Literal["image_url"]
@@ -106,7 +113,7 @@ def _file_error(where: str, why: str) -> KsiError:
     return KsiError(ErrorCode.VALIDATION_ERROR, f"{where}.file_data is {why}", fields={f"{where}.file_data": why})
 
 
-class InputFilePart(FileFields):
+class InputFilePart(FileFields, Marked):
     """A Responses `input_file` part."""
 
     type: Literal["input_file"]
@@ -119,7 +126,7 @@ class InputFilePart(FileFields):
         return self.pdf_part(where)
 
 
-class ChatFilePart(Body):
+class ChatFilePart(Marked):
     """A Chat Completions `file` part, the same file nested under `file`."""
 
     type: Literal["file"]
@@ -182,6 +189,21 @@ def message_content(content: str | list[Part] | None, where: str) -> str | list[
         else:
             parts.append(part.event_part())
     return parts
+
+
+def message_breakpoint(content: str | list[Part] | None) -> dict[str, Any] | None:
+    """The client's own prompt-cache breakpoint on a message's parts, as it came: the message keeps
+    its text parts as one, so a breakpoint on any part closes the message (the newest one marked
+    gives its value), as the Messages door keeps a block's cache_control."""
+    marked = [part for part in content or [] if isinstance(part, Marked) and part.prompt_cache_breakpoint is not None]
+    return marked[-1].prompt_cache_breakpoint if marked and not isinstance(content, str) else None
+
+
+def with_breakpoint(item: dict[str, Any], content: str | list[Part] | None) -> dict[str, Any]:
+    """A message item with the client's own prompt-cache breakpoint on its parts, if any (the
+    provider adapter sends it to a model that takes one, at the message's end)."""
+    marker = message_breakpoint(content)
+    return {**item, "prompt_cache_breakpoint": marker} if marker is not None else item
 
 
 class InputMessage(Body):

@@ -34,6 +34,7 @@ from ksi_daemon.transports.http.openai.schemas import (
     InputMessage,
     ToolItem,
     part_texts,
+    with_breakpoint,
 )
 from ksi_daemon.transports.http.openai.shapes import item_reference as shapes_item_reference
 from ksi_daemon.transports.http.openai.shapes import message_item, output_text
@@ -171,8 +172,8 @@ def history_item(position: int, item: InputMessage | FunctionCallOutput | Client
     function names the request's tools are given (see tool_kinds.provider_names)."""
     where = f"input.{position}"
     if isinstance(item, InputMessage):
-        return as_history(message(item.role if item.role != "developer" else "system",
-                                  item.event_content(f"{where}.content")))
+        return as_history(with_breakpoint(message(item.role if item.role != "developer" else "system",
+                                                  item.event_content(f"{where}.content")), item.content))
     if isinstance(item, FunctionCallOutput):
         return call_output(item.call_id, part_texts(item.output, f"{where}.output"))
     if isinstance(item, ClientToolOutput):
@@ -531,6 +532,6 @@ def new_input(items: list[Item]) -> dict[str, Any]:
     """The new input as completion:async takes it: `messages` when it is only messages (as before
     tools), `input` items when it holds the outputs of calls."""
     if any(item["type"] == "function_call_output" or not isinstance(item["content"], str) or "cache_control" in item
-           for item in items):
+           or "prompt_cache_breakpoint" in item for item in items):
         return {"input": items}  # a call's output, images or a cache marker are only taken as items
     return {"messages": [{"role": item["role"], "content": item["content"]} for item in items]}

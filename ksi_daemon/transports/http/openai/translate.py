@@ -24,6 +24,7 @@ from ksi_daemon.transports.http.openai.schemas import (
     InputMessage,
     ResponseCreate,
     parse,
+    with_breakpoint,
 )
 from ksi_daemon.transports.http.openai.shapes import output_item_response
 
@@ -216,7 +217,8 @@ def response_payload(body: ResponseCreate, after: str | None = None,
                 continue
             content = message.event_content(f"input.{position}.content")
             _not_empty(content, f"input.{position}.content")
-            messages.append(message_item("user" if message.role == "user" else "system", content))
+            messages.append(with_breakpoint(message_item("user" if message.role == "user" else "system", content),
+                                            message.content))
         if history:
             payload["appended" if anchored else "history"] = history
         if not any(m["type"] == "function_call_output" or m["role"] == "user" for m in messages):
@@ -288,7 +290,8 @@ def split_chat(body: ChatCompletionCreate) -> ChatInput:
             continue
         content = message.event_content(f"messages.{position}.content")
         _not_empty(content, f"messages.{position}.content")
-        pending.append(message_item("user" if message.role == "user" else "system", content))
+        pending.append(with_breakpoint(message_item("user" if message.role == "user" else "system", content),
+                                       message.content))
         positions.append(position)
     if not any(item["type"] == "function_call_output" or item["role"] == "user" for item in pending):
         raise KsiError(ErrorCode.VALIDATION_ERROR,
