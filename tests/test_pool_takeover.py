@@ -6,6 +6,7 @@ done from storage, never run again; status and cancel answer from any daemon."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -15,7 +16,7 @@ import asyncpg
 import pytest
 
 from ksi_common.client import KsiClient
-from ksi_common.errors import KsiError
+from ksi_common.errors import ErrorCode, KsiError
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.test_pool_order import ARBITER_ASKS, daemon_processes, members_and_judge, stored, user_turns
 
@@ -146,18 +147,29 @@ async def test_a_daemon_paused_past_the_heartbeat_timeout_wakes_to_find_its_turn
                                 KSI_POOL_LEASE="2") as (a, b), KsiClient(a.socket) as on_a:
         slow = await on_a.request("completion:async", {"prompt": "slow on a", "conversation_id": "p", "create": True,
                                                        "model": "openai/stub-slow"})
+        queued = await on_a.request("completion:async", {"prompt": "queued on a", "conversation_id": "p",
+                                                         "background": True})
         while not calls_for(stub, "slow on a"):
             await asyncio.sleep(0.02)
         assert a.process is not None
         os.kill(a.process.pid, signal.SIGSTOP)
         try:
-            async with KsiClient(b.socket) as on_b:  # B takes it over and answers it
+            async with KsiClient(b.socket) as on_b:  # B takes them over and answers them
                 done = await on_b.request("completion:wait", {"request_id": slow["request_id"], "timeout": 60})
+                after = await on_b.request("completion:wait", {"request_id": queued["request_id"], "timeout": 60})
         finally:
             os.kill(a.process.pid, signal.SIGCONT)
         # A wakes with its own call answered: it stores nothing, and its client gets B's result
         on_a_result = await on_a.request("completion:wait", {"request_id": slow["request_id"], "timeout": 60})
         assert on_a_result["response_id"] == done["response_id"] == slow["response_id"]
         assert on_a_result["content"] == done["content"]
+        # the queued one went to B whole: A's background stream of it does not stay "queued" for good;
+        # A reads the pool, where it is done and stored, and sends its reader to the stored response
+        with pytest.raises(KsiError) as moved:
+            await on_a.request("completion:chunks", {"response_id": queued["response_id"], "wait": 5})
+        assert moved.value.code == ErrorCode.RESPONSE_NOT_FOUND
+        shown = await on_a.request("response:show", {"response_id": queued["response_id"]})
+        assert after["content"] in json.dumps(shown)
         exchanges = await stored(b.var, pg_url, "p")
-    assert [(p, r) for _n, r, p in exchanges] == [("slow on a", slow["response_id"])]
+    assert [(p, r) for _n, r, p in exchanges] == [("slow on a", slow["response_id"]),
+                                                 ("queued on a", queued["response_id"])]

@@ -341,6 +341,10 @@ class CompletionService:
             held.users -= 1
         state.handed_over = True
         self.requests.forget(state.request_id)
+        if state.response_id is not None:  # a reader by response id is answered from the pool
+            self.streams.handed_over(state.request_id)
+            self.interrupted.add({"request_id": state.request_id, "response_id": state.response_id,
+                                  "model": state.model}, pooled=True)
         state.done.set()
         log.warning("request_handed_over", request_id=state.request_id, conversation_id=state.conversation_id)
 

@@ -61,6 +61,7 @@ class ChunkLog:
     ended_wall: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     dropped: bool = False  # its conversation was deleted
+    moved: bool = False  # handed over: another daemon of the pool runs it and keeps its log
 
     @property
     def total(self) -> int:
@@ -129,6 +130,16 @@ class ChunkLogs:
         log.touch()
         self._prune()
 
+    def handed_over(self, request_id: str) -> None:
+        """Another daemon of the pool runs the request now: its log here goes (it would never end),
+        and a reader waiting on it is woken to ask the pool."""
+        log = self._by_request.pop(request_id, None)
+        if log is None:
+            return
+        self._logs.pop(log.shown["response_id"], None)
+        log.state, log.moved = None, True
+        log.touch()
+
     def drop_conversation(self, conversation_id: str) -> None:
         """Forget every log of a conversation being deleted: its answers are not served by id again.
         A reader waiting on one is woken and finds it gone."""
@@ -172,6 +183,9 @@ class ChunkLogs:
             if log.dropped:
                 raise KsiError(ErrorCode.RESPONSE_NOT_FOUND, f"response {data.response_id} was deleted with its "
                                "conversation", response_id=data.response_id)
+            if log.moved:  # the pool answers for it (completion:chunks' caller asks it on this code)
+                raise KsiError(ErrorCode.RESPONSE_NOT_FOUND, f"response {data.response_id} runs on another daemon "
+                               "of the pool", response_id=data.response_id)
         return self._view(log, data.after)
 
     @staticmethod

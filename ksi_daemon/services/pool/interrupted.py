@@ -2,7 +2,8 @@
 whose chunk log went with the killed daemon, so a door reading it by id tells a crash from a wrong
 id. On one daemon the journal's account stands (`failed`, `daemon_restart`: nothing was stored);
 on the pool the request is another daemon's (or this one's, once it takes it over), and its state
-is read from the pool until a chunk log of its own is opened. Either is shown from the request's
+is read from the pool until a chunk log of its own is opened. A request this daemon handed over
+to another (claimed, or taken over while this one was paused) is read from the pool the same way. Either is shown from the request's
 `RequestView`, as completion:status and completion:wait see it, in the shape a kept log is shown."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ RECHECK = 1.0  # seconds a reader asking to wait is held before the pool is read
 
 
 class InterruptedResponses:
-    """The journal records of the previous run's unfinished requests, by response id."""
+    """The journal records of the previous run's unfinished requests, and the requests this run
+    handed over to another daemon, by response id."""
 
     def __init__(self, pool: PoolRequests) -> None:
         self.pool = pool
