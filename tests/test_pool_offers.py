@@ -78,7 +78,9 @@ async def test_a_turn_cancelled_while_offered_is_taken_back_before_the_cancel_is
 async def test_a_turn_taken_over_from_a_silent_daemon_is_no_longer_offered(
         short_tmp: Path, pg_url: str, stub: Any) -> None:
     stub.model_delay["stub-busy"] = 8.0
-    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_MAX_CONCURRENCY="1") as (a, b), \
+    # stopped with the busy calls still running: cancelled after a second, not waited for
+    async with daemon_processes(short_tmp, pg_url, stub, names="ab", KSI_MAX_CONCURRENCY="1",
+                                KSI_SHUTDOWN_TIMEOUT="1") as (a, b), \
             KsiClient(a.socket) as on_a, KsiClient(b.socket) as on_b:
         await busy(on_a, "a")
         await busy(on_b, "b")
