@@ -15,7 +15,7 @@ from ksi_common.locate import Location
 from ksi_common.config_file import LOCATING_SETTINGS, config_path, is_secret, template, write_setting
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.kept_settings import forget_kept
-from ksi_common.settings import Settings, unknown_setting
+from ksi_common.settings import Settings, refuse_unknown_model_settings, unknown_setting
 
 
 class GivenOnly(Settings):
@@ -60,6 +60,7 @@ def checked_value(name: str, raw: str, var_dir: Path) -> Any:
         try:
             settings = GivenOnly(var_dir=var_dir, **{name: candidate})  # type: ignore[arg-type]
         except ValidationError as exc:
+            refuse_unknown_model_settings(exc)
             problem = problem or "; ".join(e["msg"] for e in exc.errors())
             continue
         return _stored_form(settings, name)

@@ -63,7 +63,9 @@ def plain_list(value: Any, separator: str) -> Any:
 class ModelSettings(BaseModel):
     """Per-model overrides, chosen by a glob pattern on the model name."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)  # each field's docstring: its reference text
+    # each field's docstring: its reference text; a name no field has is refused (a typo in a
+    # model's table would otherwise be dropped in silence, and a key written there kept in the clear)
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 
     api_base: str | None = None
     """The provider's base URL for these models (a local server, a proxy)."""
@@ -438,6 +440,7 @@ def load_settings(kept: Mapping[str, object] | None = None, **overrides: object)
     try:
         settings = Settings(_env_file=None, **merged)  # type: ignore[arg-type]
     except ValidationError as exc:
+        refuse_unknown_model_settings(exc, _where(("models",), origins, path))
         fields = {_variable(e["loc"]): _with_form(e["loc"], e["msg"]) + _where(e["loc"], origins, path)
                   for e in exc.errors()}
         problems = "; ".join(f"{name}: {message}" for name, message in fields.items())
@@ -464,9 +467,19 @@ def _known_settings(values: dict[str, object], path: Path) -> dict[str, object]:
     return values
 
 
-def unknown_setting(name: str, where: str = "") -> KsiError:
-    """The error for a name no setting has, with the closest names."""
-    similar = difflib.get_close_matches(name.lower(), list(Settings.model_fields), n=3, cutoff=0.6)
+def refuse_unknown_model_settings(exc: ValidationError, where: str = "") -> None:
+    """A name no model setting has, in a model's table: refused as any unknown setting is."""
+    for error in exc.errors():
+        if error["type"] == "extra_forbidden" and len(error["loc"]) == 3 and error["loc"][0] == "models":
+            _, pattern, name = error["loc"]
+            raise unknown_setting(str(name), f" in the table of models {pattern!r}{where}",
+                                  known=list(ModelSettings.model_fields)) from None
+
+
+def unknown_setting(name: str, where: str = "", known: list[str] | None = None) -> KsiError:
+    """The error for a name no setting has, with the closest names (of `known`: every setting)."""
+    known = list(Settings.model_fields) if known is None else known
+    similar = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(similar)}?" if similar else "; `ksi config show` lists every setting"
     return KsiError(ErrorCode.UNKNOWN_SETTING, f"no setting is called {name!r}{where}{hint}",
                     setting=name, similar=similar)

@@ -62,6 +62,8 @@ def test_the_per_user_daemon_reads_its_file_from_the_xdg_config_dir(tmp_path: Pa
 
 @pytest.mark.parametrize(("text", "code", "said"), [
     ("max_concurency = 3\n", "unknown_setting", "did you mean max_concurrency"),
+    ('[models."echo/*"]\ncontext_windw = 5\n', "unknown_setting", "'echo/*' (set in"),
+    ('[models."echo/*"]\napi_key = "sk-in-the-clear"\n', "unknown_setting", "did you mean api_key_env"),
     ('var_dir = "/elsewhere"\n', "config_file_invalid", "found from the var dir"),
     ("default_model = \n", "config_file_invalid", "not valid TOML"),
     ("max_concurrency = -3\n", "validation_error", "KSI_MAX_CONCURRENCY: Input should be greater than 0 (set in"),
@@ -127,6 +129,7 @@ def test_config_set_writes_checked_typed_values_and_keeps_comments(place: Place)
 
 @pytest.mark.parametrize(("key", "value", "code"), [
     ("max_concurency", "3", "unknown_setting"),
+    ("models", '{"echo/*": {"context_windw": 1000}}', "unknown_setting"),
     ("max_concurrency", "-3", "validation_error"),
     ("models", "{not json", "validation_error"),
     ("var_dir", "/elsewhere", "config_file_invalid"),

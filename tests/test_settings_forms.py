@@ -51,3 +51,12 @@ def test_ksi_config_shows_the_plain_form_read_and_a_start_refuses_a_bad_one(plac
     assert refused.returncode == 2
     assert "KSI_ALLOW_UIDS" in refused.stderr and "separated by commas" in refused.stderr
     assert not place.socket.exists()
+
+
+def test_a_typo_in_a_model_table_from_the_environment_is_refused_with_the_close_name(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KSI_MODELS", '{"echo/*": {"context_windw": 1000}}')
+    with pytest.raises(KsiError) as caught:
+        load_settings(var_dir=tmp_path, _env_file=None)
+    assert caught.value.code == "unknown_setting"
+    assert "'echo/*'" in caught.value.message and caught.value.details["similar"] == ["context_window"]
