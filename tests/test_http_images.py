@@ -154,6 +154,17 @@ async def test_bad_image_parts_are_refused_with_their_codes(
     assert stub.requests == [] and blob_files(vision_http.daemon.layout.root) == []
 
 
+async def test_a_refused_image_url_is_explained_in_the_clients_words(client: openai.AsyncOpenAI) -> None:
+    """The field names are put in Responses terms (`data` -> `input`), the sentence's words are not."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="openai/stub-vision", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "http://example.org/cat.png"}]}])
+    assert isinstance(caught.value.body, dict)
+    message = caught.value.body["message"]
+    assert "or a data: URL" in message and "input: URL" not in message, message
+    assert caught.value.body["param"].startswith("input.0.content.0")
+
+
 async def test_a_responses_history_resending_an_https_image_finds_its_conversation(
         vision_http: HttpDaemon, client: openai.AsyncOpenAI, stub: StubOpenAI) -> None:
     stub.enqueue("a cat", "grey")

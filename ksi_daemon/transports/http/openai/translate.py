@@ -73,7 +73,9 @@ def renamed(error: KsiError, names: dict[str, str], positions: list[int] | None 
 
 def _in_client_terms(text: str, names: dict[str, str]) -> str:
     for old, new in names.items():
-        text = text.replace(f"{old}:", f"{new}:")
+        # a field leads its part of the message ("invalid data: prompt: ...; history: ..."); the
+        # same word inside a sentence ("a data: URL") is the sentence's own
+        text = re.sub(rf"(^|invalid |: |; ){re.escape(old)}:", rf"\g<1>{new}:", text)
         if "_" in old:  # a field's name inside a sentence ("give conversation_id or ..."), not a plain word
             text = re.sub(rf"\b{re.escape(old)}\b", new, text)
     return text
