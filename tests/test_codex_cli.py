@@ -37,7 +37,7 @@ model_provider = "ksi"
 [model_providers.ksi]
 name = "KSI"
 base_url = "{http.base_url}/v1"
-env_key = "KSI_HTTP_TOKEN"
+env_key = "CODEX_KSI_TOKEN"
 wire_api = "responses"
 supports_websockets = false
 request_max_retries = 0
@@ -65,7 +65,7 @@ async def http(short_tmp: Path, stub: StubOpenAI, backend: dict[str, Any],
 
 async def run_codex(codex: Path, home: Path, work: Path, token: str, *args: str) -> str:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("OPENAI_", "CODEX_"))}
-    env.update(CODEX_HOME=str(home), KSI_HTTP_TOKEN=token, NO_COLOR="1")
+    env.update(CODEX_HOME=str(home), CODEX_KSI_TOKEN=token, NO_COLOR="1")
     process = await asyncio.create_subprocess_exec(
         str(codex), "exec", *args, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
