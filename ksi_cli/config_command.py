@@ -85,7 +85,14 @@ def _show(location: Location, as_json: bool, origin: bool) -> None:
 def _load(location: Location) -> Settings:
     from ksi_common.settings import load_settings  # pydantic: only when no daemon answers
 
-    return load_settings(var_dir=location.var_dir, socket_path=location.socket)
+    # only what the command line gave is a flag: a var dir or socket from KSI_* is the
+    # environment's, and one found by search is the settings' own default (the same search)
+    given: dict[str, object] = {}
+    if location.found_by == "--var-dir":
+        given.update(var_dir=location.var_dir, socket_path=location.socket)
+    if location.socket_given:
+        given["socket_path"] = location.socket
+    return load_settings(**given)
 
 
 @config.command("path")

@@ -171,6 +171,16 @@ def test_config_show_origin_says_where_each_value_came_from(place: Place) -> Non
     assert answer["origins"]["line_limit"] == "default"
 
 
+def test_config_show_origin_names_the_environment_for_a_var_dir_it_gave(place: Place) -> None:  # noqa: F811
+    by_env = place.ksi("config", "show", "--origin", env=clean_env(KSI_VAR_DIR=str(place.var_dir)))
+    assert by_env.returncode == 0, by_env.stderr
+    answer = json.loads(by_env.stdout)
+    assert answer["settings"]["var_dir"] == str(place.var_dir)
+    assert (answer["origins"]["var_dir"], answer["origins"]["socket_path"]) == ("env", "default")
+    by_flag = place.ksi("config", "show", "--origin", "--var-dir", str(place.var_dir))
+    assert json.loads(by_flag.stdout)["origins"]["var_dir"] == "flag"
+
+
 def test_config_edit_opens_a_file_naming_every_setting_and_checks_it(place: Place) -> None:  # noqa: F811
     editor = place.root / "editor.sh"
     write(editor, '#!/bin/sh\nprintf \'max_queued = 77\\n\' >> "$1"\n', mode=0o700)
