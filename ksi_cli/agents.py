@@ -7,12 +7,12 @@ from typing import Any
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_common.locate import locate
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_cli.stored import read_stored
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import AGENT_LIST
+from ksi_common.locate import locate
 from ksi_common.reading import StoredReader
 
 COLUMNS = ["agent_id", "profile", "model", "status", "exchanges", "last_activity"]

@@ -20,18 +20,17 @@ from typing import Any
 import click
 
 from ksi_cli import completion
-
-from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.event_args import EventArgsError, json_value
-from ksi_common.locate import Location, locate
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, dumps, report_error
+from ksi_cli.params import Seconds
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_cli.params import Seconds
 from ksi_common.events import COMPLETION_ASYNC, COMPLETION_CANCEL, COMPLETION_CHUNK, MONITOR_SUBSCRIBE
+from ksi_common.limits import MAX_TIMEOUT
+from ksi_common.locate import Location, locate
 from ksi_common.privacy import private_dir
 from ksi_common.submitting import follow_blocking
-from ksi_common.limits import MAX_TIMEOUT
 
 LAST_ASK = "last_ask"
 TOP_LEVEL_OPTIONS = ("temperature", "max_tokens", "timeout")  # fields of completion:async; the rest are options

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ksi_cli import completion
-
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
+from ksi_cli.params import Seconds
 from ksi_common import oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import (
@@ -36,8 +35,8 @@ from ksi_common.events import (
     MONITOR_SUBSCRIBE,
 )
 from ksi_common.ids import new_id
-from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT
+from ksi_common.locate import Location, locate
 
 if TYPE_CHECKING:
     import asyncio

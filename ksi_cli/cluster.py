@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
-from ksi_common.locate import locate
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import fail, show, table, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.events import SYSTEM_CLUSTER
+from ksi_common.locate import locate
 
 COLUMNS = ["daemon_id", "host", "pid", "version", "started", "heartbeat", "in_flight", "queued", "leases", "state"]
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_USAGE, fail, report_error, show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.events import SYSTEM_CONFIG
+from ksi_common.locate import Location, locate
 
 if TYPE_CHECKING:
     from ksi_common.settings import Settings

@@ -11,10 +11,10 @@ from typing import Any
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from ksi_common.locate import Location
 from ksi_common.config_file import LOCATING_SETTINGS, config_path, is_secret, template, write_setting
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.kept_settings import forget_kept
+from ksi_common.locate import Location
 from ksi_common.settings import Settings, refuse_unknown_model_settings, unknown_setting
 
 

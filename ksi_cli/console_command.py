@@ -12,11 +12,11 @@ from urllib.parse import quote
 import click
 
 from ksi_cli.http_access import front_access
-from ksi_common.locate import locate
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, fail
 from ksi_common.console_login import make_code
 from ksi_common.errors import KsiError
+from ksi_common.locate import locate
 
 
 @click.command()

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
+from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, show, wants_json
 from ksi_cli.params import Seconds
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_cli.output import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, show, wants_json
+from ksi_common.locate import Location, locate
 
 if TYPE_CHECKING:
     from ksi_common.kept_settings import KeptSettings

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from ksi_common.locate import Location
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.events import SYSTEM_CONFIG, SYSTEM_HEALTH, SYSTEM_SHUTDOWN
 from ksi_common.layout import mark_var_dir
 from ksi_common.liveness import pid_alive, read_pid
+from ksi_common.locate import Location
 from ksi_common.privacy import open_private, private_dir
 
 

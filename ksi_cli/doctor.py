@@ -13,12 +13,12 @@ from typing import Any
 import click
 
 from ksi_cli.options import VAR_DIR_HELP
-from ksi_common.locate import Location, locate
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, fail, wants_json
 from ksi_common import doctor as checks
 from ksi_common.errors import KsiError
-from ksi_common.records import parse_index_line
 from ksi_common.liveness import read_pid, socket_answers, socket_path_state
+from ksi_common.locate import Location, locate
+from ksi_common.records import parse_index_line
 from ksi_common.storage_backends import needs_url
 
 _BLOCK = 64 * 1024

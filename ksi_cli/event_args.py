@@ -65,8 +65,3 @@ def event_words(words: list[str]) -> list[tuple[str, str | None]]:
             pairs.append((key, None))
             index += 1
     return pairs
-
-
-def parse_event_args(words: list[str]) -> dict[str, Any]:
-    """`--some-key 42 --flag --name bob` -> {"some_key": 42, "flag": True, "name": "bob"}."""
-    return {key: True if raw is None else json_value(raw) for key, raw in event_words(words)}

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ksi_common.locate import Location, _dotenv
 from ksi_common import http_token, oneshot
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import SYSTEM_HEALTH
+from ksi_common.locate import Location, _dotenv
 
 CHECK_TIMEOUT = 10.0
 

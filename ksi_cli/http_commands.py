@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from ksi_cli.http_access import front_access
-from ksi_common.locate import locate
 from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import fail
 from ksi_common.errors import KsiError
+from ksi_common.locate import locate
 
 
 @click.group()

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import click
 
-from ksi_common.locate import locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import fail, show
 from ksi_cli.send import request_or_exit
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import CONVERSATION_IMPORT
+from ksi_common.locate import locate
 
 
 @click.command(name="import")

@@ -18,10 +18,9 @@ from typing import Any, TypeVar
 import click
 
 from ksi_cli import completion
-from ksi_cli.options import VAR_DIR_HELP
-from ksi_common.locate import locate
-from ksi_cli.import_command import import_conversation
 from ksi_cli.abandon_calls import abandon_calls
+from ksi_cli.import_command import import_conversation
+from ksi_cli.options import VAR_DIR_HELP
 from ksi_cli.output import EXIT_ERROR, color_enabled, fail, show, table, wants_json
 from ksi_cli.pins import pin, unpin
 from ksi_cli.sent_command import sent
@@ -29,6 +28,7 @@ from ksi_cli.stored import read_stored
 from ksi_common import export, logview
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import input_items, item_line, output_items
+from ksi_common.locate import locate
 from ksi_common.transcripts import STATES, Transcripts
 
 T = TypeVar("T")

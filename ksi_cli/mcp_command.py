@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ksi_common.locate import Location, locate
 from ksi_cli.options import location_options
+from ksi_common.locate import Location, locate
 
 if TYPE_CHECKING:
     from ksi_mcp.server import KsiMcp

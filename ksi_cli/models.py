@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show, wants_json
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.events import CONSORTIUM_LIST, SYSTEM_CONFIG
+from ksi_common.locate import Location, locate
 
 BUILT_IN = {
     "echo/*": "built-in: answers from what it received (no network, no key)",

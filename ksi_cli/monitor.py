@@ -12,11 +12,11 @@ from typing import Any
 
 import click
 
-from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_OK, EXIT_UNREACHABLE, dumps, report_error, wants_json
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import MONITOR_SUBSCRIBE
+from ksi_common.locate import Location, locate
 
 RETRY_SECONDS = 0.5
 COLORS = {"completion": "cyan", "agent": "green", "conversation": "blue", "consortium": "magenta",

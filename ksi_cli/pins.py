@@ -6,11 +6,11 @@ from __future__ import annotations
 import click
 
 from ksi_cli import completion
-from ksi_common.locate import locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import show
 from ksi_cli.send import request_or_exit
 from ksi_common.events import CONVERSATION_PIN, CONVERSATION_UNPIN
+from ksi_common.locate import locate
 
 
 def _pins(event: str, conversation_id: str, numbers: tuple[int, ...], as_json: bool, var_dir: str | None,

@@ -10,14 +10,14 @@ import click
 
 from ksi_cli import completion
 from ksi_cli.event_args import EventArgsError, check_payload, event_words, json_value
-from ksi_common.locate import Location, locate
 from ksi_cli.options import json_option, location_options
 from ksi_cli.output import EXIT_ERROR, EXIT_OK, EXIT_PENDING, fail, show, wants_json
+from ksi_cli.params import Seconds
 from ksi_common import oneshot
 from ksi_common.errors import KsiError
 from ksi_common.events import AGENT_SEND_MESSAGE, COMPLETION_ASYNC, SYSTEM_DISCOVER, SYSTEM_HELP
 from ksi_common.limits import MAX_TIMEOUT
-from ksi_cli.params import Seconds
+from ksi_common.locate import Location, locate
 from ksi_common.request_status import PENDING
 
 WAITABLE = {COMPLETION_ASYNC, AGENT_SEND_MESSAGE}

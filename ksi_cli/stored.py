@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
-from ksi_common.locate import Location
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import SYSTEM_CONFIG
+from ksi_common.locate import Location
 from ksi_common.reading import StoredReader, open_reader
 from ksi_common.storage_backends import needs_url
 

@@ -18,9 +18,10 @@ from ksi_common.blob_files import stored_hashes
 from ksi_common.exchange_log import logged_exchanges
 from ksi_common.jsonl import has_torn_tail, read_records
 from ksi_common.layout import VarLayout
-from ksi_common.privacy import loose_modes
 from ksi_common.liveness import pid_alive, read_pid, socket_path_state
+from ksi_common.privacy import loose_modes
 from ksi_common.records import IndexEntry, read_index, read_response
+
 
 @dataclass(slots=True)
 class Finding:

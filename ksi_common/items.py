@@ -185,12 +185,6 @@ def call_ids_abandoned(inputs: list[Item]) -> list[str]:
             if item.get("type") == "function_call_output" and item.get("abandoned") is True]
 
 
-def image_parts(items: Any) -> list[dict[str, Any]]:
-    """The stored `input_image` parts of a list of items, in order."""
-    return [part for item in items if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
-            for part in item["content"] if isinstance(part, dict) and part.get("type") == "input_image"]
-
-
 def media_parts(items: Any) -> list[dict[str, Any]]:
     """The stored `input_image` and `input_file` parts of a list of items, in order."""
     return [part for item in items if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
@@ -377,13 +371,3 @@ def exchange_digest(previous: str | None, system: str | None, inputs: list[Item]
             [c for c in map(canonical_item, inputs) if c is not None],
             [c for c in map(canonical_item, outputs) if c is not None]]
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def digest_chain(system: str | None, exchanges: list[tuple[list[Item], list[Item]]],
-                 previous: str | None = None) -> list[str]:
-    """The digests of consecutive exchanges under one system prompt, after `previous`."""
-    chain = []
-    for inputs, outputs in exchanges:
-        previous = exchange_digest(previous, system, inputs, outputs)
-        chain.append(previous)
-    return chain

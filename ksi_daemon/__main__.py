@@ -12,17 +12,16 @@ from pathlib import Path
 import uvloop
 from dotenv import load_dotenv
 
-from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.http_token import TokenFileError
 from ksi_common.kept_settings import read_kept
+from ksi_common.privacy import OWNER_ONLY_UMASK
 from ksi_common.settings import Settings, load_settings
 from ksi_daemon.daemon import DaemonAlreadyRunning, UnsafeVarDir, run_daemon
 from ksi_daemon.logs import configure_logging
 from ksi_daemon.redaction import Redactor, known_secrets
 from ksi_daemon.transports.http.binding import HttpBindFailed, UnsafeHttpBind
 from ksi_daemon.transports.unix import SocketPathTooLong
-
 
 EXIT_STORAGE = 4  # the storage cannot be opened: a database unreachable, or its schema too new
 

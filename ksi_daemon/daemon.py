@@ -24,22 +24,25 @@ from ksi_daemon.context import EventContext
 from ksi_daemon.providers.cli_provider import cli_providers
 from ksi_daemon.providers.litellm_provider import LiteLLMProvider
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.agents.profiles import ProfileLibrary
 from ksi_daemon.services.agents.registry import AgentRegistry
 from ksi_daemon.services.agents.service import AgentService
-from ksi_daemon.services.agents.profiles import ProfileLibrary
 from ksi_daemon.services.completion.admission import Admission
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.attachments import Attachments
+from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.compaction import Compactor
+from ksi_daemon.services.completion.file_roots import FileRoots
+from ksi_daemon.services.completion.images import Images
 from ksi_daemon.services.completion.preparation import HistoryBudget, TurnPreparation
 from ksi_daemon.services.completion.requests import RequestRegistry
 from ksi_daemon.services.completion.running import TurnRunner
 from ksi_daemon.services.completion.scheduler import Scheduler
 from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.consortium.service import ConsortiumService
-from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.conversations.pending import WAITING_RELAYED
+from ksi_daemon.services.conversations.service import ConversationService
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.services.lifecycle import Starts, Stops
 from ksi_daemon.services.limits import ConcurrencyLimits
@@ -51,9 +54,6 @@ from ksi_daemon.services.pool.takeover import TakeoverService
 from ksi_daemon.services.rates import RateLimitedProvider
 from ksi_daemon.services.resilience import CircuitBreaker
 from ksi_daemon.services.system import SystemService
-from ksi_daemon.services.completion.calibration import Calibration
-from ksi_daemon.services.completion.file_roots import FileRoots
-from ksi_daemon.services.completion.images import Images
 from ksi_daemon.storage.backends import build_storage
 from ksi_daemon.transports.budget import ConnectionBudget
 from ksi_daemon.transports.http.binding import NoHttpFront
@@ -320,10 +320,9 @@ class Daemon:
         from ksi_daemon.transports.http.anthropic.routes import messages_routes
         from ksi_daemon.transports.http.auth import BrowserSessions
         from ksi_daemon.transports.http.front import HttpFront
+        from ksi_daemon.transports.http.login_codes import LoginCodes
         from ksi_daemon.transports.http.mcp import mcp_routes
         from ksi_daemon.transports.http.openai import openai_routes
-
-        from ksi_daemon.transports.http.login_codes import LoginCodes
 
         # the console's links live under their cookie's path; spent login codes outlive a restart
         sessions = BrowserSessions(LoginCodes(self.layout.state_dir / "console_codes.json"))

@@ -11,8 +11,8 @@ from typing import Any
 
 import llm
 
-from ksi_common.locate import locate
 from ksi_common.errors import KsiError
+from ksi_common.locate import locate
 from ksi_llm.catalog import Catalog, discover, logged_names, requested_names
 from ksi_llm.model import PREFIX, AsyncKsiModel, KsiModel
 

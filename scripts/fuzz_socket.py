@@ -28,7 +28,6 @@ sys.path.insert(0, str(REPO))
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.test_fuzz_integrity import bounded_payloads, damaged_imports, probe_bounded, probe_import  # noqa: E402
 from tests.test_fuzz import (  # noqa: E402
     SKIPPED_EVENTS,
     FuzzBox,
@@ -44,6 +43,7 @@ from tests.test_fuzz import (  # noqa: E402
     random_bytes,
     tree_outside,
 )
+from tests.test_fuzz_integrity import bounded_payloads, damaged_imports, probe_bounded, probe_import  # noqa: E402
 
 
 class Runner:

@@ -17,11 +17,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
 
-from ksi_cli.event_args import EventArgsError, parse_event_args
+from ksi_cli.event_args import EventArgsError, event_words, json_value
 from ksi_cli.main import COMMANDS, cli
 from ksi_common import __version__, oneshot
 from ksi_common.errors import KsiError
@@ -375,7 +376,12 @@ def test_stale_files_from_a_killed_daemon_then_stop(place: Place) -> None:
         force_stop(new_pid)
 
 
-# -- parse_event_args ----------------------------------------------------------------
+# -- event words ---------------------------------------------------------------------
+
+
+def parse_event_args(words: list[str]) -> dict[str, Any]:
+    """What `ksi send` makes of its words when the event's field types are not asked for."""
+    return {key: True if raw is None else json_value(raw) for key, raw in event_words(words)}
 
 
 @pytest.mark.parametrize(("words", "expected"), [

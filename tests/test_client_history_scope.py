@@ -4,9 +4,8 @@ for nobody. Through the socket and the HTTP door, on both backends."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest

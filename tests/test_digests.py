@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ksi_common.items import digest_chain, exchange_digest
+from ksi_common.items import Item, exchange_digest
 from ksi_common.records import IndexEntry
 from ksi_daemon.daemon import Daemon
 from ksi_daemon.storage.jsonl.digest_index import DigestIndex
@@ -26,6 +26,14 @@ def user(text: str) -> dict[str, Any]:
 
 def assistant(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "assistant", "content": text}
+
+
+def digest_chain(system: str | None, exchanges: list[tuple[list[Item], list[Item]]]) -> list[str]:
+    """The digests of consecutive exchanges under one system prompt, each chained to the one before."""
+    chain: list[str] = []
+    for inputs, outputs in exchanges:
+        chain.append(exchange_digest(chain[-1] if chain else None, system, inputs, outputs))
+    return chain
 
 
 def test_whitespace_and_key_order_do_not_change_a_digest() -> None:

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from ksi_cli.doctor import truncate_torn_tail
 from ksi_cli.main import cli
 from ksi_common import doctor as checks
-from ksi_common.locate import Location
 from ksi_common.layout import VarLayout
+from ksi_common.locate import Location
 from ksi_common.records import read_index
 from tests.conftest import connected, running_daemon
 

@@ -6,6 +6,7 @@ import writes nothing. The strategies are shared with scripts/fuzz_socket.py."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,8 +14,16 @@ from hypothesis import strategies as st
 
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS, MAX_TTL, MAX_TURN_CAP
 from ksi_daemon.providers.options import ROUTING_OPTIONS
-from tests.test_fuzz import FUZZ_SETTINGS, OFFLINE_MODEL, FuzzBox, FuzzFailure, assert_alive, box, json_values, \
-    probe_event
+from tests.test_fuzz import (
+    FUZZ_SETTINGS,
+    OFFLINE_MODEL,
+    FuzzBox,
+    FuzzFailure,
+    assert_alive,
+    box,
+    json_values,
+    probe_event,
+)
 
 __all__ = ["box"]  # the shared fuzzing daemon of tests/test_fuzz.py, module scoped here too
 

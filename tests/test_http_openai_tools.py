@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from ksi_common.errors import ErrorCode
 from ksi_common.jsonl import read_records
 from ksi_daemon.context import EventContext
-from openai.types.responses import ResponseStreamEvent
 from tests.conftest import HttpDaemon, running_http_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI
 from tests.test_request_options import SCHEMA, stored

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ksi_common.items import message
 from ksi_common.errors import ErrorCode, KsiError
+from ksi_common.items import message
 from ksi_daemon.providers.abilities import refuse_unable
 from ksi_daemon.providers.base import ModelAbilities
 from ksi_daemon.providers.cli_provider import CLISessionProvider

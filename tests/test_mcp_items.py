@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from mcp import Client
 
 from tests.conftest import HttpDaemon, connected, running_daemon

@@ -25,7 +25,6 @@ from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stub_openai import Reply, StubOpenAI, default_answer
 from tests.test_cli_ask import clean_env, ksi, where
 
-
 TOKEN_GOAL = 2000
 
 

@@ -16,9 +16,9 @@ import pytest
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_daemon.context import EventContext
 from ksi_daemon.daemon import Daemon
-from ksi_daemon.services.pool.handover import adopted_state, request_record
 from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.requests import RequestState
+from ksi_daemon.services.pool.handover import adopted_state, request_record
 from tests.conftest import complete, connected, running_daemon, stub_settings
 from tests.stored import stored_index, stored_response
 from tests.stub_openai import StubOpenAI

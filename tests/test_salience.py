@@ -10,8 +10,8 @@ from ksi_daemon.services.completion.salience import (
     salient_items,
     self_statements,
 )
-from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.memory import Exchange
+from ksi_daemon.services.conversations.salient import Items
 
 
 def exchange(user: str, reply: str) -> Exchange:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+
 class ResponseTooLarge(httpx.ReadError):
     """The body passed the limit; the connection is dropped. `limit` is the answer's limit."""
 

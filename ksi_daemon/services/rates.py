@@ -15,7 +15,14 @@ from typing import Any, Protocol
 
 from ksi_common.errors import ErrorCode
 from ksi_common.settings import Settings
-from ksi_daemon.providers.base import ModelAbilities, Provider, ProviderCall, ProviderFailure, ProviderReply, message_text
+from ksi_daemon.providers.base import (
+    ModelAbilities,
+    Provider,
+    ProviderCall,
+    ProviderFailure,
+    ProviderReply,
+    message_text,
+)
 from ksi_daemon.storage.ports import CallRates
 
 

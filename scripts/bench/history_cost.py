@@ -70,8 +70,8 @@ from ksi_daemon.services.conversations.memory import ConversationCache, estimate
 from ksi_daemon.services.conversations.writer import ConversationWriter
 from ksi_daemon.storage.jsonl.conversations import JsonlConversations
 from ksi_daemon.storage.jsonl.responses import JsonlResponses
-from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.jsonl.summaries import JsonlSummaries
+from ksi_daemon.storage.models import ConversationMeta
 
 MODEL = "openai/gpt-4o-mini"
 SYSTEM = "You are a careful assistant. Answer briefly and remember what the user told you."

@@ -55,8 +55,8 @@ def serve_tool_stub() -> None:
     import uuid
 
     from aiohttp import web
-
     from harness import _Discard
+
     from tests.stub_openai import Reply, StubOpenAI
 
     class StreamedToolStub(StubOpenAI):

@@ -29,7 +29,15 @@ from ksi_common.timefmt import utc_now
 from ksi_daemon.context import INTERNAL, EventContext
 from ksi_daemon.events import validate
 from ksi_daemon.router import Router, Unregister
-from ksi_daemon.services.agents.events import ChainBudget, FoundEvent, Malformed, Outcome, extract_events, feedback_text, is_allowed
+from ksi_daemon.services.agents.events import (
+    ChainBudget,
+    FoundEvent,
+    Malformed,
+    Outcome,
+    extract_events,
+    feedback_text,
+    is_allowed,
+)
 from ksi_daemon.services.agents.models import (
     AgentInfo,
     AgentList,
@@ -41,11 +49,11 @@ from ksi_daemon.services.agents.models import (
 )
 from ksi_daemon.services.agents.profiles import Profile, ProfileLibrary
 from ksi_daemon.services.agents.registry import AgentRegistry
-from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.completion.requests import RequestState
+from ksi_daemon.services.completion.service import CompletionService
 from ksi_daemon.services.conversations.memory import ConversationCache
 from ksi_daemon.services.conversations.writer import ConversationWriter
-from ksi_daemon.services.completion.requests import RequestState
 from ksi_daemon.storage.models import AgentRecord, ConversationMeta
 from ksi_daemon.storage.ports import AgentExists, ConversationExists
 

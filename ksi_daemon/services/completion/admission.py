@@ -15,10 +15,10 @@ import structlog
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import CONVERSATION_FORK
-from ksi_common.items import call_ids_answered
 from ksi_common.ids import new_id
-from ksi_common.settings import Settings
+from ksi_common.items import call_ids_answered
 from ksi_common.request_status import RequestStatus
+from ksi_common.settings import Settings
 from ksi_common.timefmt import format_ts, parse_ts
 from ksi_daemon.context import EventContext
 from ksi_daemon.providers.abilities import refuse_unable

@@ -21,8 +21,8 @@ from ksi_common.events import CONVERSATION_APPEND, CONVERSATION_FORK
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router
 from ksi_daemon.services.completion.client_history import split_history
-from ksi_daemon.services.conversations.client_items import OUTPUT_KINDS, normalised
 from ksi_daemon.services.completion.models import CompletionAsync
+from ksi_daemon.services.conversations.client_items import OUTPUT_KINDS, normalised
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.responses import locate
 from ksi_daemon.storage.ports import ResponseStore

@@ -36,12 +36,11 @@ from ksi_daemon.services.completion.salience import (
     EXCHANGE_TEXT_LIMIT,
     Verdict,
     check_candidate,
-    exchange_items,
     digest,
+    exchange_items,
     fallback_text,
     text_items,
 )
-from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD, fork_chain, select_history
 from ksi_daemon.services.conversations.inherited import fork_point_turn, inherited_summaries
 from ksi_daemon.services.conversations.memory import (
@@ -50,6 +49,7 @@ from ksi_daemon.services.conversations.memory import (
     ConversationMemory,
     Exchange,
 )
+from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.stand_ins import Block, StandIn, cover, summary_block
 from ksi_daemon.services.conversations.turn_budget import MIN_SUMMARY_TOKENS, summaries_share
 from ksi_daemon.services.conversations.writer import ConversationWriter

@@ -31,7 +31,13 @@ from ksi_common.items import MEDIA_PART_TYPES, file_name, media_parts, part_text
 from ksi_common.pdf_pages import page_count, pdf_tokens
 from ksi_daemon.services.completion import documents
 from ksi_daemon.services.completion.file_roots import FileRoots
-from ksi_daemon.services.completion.image_headers import MEDIA_TYPES, SNIFF_BYTES, ImageFacts, image_facts, media_type_of
+from ksi_daemon.services.completion.image_headers import (
+    MEDIA_TYPES,
+    SNIFF_BYTES,
+    ImageFacts,
+    image_facts,
+    media_type_of,
+)
 from ksi_daemon.services.conversations.image_tokens import image_tokens
 from ksi_daemon.services.conversations.memory import Exchange
 from ksi_daemon.storage.ports import BlobStore

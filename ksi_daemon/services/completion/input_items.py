@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import Item, message, with_client_form
-from ksi_daemon.services.completion.documents import is_pdf_part
 from ksi_daemon.events import NonBlank, Text
+from ksi_daemon.services.completion.documents import is_pdf_part
 from ksi_daemon.services.conversations.client_items import TOOL_NAME
 
 CALL_ID_LENGTH = 256

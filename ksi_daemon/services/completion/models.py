@@ -11,7 +11,6 @@ from ksi_common.items import Item, message
 from ksi_common.limits import MAX_TIMEOUT, MAX_TOKENS
 from ksi_daemon.events import Door, EventData, ModelName, NonBlank, PathText, SafeId, Text
 from ksi_daemon.providers.options import REFUSED_OPTIONS, Penalty, ResponseFormat, check_request_options
-from ksi_daemon.services.completion.tool_call_cap import call_limit
 from ksi_daemon.services.completion.input_items import (
     MAX_TOOLS,
     ClientTool,
@@ -23,6 +22,7 @@ from ksi_daemon.services.completion.input_items import (
     items_of,
     media_parts,
 )
+from ksi_daemon.services.completion.tool_call_cap import call_limit
 
 # sampling fields a request may give at its top level; they reach the provider as options do
 SAMPLING_FIELDS = ("seed", "stop", "top_p", "presence_penalty", "frequency_penalty", "reasoning_effort",

@@ -24,7 +24,6 @@ from ksi_daemon.services.completion.client_history import OwnHistory, own_histor
 from ksi_daemon.services.completion.compaction import Compactor
 from ksi_daemon.services.completion.images import Images
 from ksi_daemon.services.completion.requests import RequestState
-from ksi_daemon.services.conversations.stand_ins import stable_parts
 from ksi_daemon.services.conversations.history import (
     MESSAGE_OVERHEAD,
     NOTE_RESERVE,
@@ -35,9 +34,9 @@ from ksi_daemon.services.conversations.history import (
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, items_tokens
 from ksi_daemon.services.conversations.pending import with_pending
 from ksi_daemon.services.conversations.planner import TurnPlan, TurnPlanner
+from ksi_daemon.services.conversations.stand_ins import stable_parts
 from ksi_daemon.services.conversations.turn_budget import TurnBudget, summaries_share
 from ksi_daemon.storage.models import ConversationMeta
-
 
 
 class ModelFacts(Protocol):

@@ -6,9 +6,9 @@ from typing import Any
 
 from ksi_common.events import completion_result
 from ksi_common.items import output_items
+from ksi_common.reading import StoredReader
 from ksi_common.request_status import FINISHED, PENDING
 from ksi_common.timefmt import utc_now
-from ksi_common.reading import StoredReader
 from ksi_daemon.storage.ports import RequestJournal, ResponseStore
 
 KEPT = 10_000  # recovered requests remembered across restarts

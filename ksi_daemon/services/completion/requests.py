@@ -16,6 +16,7 @@ from ksi_daemon.services.completion.models import CompletionAsync
 from ksi_daemon.services.completion.request_view import RequestView
 from ksi_daemon.services.completion.scheduler import Job
 
+
 @dataclass(eq=False)
 class RequestState:
     request_id: str

@@ -23,8 +23,8 @@ from ksi_daemon.services.completion import exchange_records as records
 from ksi_daemon.services.completion.answerers import Answerers
 from ksi_daemon.services.completion.calibration import Calibration
 from ksi_daemon.services.completion.preparation import ChunkSink, Prepared, TurnPreparation
-from ksi_daemon.services.completion.tool_call_cap import call_limit, capped_reply, capped_sink
 from ksi_daemon.services.completion.requests import RequestRegistry, RequestState
+from ksi_daemon.services.completion.tool_call_cap import call_limit, capped_reply, capped_sink
 from ksi_daemon.services.conversations.history import MESSAGE_OVERHEAD
 from ksi_daemon.services.conversations.memory import ConversationMemory, Exchange, items_tokens
 from ksi_daemon.services.conversations.pending import without_consumed

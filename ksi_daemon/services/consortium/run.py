@@ -17,6 +17,7 @@ from ksi_common.ids import new_response_id
 from ksi_common.items import message
 from ksi_common.timefmt import utc_now
 from ksi_daemon.providers.base import Provider, ProviderCall, ProviderFailure, ProviderReply
+from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.consortium.arbiter import (
     Judged,
     MemberAnswer,
@@ -24,7 +25,6 @@ from ksi_daemon.services.consortium.arbiter import (
     read_verdict,
     refinement_turns,
 )
-from ksi_daemon.services.cancellation import to_the_end
 from ksi_daemon.services.consortium.models import ConsortiumDefinition
 from ksi_daemon.services.conversations.response_lines import answer_line, error_line, message_line
 from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy, with_retries

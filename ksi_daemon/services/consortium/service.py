@@ -28,8 +28,8 @@ from ksi_daemon.services.consortium.models import (
     parse_definition,
 )
 from ksi_daemon.services.consortium.run import ConsortiumRun, RunParts
-from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy
 from ksi_daemon.services.limits import ConcurrencyLimits
+from ksi_daemon.services.resilience import CircuitBreaker, RetryPolicy
 from ksi_daemon.storage.ports import ConsortiumStore, ResponseStore, TraceStore
 
 log = structlog.get_logger("ksi.consortium")

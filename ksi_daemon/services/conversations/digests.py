@@ -12,8 +12,6 @@ from ksi_daemon.services.conversations.history import fork_chain
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 
 
-
-
 async def digest_at(cache: ConversationCache, memory: ConversationMemory, n: int, max_depth: int) -> str | None:
     """The digest of exchange `n` as this conversation sees it (its own, or an ancestor's it
     shares); None when that exchange has none (stored before digests) or does not exist."""

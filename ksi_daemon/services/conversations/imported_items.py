@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from ksi_common import items
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.items import INPUT_ITEM_TYPES, OUTPUT_ITEM_TYPES, PART_TYPES, Item

@@ -19,11 +19,10 @@ from ksi_common.records import IndexEntry, ResponseRecord
 from ksi_common.summaries import Summary
 from ksi_daemon.providers.tool_calls import input_messages, output_message
 from ksi_daemon.services.conversations.pending import WaitingInputs
-from ksi_daemon.storage.models import ConversationMeta
-from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
 from ksi_daemon.services.conversations.salient import Items
 from ksi_daemon.services.conversations.stand_ins import TurnSaw
-
+from ksi_daemon.storage.models import ConversationMeta
+from ksi_daemon.storage.ports import ConversationStore, DigestMatch, ResponseStore, StoredTail
 
 
 @dataclass(slots=True)

@@ -10,7 +10,6 @@ from ksi_common.records import ResponseRecord
 from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory
 from ksi_daemon.storage.ports import ResponseStore
 
-
 MAX_HOPS = 256
 
 

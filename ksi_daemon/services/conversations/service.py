@@ -48,6 +48,27 @@ from ksi_common.timefmt import format_ts
 from ksi_common.transcripts import Transcripts, stats_of, summarize
 from ksi_daemon.context import EventContext
 from ksi_daemon.router import Router, Unregister
+from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
+from ksi_daemon.services.conversations.adoption import (
+    MADE_FOR_RUN,
+    adopted_meta,
+    candidates,
+    exchange_items,
+    may_take_over,
+    repeats,
+)
+from ksi_daemon.services.conversations.client_items import normalised
+from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
+from ksi_daemon.services.conversations.history import fork_chain, open_calls
+from ksi_daemon.services.conversations.image_tokens import image_tokens
+from ksi_daemon.services.conversations.imported_items import ExchangeItems, checked_items, imported_lines
+from ksi_daemon.services.conversations.imports import (
+    ImportedDocument,
+    ImportedExchange,
+    ImportedReply,
+    checked_document,
+)
+from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
 from ksi_daemon.services.conversations.models import (
     AppendedExchange,
     ConversationAbandonCalls,
@@ -66,28 +87,12 @@ from ksi_daemon.services.conversations.models import (
     ConversationUpdate,
     ResponseRef,
 )
-from ksi_daemon.services.conversations.digests import fork_point_digest, record_chain
-from ksi_daemon.services.conversations.history import fork_chain, open_calls
-from ksi_daemon.services.conversations.memory import ConversationCache, ConversationMemory, Exchange
-from ksi_daemon.services.conversations.added_items import added_items, check_open_calls, not_held
-from ksi_daemon.services.conversations.adoption import (
-    MADE_FOR_RUN, adopted_meta, candidates, exchange_items, may_take_over, repeats,
-)
 from ksi_daemon.services.conversations.pending import pended, pending_items, pending_of
-from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.response_lines import answer_line, item_line
+from ksi_daemon.services.conversations.responses import locate, previous_of
 from ksi_daemon.services.conversations.sent import rebuild_sent
 from ksi_daemon.services.conversations.writer import ConversationWriter, NewExchange
 from ksi_daemon.storage.models import ConversationMeta, preview_of
-from ksi_daemon.services.conversations.imported_items import ExchangeItems, checked_items, imported_lines
-from ksi_daemon.services.conversations.imports import (
-    ImportedDocument,
-    ImportedExchange,
-    ImportedReply,
-    checked_document,
-)
-from ksi_daemon.services.conversations.client_items import normalised
-from ksi_daemon.services.conversations.image_tokens import image_tokens
 from ksi_daemon.storage.ports import BlobStore, ConversationExists
 
 log = structlog.get_logger("ksi.conversation")

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from ksi_common.errors import ErrorCode, KsiError
-from ksi_daemon.services.completion.recovery import indexed_result
-from ksi_daemon.services.completion.request_view import pool_view
 from ksi_common.reading import StoredReader
 from ksi_common.request_status import FINISHED
+from ksi_daemon.services.completion.recovery import indexed_result
+from ksi_daemon.services.completion.request_view import pool_view
 from ksi_daemon.storage.ports import PoolRequest, PoolRequests, ResponseStore
 
 POLL = 0.1  # seconds between two looks at a request another daemon runs, while a wait lasts

@@ -35,11 +35,18 @@ from ksi_common.records import IndexEntry, parse_index_line, read_index, read_in
 from ksi_common.tallies import caught_up
 from ksi_daemon.storage.jsonl.digest_index import DigestIndex
 from ksi_daemon.storage.jsonl.exchange_log import ExchangeLog
-from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.jsonl.files import (
-    append_lines, jsonl, publish_new, read_json, refused_link, replace_file, replace_json, storage_failures,
+    append_lines,
+    jsonl,
+    publish_new,
+    read_json,
+    refused_link,
+    replace_file,
+    replace_json,
+    storage_failures,
     write_new,
 )
+from ksi_daemon.storage.jsonl.writer_threads import WriterThreads
 from ksi_daemon.storage.models import ConversationMeta
 from ksi_daemon.storage.ports import ConversationExists, DigestMatch, ExchangeConflict, StoredTail
 

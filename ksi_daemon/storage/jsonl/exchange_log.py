@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 import structlog
 
-from ksi_common.exchange_log import generations, logged_exchanges
 from ksi_common.errors import KsiError
+from ksi_common.exchange_log import generations, logged_exchanges
 from ksi_daemon.storage.jsonl.files import append_whole, storage_failures, sync_path
 
 log = structlog.get_logger("ksi.storage.exchange_log")

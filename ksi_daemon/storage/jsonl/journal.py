@@ -16,7 +16,6 @@ from ksi_common.layout import VarLayout
 from ksi_common.timefmt import utc_now
 from ksi_daemon.storage.jsonl.files import append_lines, jsonl, replace_file
 
-
 log = structlog.get_logger("ksi.storage.journal")
 
 

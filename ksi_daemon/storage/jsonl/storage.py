@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from ksi_common.settings import Settings
 from ksi_common.ids import random_hex
 from ksi_common.privacy import private_dir
+from ksi_common.settings import Settings
 from ksi_daemon.storage.jsonl.agents import JsonlAgents
 from ksi_daemon.storage.jsonl.blobs import JsonlBlobs
 from ksi_daemon.storage.jsonl.calibration import JsonlCalibration

@@ -16,16 +16,14 @@ from typing import Any
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import random_hex
 from ksi_common.settings import Settings
+from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.blobs import PostgresBlobs
 from ksi_daemon.storage.postgres.conversations import PostgresConversations
 from ksi_daemon.storage.postgres.daemons import PostgresDaemons
 from ksi_daemon.storage.postgres.database import Database
-from ksi_daemon.storage.postgres.leases import PostgresLeases
 from ksi_daemon.storage.postgres.journal import PooledJournal
+from ksi_daemon.storage.postgres.leases import PostgresLeases
 from ksi_daemon.storage.postgres.rates import PostgresRates
-from ksi_daemon.storage.postgres.requests import PostgresRequests
-from ksi_daemon.storage.postgres.slots import PostgresSlots
-from ksi_daemon.storage.jsonl.journal import JsonlJournal
 from ksi_daemon.storage.postgres.records import (
     PostgresAgents,
     PostgresCalibration,
@@ -35,7 +33,9 @@ from ksi_daemon.storage.postgres.records import (
     PostgresTraces,
 )
 from ksi_daemon.storage.postgres.relay import PostgresRelay
+from ksi_daemon.storage.postgres.requests import PostgresRequests
 from ksi_daemon.storage.postgres.schema import SCHEMA_VERSION
+from ksi_daemon.storage.postgres.slots import PostgresSlots
 
 
 class PostgresStorage:

@@ -20,13 +20,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.ids import new_response_id
 from ksi_daemon.transports.http.errors import error_body, status_of
+from ksi_daemon.transports.http.openai import tool_shapes
 from ksi_daemon.transports.http.openai.compaction import unfold
 from ksi_daemon.transports.http.openai.connection_local import LocalResponses
 from ksi_daemon.transports.http.openai.response_object import ksi_id, response_object
 from ksi_daemon.transports.http.openai.responses import Responses, asked_of, submitted
 from ksi_daemon.transports.http.openai.runs import CompletionStream
 from ksi_daemon.transports.http.openai.schemas import ResponseCreate, parse
-from ksi_daemon.transports.http.openai import tool_shapes
 from ksi_daemon.transports.http.openai.translate import RESPONSE_FIELDS, dropped_tools, new_input_positions, renamed
 
 log = structlog.get_logger("ksi.http")
