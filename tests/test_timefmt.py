@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime
 
 from hypothesis import given
@@ -25,3 +26,18 @@ def test_whole_seconds_keep_their_zero_microseconds() -> None:
     assert format_ts(0) == "1970-01-01T00:00:00.000000Z"
     assert format_ts(1_000_000_000) == "2001-09-09T01:46:40.000000Z"
     assert ISO_Z.fullmatch(utc_now())
+
+
+def test_the_current_time_is_the_clocks_and_later_calls_never_read_earlier() -> None:
+    """utc_now formats each second's text once and reuses it: a reused second must not go stale."""
+    readings = []
+    deadline = time.time() + 1.2  # across at least one change of second
+    while time.time() < deadline:
+        before = time.time()
+        text = utc_now()
+        after = time.time()
+        assert ISO_Z.fullmatch(text), text
+        assert before - 1e-6 <= parse_ts(text) <= after + 1e-6, (before, text, after)
+        readings.append(text)
+    assert readings == sorted(readings)
+    assert len({text[:19] for text in readings}) >= 2

@@ -20,6 +20,7 @@ from ksi_common import wire
 from ksi_common.errors import ErrorCode, KsiError
 from ksi_common.events import MONITOR_OVERFLOW
 from ksi_common.ids import new_id
+from ksi_common.timefmt import utc_now
 from ksi_daemon import eager
 from ksi_daemon.context import EventContext
 from ksi_daemon.transports.budget import ConnectionBudget
@@ -254,7 +255,7 @@ class Connection(asyncio.Protocol):
             lost, self.lost_pushes = self.lost_pushes, 0
             self.transport.write(wire.encode({
                 "event": MONITOR_OVERFLOW, "push": True, "data": {"lost_events": lost},
-                "timestamp": wire.utc_now(),
+                "timestamp": utc_now(),
             }))
 
     def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
