@@ -10,11 +10,10 @@ from pathlib import Path
 import click
 import pytest
 
-from ksi_cli.event_args import parse_event_args
 from ksi_cli.main import COMMANDS, cli
 from ksi_common.errors import KsiError
 from ksi_daemon.services.completion.file_roots import FileRoots
-from tests.test_cli import Place, place  # noqa: F401  (fixture)
+from tests.test_cli import Place, parse_event_args, place  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize(("typed", "meant"), [("sned", "send"), ("chta", "chat"), ("confg", "config")])
