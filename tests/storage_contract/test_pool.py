@@ -71,3 +71,47 @@ async def test_any_daemon_finds_an_accepted_request_and_its_end(shared_backend: 
         await storage.requests.flush()
         ended = await other.requests.find("q1")
         assert ended is not None and (ended.status, ended.code) == ("cancelled", "cancelled")
+
+
+async def test_a_turn_let_ahead_while_it_was_not_asking_still_gets_the_lease_in_its_turn(
+        shared_backend: Backend, storage: Storage, open_storage: Opener) -> None:
+    """A daemon takes over two turns of a silent one while its own later turn waits: the first taken
+    lets its own turn step back, the second (earlier still) lets the first step back before it ever
+    asked. That word must not be held against the first when its turn comes: refused then, it looked
+    taken over, was dropped, and its place at the head of the line stalled the conversation."""
+    async with open_storage() as silent:
+        await silent.leases.line_up("c", "a1", {"n": 1})
+        await silent.leases.line_up("c", "a2", {"n": 2})
+        await storage.leases.line_up("c", "b1", {"n": 3})
+        waiting_b1 = asyncio.ensure_future(held_once(storage, "b1"))
+        await asyncio.sleep(0.2)  # b1 asks, and waits: the silent daemon's a1 is at the head
+        assert not waiting_b1.done()
+        await storage.leases.line_up("c", "a2", {"n": 2})  # taken over, with its place
+        storage.leases.let_ahead("c", "b1")
+        await storage.leases.line_up("c", "a1", {"n": 1})  # earlier still, before a2 ever asked
+        storage.leases.let_ahead("c", "a2")
+        assert await asyncio.wait_for(waiting_b1, 10) is False  # b1 stepped back, keeping its place
+        # each in turn; refused, a turn would have stood at the head for ever (b1 waiting behind it)
+        order = [request_id for request_id in ("a1", "a2", "b1")
+                 if await asyncio.wait_for(held_once(storage, request_id), 10)]
+        assert order == ["a1", "a2", "b1"]
+        assert await storage.leases.in_line("c") == 0
+
+
+async def held_once(storage: Storage, request_id: str) -> bool:
+    async with storage.leases.hold("c", request_id) as held:
+        return held
+
+
+async def test_a_turn_let_ahead_after_its_lease_was_granted_keeps_its_place(
+        shared_backend: Backend, storage: Storage) -> None:
+    """Granted the lease, a turn waits for a call slot; a turn taken over with an earlier place joins
+    the queue ahead of it. It gives the lease back without running and must keep its ticket: let go
+    with it, its next ask found it no longer this daemon's, as if taken over, and it never ran."""
+    await storage.leases.line_up("c", "b1", {"n": 1})
+    async with storage.leases.hold("c", "b1") as held:
+        assert held
+        storage.leases.let_ahead("c", "b1")  # not run: the earlier turn goes first
+    assert await storage.leases.in_line("c") == 1
+    assert await asyncio.wait_for(held_once(storage, "b1"), 10)
+    assert await storage.leases.in_line("c") == 0

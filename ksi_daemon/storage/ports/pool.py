@@ -157,8 +157,10 @@ class ConversationLeases(Protocol):
         ...
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
-        """Stop waiting for the lease for this request (a turn with an earlier place joined this
-        daemon's queue of the conversation); its place in line stays."""
+        """A turn with an earlier place joined this daemon's queue of the conversation ahead of
+        this request: it stops asking for the lease, or, granted and not yet running, gives the lease
+        back when its hold ends. Its place in line stays either way. A request doing neither is not
+        affected: its next ask finds the earlier turn ahead of it."""
         ...
 
 

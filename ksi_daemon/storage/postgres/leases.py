@@ -20,7 +20,7 @@ the conversation holds an earlier ticket, and only to the daemon the ticket belo
 own turns of a conversation wait in its queue in the order of their tickets. A request taken over
 (its daemon went silent) or claimed (its daemon was at its limits) keeps its ticket, so its place:
 the ticket moves to the daemon that runs it, and that daemon's later turn waiting for the lease
-steps back for it (`let_ahead`). Skipped are the tickets of requests that ended (their tickets'
+steps back for it, or gives back a lease it holds but has not used yet, keeping its ticket (`let_ahead`). Skipped are the tickets of requests that ended (their tickets'
 removal may have failed) and the ticket of a turn whose lease ran out (its daemon is paused: it
 gives up its place at the head until it is taken over). A waiter asks again every `POLL` seconds,
 and at once when a turn of this daemon ends.
@@ -117,6 +117,9 @@ class PostgresLeases:
         self._held: dict[str, int] = {}  # conversation -> the generation this daemon holds
         self._lined: set[str] = set()  # requests of this daemon waiting in a line
         self._retrying: set[asyncio.Task[None]] = set()  # releases tried again while the database is away
+        self._asking: set[str] = set()  # requests asking for their lease right now
+        self._granted: set[str] = set()  # requests holding their lease, running or about to
+        self._keeping_place: set[str] = set()  # granted, then let an earlier turn go first: the ticket stays
         self._stepping_back: set[str] = set()  # waiters to stop asking: an earlier turn joined their queue
         self._turn_ended: dict[str, asyncio.Event] = {}  # conversation -> set when a turn here ends
         self.waits = 0  # asks that found the lease taken (what polling costs)
@@ -149,9 +152,13 @@ class PostgresLeases:
             yield
 
     def let_ahead(self, conversation_id: str, request_id: str) -> None:
-        if request_id in self._lined:
+        # only a turn asking now steps back: a word kept for one not asking (its queue's worker still
+        # busy with the turn before) refused its lease when its turn came, as if taken over
+        if request_id in self._asking:
             self._stepping_back.add(request_id)
             self._wake(conversation_id)
+        elif request_id in self._granted:  # it gives the lease back without running, and keeps its ticket
+            self._keeping_place.add(request_id)
 
     async def leave_line(self, conversation_id: str, request_id: str) -> None:
         self._lined.discard(request_id)
@@ -169,6 +176,7 @@ class PostgresLeases:
             yield False
             return
         self._held[conversation_id] = generation
+        self._granted.add(request_id)
         renewing = asyncio.get_running_loop().create_task(self._renew(conversation_id, generation))
         try:
             yield True
@@ -176,27 +184,34 @@ class PostgresLeases:
             await stop_task(renewing)
             if self._held.get(conversation_id) == generation:
                 del self._held[conversation_id]
-            self._lined.discard(request_id)
+            self._granted.discard(request_id)
             self._stepping_back.discard(request_id)
+            if request_id in self._keeping_place:  # still lined: it asks again after the earlier turn
+                self._keeping_place.discard(request_id)
+                release, arguments = GIVE_BACK, (conversation_id, generation)
+            else:
+                self._lined.discard(request_id)
+                release, arguments = RELEASE, (conversation_id, request_id, generation, self.daemon_id)
             try:
-                await self.database.run(lambda c: c.execute(RELEASE, conversation_id, request_id, generation,
-                                                            self.daemon_id))
+                await self.database.run(lambda c: c.execute(release, *arguments))
             except KsiError as exc:
                 # given back when the database is back (a restart), not only when it expires: the
                 # conversation's next turn waits for it
                 log.warning("lease_release_failed", conversation_id=conversation_id, error=exc.message)
-                self._later(lambda c: c.execute(RELEASE, conversation_id, request_id, generation, self.daemon_id))
+                self._later(lambda c: c.execute(release, *arguments))
             self._wake(conversation_id)
 
     async def _acquire(self, conversation_id: str, request_id: str) -> int | None:
         """The generation granted; None when the request left the line meanwhile, or stepped back
         (then it keeps its ticket and asks again later)."""
+        self._asking.add(request_id)
         try:
-            return await self._asking(conversation_id, request_id)
+            return await self._ask(conversation_id, request_id)
         finally:
+            self._asking.discard(request_id)
             self._stepping_back.discard(request_id)
 
-    async def _asking(self, conversation_id: str, request_id: str) -> int | None:
+    async def _ask(self, conversation_id: str, request_id: str) -> int | None:
         while request_id in self._lined and request_id not in self._stepping_back:
             try:
                 row = await self.database.run(lambda c: c.fetchrow(
