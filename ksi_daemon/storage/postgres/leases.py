@@ -20,10 +20,11 @@ the conversation holds an earlier ticket, and only to the daemon the ticket belo
 own turns of a conversation wait in its queue in the order of their tickets. A request taken over
 (its daemon went silent) or claimed (its daemon was at its limits) keeps its ticket, so its place:
 the ticket moves to the daemon that runs it, and that daemon's later turn waiting for the lease
-steps back for it, or gives back a lease it holds but has not used yet, keeping its ticket (`let_ahead`). Skipped are the tickets of requests that ended (their tickets'
-removal may have failed) and the ticket of a turn whose lease ran out (its daemon is paused: it
-gives up its place at the head until it is taken over). A waiter asks again every `POLL` seconds,
-and at once when a turn of this daemon ends.
+steps back for it, or gives back a lease it holds but has not used yet, keeping its ticket
+(`let_ahead`). Skipped are the tickets of requests that ended (their tickets' removal may have
+failed) and the ticket of a turn whose lease ran out (its daemon is paused: it gives up its place
+at the head until it is taken over). A waiter asks again every `POLL` seconds, and at once when a
+turn of this daemon ends.
 """
 
 from __future__ import annotations
@@ -185,7 +186,6 @@ class PostgresLeases:
             if self._held.get(conversation_id) == generation:
                 del self._held[conversation_id]
             self._granted.discard(request_id)
-            self._stepping_back.discard(request_id)
             if request_id in self._keeping_place:  # still lined: it asks again after the earlier turn
                 self._keeping_place.discard(request_id)
                 release, arguments = GIVE_BACK, (conversation_id, generation)
